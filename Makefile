@@ -1,0 +1,24 @@
+PYTHON ?= python3
+
+.PHONY: install test test-gpu vectors verify lint
+
+install:
+	$(PYTHON) -m pip install -q -e '.[test]'
+
+# The test command of README.md (and of .ci/run): installs the package with its
+# test extras into the current Python, then runs every test that needs no GPU
+# (GPU tests skip with a reason; the nvcc compile test runs where nvcc exists).
+test: install
+	$(PYTHON) -m pytest -q
+
+test-gpu:
+	$(PYTHON) -m pytest -q -m gpu
+
+vectors:
+	dflash-conformance generate --out vectors
+
+verify:
+	dflash-conformance verify --vectors vectors
+
+lint:
+	$(PYTHON) -m ruff check .

@@ -1,0 +1,1 @@
+"""Case generators, one module per Op; each registers its OpSpec on import."""

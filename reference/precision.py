@@ -1,0 +1,65 @@
+"""One code path, two precisions (CONTRACTS C2).
+
+The reference runs in float64. The *baseline* runs the same functions the way a
+production kernel does: float32 arithmetic inside each Op and BF16 at the
+intermediate points an Op's registry entry allows. Its error against float64
+sets the comparison bound for an implementation under test (at most 2x the
+baseline's error, plus a one-ulp floor).
+
+Reference functions call ``work(x)`` on their inputs (cast to the working
+float type) and ``inter(x, name)`` at each named intermediate (identity in
+float64; BF16 rounding in the baseline when ``name`` is allowed).
+Represented outputs are always rounded with ``reference.numerics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reference import numerics
+
+
+@dataclass(frozen=True)
+class Policy:
+    dtype: type = np.float64
+    bf16_intermediates: frozenset = field(default_factory=frozenset)
+
+
+FLOAT64 = Policy()
+_current: contextvars.ContextVar[Policy] = contextvars.ContextVar("dflash_precision", default=FLOAT64)
+
+
+def current() -> Policy:
+    return _current.get()
+
+
+@contextlib.contextmanager
+def baseline(bf16_intermediates=()):
+    """Run reference functions as the float32 baseline (C2)."""
+    token = _current.set(Policy(np.float32, frozenset(bf16_intermediates)))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def work(x) -> np.ndarray:
+    """Cast an input to the working float type."""
+    return np.asarray(x, dtype=current().dtype)
+
+
+def inter(x, name: str) -> np.ndarray:
+    """A named intermediate: BF16-rounded in the baseline when allowed."""
+    pol = current()
+    if name in pol.bf16_intermediates:
+        return numerics.to_bf16(x).astype(pol.dtype)
+    return np.asarray(x, dtype=pol.dtype)
+
+
+def represent(x, fmt: str) -> np.ndarray:
+    """A represented point of the spec (always rounded, in either precision)."""
+    return numerics.round_to(x, fmt).astype(current().dtype)
