@@ -1,0 +1,62 @@
+"""Compile options and module loading, shared by every kernel family.
+
+Options are chosen deliberately and recorded with every report (Vulkan-CTS
+habit): CuPy always appends ``-ftz=true`` to NVRTC compiles, and FMA
+contraction is on unless ``--fmad=false``. The CI compile test
+(tests/test_nvcc_compile.py) builds every .cu here with nvcc and the same
+options, for sm_90.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent
+
+# NVRTC options passed by us. -ftz=true is appended by CuPy anyway; stating it
+# keeps the record honest and makes the nvcc compile test build the same code.
+# FMA contraction stays on: production kernels run with it, and the comparison
+# bounds (C2) absorb its effect; exact contracts (RNG, representation rounding)
+# are written with explicit intrinsics that contraction cannot change.
+NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=true", "-ftz=true")
+NVCC_ARCH = "sm_90"
+
+
+def nvcc_command(source: Path, output: Path) -> list[str]:
+    """The nvcc command line that mirrors the NVRTC options for one source."""
+    opts = [o for o in NVRTC_OPTIONS if o != "-std=c++17"]
+    return ["nvcc", "-std=c++17", f"-arch={NVCC_ARCH}", "-cubin", *opts, "-I", str(KERNEL_DIR),
+            "-o", str(output), str(source)]
+
+
+def sources() -> list[Path]:
+    return sorted(KERNEL_DIR.glob("*.cu"))
+
+
+@functools.lru_cache(maxsize=None)
+def load_module(name: str):
+    """cupy.RawModule for kernels_cu/<name>.cu (compiled once per process)."""
+    import cupy
+
+    path = KERNEL_DIR / f"{name}.cu"
+    code = path.read_text()
+    return cupy.RawModule(code=code, options=(*NVRTC_OPTIONS, f"-I{KERNEL_DIR}"), name_expressions=None)
+
+
+def compile_record() -> dict:
+    """What a report must carry about how the kernels were built."""
+    rec = {"nvrtc_options": list(NVRTC_OPTIONS), "cupy_appends": ["-ftz=true"], "arch_ci": NVCC_ARCH}
+    try:
+        import cupy
+
+        rec["cupy"] = cupy.__version__
+        rec["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+        rec["cuda_driver"] = cupy.cuda.runtime.driverGetVersion()
+        rec["nvrtc"] = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        rec["device"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        rec["compute_capability"] = f"{props['major']}.{props['minor']}"
+    except Exception as exc:  # no CuPy or no GPU: the record says so
+        rec["cuda_unavailable"] = f"{type(exc).__name__}: {exc}"
+    return rec
