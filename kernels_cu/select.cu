@@ -1,0 +1,207 @@
+// Candidate selection: DFlash2 unary top-k (candidate_topk) and the conditional
+// selector walk (candidate_selector). CONTRACTS C1 (represented points), C3 (the
+// proposal draw), C4 (top-k order, greedy ties). Semantics follow
+// reference/candidate_topk.py and reference/candidate_selector.py.
+//
+// BF16 tensors arrive as 16-bit patterns. Dot products accumulate in fp32: a BF16 x BF16
+// product has at most 16 significant bits, and BF16 x BF16 x BF16 at most 24, so every
+// product is exact in fp32 and only the accumulation rounds.
+#include "philox.cuh"
+
+using dflash::u32;
+using dflash::u64;
+typedef unsigned short u16;
+
+#define DFLASH_TOPK_MAX 64
+
+namespace {
+
+__device__ __forceinline__ float bf16_value(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// RNE fp32 -> BF16 on the bits, so no flag (-ftz, --fmad) can touch it.
+__device__ __forceinline__ u16 bf16_round_bits(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+// Fixed butterfly: every lane ends with the same, run-to-run identical sum.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Total order used for top-k (C4): value descending, then the lower row first. The float
+// is mapped to an unsigned key that orders like the value; -0 is folded onto +0 first
+// because C4 compares values and -0 == +0 is a tie the row index must decide. The low
+// word holds ~row, so a larger key is a better candidate and all keys are distinct.
+__device__ __forceinline__ u64 order_key(float z, int row) {
+    if (z == 0.0f) z = 0.0f;
+    const u32 b = __float_as_uint(z);
+    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)row);
+}
+
+__device__ __forceinline__ int key_row(u64 key) { return (int)(0xffffffffu - (u32)(key & 0xffffffffull)); }
+
+}  // namespace
+
+// out[m, n] = sum_h x[m, h] * w[n, h] in fp32, one warp per (m, n). Written as fp32
+// (logits; not rounded, C1) or, when out_bits is given, rounded once to BF16 (g_i).
+// Grid: (ceil(N / warps_per_block), M); block: a multiple of 32 threads.
+extern "C" __global__ void bf16_rowdot(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N, int H,
+                                       float* __restrict__ out, u16* __restrict__ out_bits) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int m = blockIdx.y;
+    if (n >= N || m >= M) return;  // whole warps leave together: n is uniform per warp
+    const u16* xr = x + (size_t)m * H;
+    const u16* wr = w + (size_t)n * H;
+    float acc = 0.0f;
+    for (int h = lane; h < H; h += 32) acc = __fmaf_rn(bf16_value(xr[h]), bf16_value(wr[h]), acc);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        if (out_bits)
+            out_bits[(size_t)m * N + n] = bf16_round_bits(acc);
+        else
+            out[(size_t)m * N + n] = acc;
+    }
+}
+
+// Stable top-k of one logit row per block (C4), on the raw logits; rows whose global id
+// (the row, or shortlist[row]) is >= vocab_size never compete. Then
+// u = c * tanh(m * z / c) (m = 1 when multiplier <= 0; no tanh when softcap <= 0).
+// Each thread keeps its own sorted best-k; k rounds of a block max then merge them.
+// Rows with fewer than k eligible entries pad with score -inf and id -1.
+#define TOPK_THREADS 256
+extern "C" __global__ void topk_select(const float* __restrict__ logits, const int* __restrict__ shortlist,
+                                       int has_shortlist, int M, int Vr, int vocab_size, int k, float multiplier,
+                                       float softcap, float* __restrict__ scores, int* __restrict__ ids) {
+    __shared__ u64 warp_best[TOPK_THREADS / 32];
+    __shared__ u64 chosen[DFLASH_TOPK_MAX];
+    const int m = blockIdx.x;
+    if (m >= M) return;
+    const float* z = logits + (size_t)m * Vr;
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+
+    u64 list[DFLASH_TOPK_MAX];
+    int cnt = 0;
+    for (int v = tid; v < Vr; v += TOPK_THREADS) {
+        const int gid = has_shortlist ? shortlist[v] : v;
+        if (gid < 0 || gid >= vocab_size) continue;
+        const u64 key = order_key(z[v], v);
+        if (cnt == k && key <= list[k - 1]) continue;
+        int pos = cnt < k ? cnt++ : k - 1;  // the slot freed at the tail, then shift down
+        while (pos > 0 && list[pos - 1] < key) {
+            list[pos] = list[pos - 1];
+            --pos;
+        }
+        list[pos] = key;
+    }
+
+    // Key 0 is no candidate: a real key's low word is ~row with row < 2^31.
+    int head = 0;
+    for (int r = 0; r < k; ++r) {
+        u64 mine = head < cnt ? list[head] : 0ull;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const u64 other = __shfl_xor_sync(0xffffffffu, mine, o);
+            mine = other > mine ? other : mine;
+        }
+        if (lane == 0) warp_best[wid] = mine;
+        __syncthreads();
+        u64 best = 0ull;
+        for (int w = 0; w < TOPK_THREADS / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+        if (head < cnt && list[head] == best) ++head;  // keys are distinct: one owner
+        if (tid == 0) chosen[r] = best;
+        __syncthreads();
+    }
+
+    if (tid < k) {
+        const u64 key = chosen[tid];
+        float u = __int_as_float(0xff800000);
+        int id = -1;
+        if (key) {
+            const int row = key_row(key);
+            id = has_shortlist ? shortlist[row] : row;
+            // In double: one rounding to fp32 at the end instead of four fp32 roundings and
+            // tanhf's own error, which alone could use up the 2x-baseline bound (C2).
+            double x = (double)z[row];
+            if (multiplier > 0.0f) x *= (double)multiplier;
+            if (softcap > 0.0f) x = (double)softcap * tanh(x / (double)softcap);
+            u = (float)x;
+        }
+        scores[(size_t)m * k + tid] = u;
+        ids[(size_t)m * k + tid] = id;
+    }
+}
+
+// The conditional walk of one request per block (spec: candidate selector):
+//   E_i[c] = u_i[c] + sum_r W_pred[pred, r] g_i[r] W_succ[C_i[c], r]   (fp32 accumulation)
+//   pred = anchor (i = 0) or the token chosen at i - 1
+//   T <= 0: j_i = lowest rank among the maxima, q_i one-hot
+//   T > 0:  q_i = softmax(E_i / T) (fp32 out), j_i by the exponential race at
+//           (seed, frontier + i, DFLASH2_PROPOSAL, index = rank) over q_i > 0
+// One warp per candidate energy; thread 0 makes the k-wide decision. The batch row only
+// picks the tensors, never the random key (C3).
+#define SEL_THREADS 256
+extern "C" __global__ void selector_walk(const u16* __restrict__ g, const float* __restrict__ scores,
+                                         const int* __restrict__ ids, const int* __restrict__ anchor,
+                                         const u16* __restrict__ w_pred, const u16* __restrict__ w_succ,
+                                         const float* __restrict__ temperature, const u64* __restrict__ seed,
+                                         const long long* __restrict__ frontier, int B, int K, int k, int R,
+                                         int* __restrict__ path, int* __restrict__ tokens, float* __restrict__ q) {
+    __shared__ float energy[DFLASH_TOPK_MAX];
+    __shared__ int pred_token;
+    const int b = blockIdx.x;
+    if (b >= B) return;
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = SEL_THREADS / 32;
+    const float T = temperature[b];
+    const u64 s = seed[b];
+    const u64 F = (u64)frontier[b];
+    if (tid == 0) pred_token = anchor[b];
+    __syncthreads();
+
+    for (int i = 0; i < K; ++i) {
+        const size_t row = (size_t)b * K + i;
+        const u16* gi = g + row * R;
+        const u16* wp = w_pred + (size_t)pred_token * R;
+        for (int c = wid; c < k; c += nw) {
+            const u16* ws = w_succ + (size_t)ids[row * k + c] * R;
+            float acc = 0.0f;
+            for (int r = lane; r < R; r += 32)
+                acc = __fmaf_rn(__fmul_rn(bf16_value(wp[r]), bf16_value(gi[r])), bf16_value(ws[r]), acc);
+            acc = warp_sum(acc);
+            if (lane == 0) energy[c] = __fadd_rn(scores[row * k + c], acc);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float* qi = q + row * k;
+            int j = 0;
+            if (!(T > 0.0f)) {
+                for (int c = 1; c < k; ++c)
+                    if (energy[c] > energy[j]) j = c;  // strict: the lowest rank keeps a tie
+                for (int c = 0; c < k; ++c) qi[c] = c == j ? 1.0f : 0.0f;
+            } else {
+                // softmax in double from the fp32 energies, rounded once to the fp32 q (C1)
+                double mx = -1.0 / 0.0;
+                for (int c = 0; c < k; ++c) mx = fmax(mx, (double)energy[c] / (double)T);
+                double e[DFLASH_TOPK_MAX], sum = 0.0;
+                for (int c = 0; c < k; ++c) sum += (e[c] = exp((double)energy[c] / (double)T - mx));
+                dflash::RaceEntry best = dflash::race_empty();
+                for (int c = 0; c < k; ++c) {
+                    const float qc = (float)(e[c] / sum);
+                    qi[c] = qc;
+                    dflash::race_offer(best, (double)qc, s, F + (u64)i, dflash::DFLASH2_PROPOSAL, c);
+                }
+                j = best.index == DFLASH_RACE_NONE ? 0 : best.index;
+            }
+            path[row] = j;
+            tokens[row] = ids[row * k + j];
+            pred_token = ids[row * k + j];
+        }
+        __syncthreads();
+    }
+}
