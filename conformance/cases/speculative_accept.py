@@ -116,8 +116,25 @@ def _clear(out, rows=None) -> bool:
     return True
 
 
-def _designed(case_id, *, B=1, K=4, P=None, A=None, V=64, vocab=None, greedy=False, retained=False, flags=(),
-              check=None, seeds=None, frontiers=None, same_request=False, attempts=2000, **sampling) -> Case:
+def _designed(
+    case_id,
+    *,
+    B=1,
+    K=4,
+    P=None,
+    A=None,
+    V=64,
+    vocab=None,
+    greedy=False,
+    retained=False,
+    flags=(),
+    check=None,
+    seeds=None,
+    frontiers=None,
+    same_request=False,
+    attempts=2000,
+    **sampling,
+) -> Case:
     """Draw requests from case_rng(case_id) until the scan accepts A[b] in each row, clearly."""
     rng = case_rng(case_id)
     P = np.broadcast_to(np.asarray(K if P is None else P), (B,))
@@ -198,8 +215,14 @@ def _history_case(case_id, greedy, retained=False) -> Case:
             q[:, 0] = 0.8
             q, q_ids = q[None], q_ids[None]
         inputs, params = accept_inputs(
-            logits[None], [proposals], 2, rng.integers(8, 5000), rng.integers(0, 2**63, dtype=np.uint64),
-            q=q, q_ids=q_ids, **kw,
+            logits[None],
+            [proposals],
+            2,
+            rng.integers(8, 5000),
+            rng.integers(0, 2**63, dtype=np.uint64),
+            q=q,
+            q_ids=q_ids,
+            **kw,
         )
         out = speculative_accept(**inputs, **params)
         if int(out["accepted"][0]) != 1 or not _clear(out):
@@ -245,8 +268,14 @@ def _residual_zero_case(case_id) -> Case:
         q = np.zeros((1, TOPK))
         q[0, :2] = (0.6, 0.75)
         inputs, params = accept_inputs(
-            logits[None], [[d]], 1, rng.integers(8, 5000), rng.integers(0, 2**63, dtype=np.uint64),
-            q=q[None], q_ids=q_ids[None], temperature=1.0,
+            logits[None],
+            [[d]],
+            1,
+            rng.integers(8, 5000),
+            rng.integers(0, 2**63, dtype=np.uint64),
+            q=q[None],
+            q_ids=q_ids[None],
+            temperature=1.0,
         )
         out = speculative_accept(**inputs, **params)
         if int(out["accepted"][0]) == 0 and _clear(out):
@@ -279,67 +308,157 @@ def generate() -> list[Case]:
     for kind, retained in (("dflash", False), ("dflash2", True)):
         for T, greedy in (("greedy", True), ("sampled", False)):
             for what, P, A in (("all_accept", 5, 5), ("first_reject", 5, 0), ("mid_reject", 5, 2)):
-                cases.append(_designed(f"{c}{kind}_{T}_{what}_K6_P{P}", K=6, P=P, A=A, greedy=greedy,
-                                       retained=retained, flags=("tail_extent",) if P < 6 else ()))
+                cases.append(
+                    _designed(
+                        f"{c}{kind}_{T}_{what}_K6_P{P}",
+                        K=6,
+                        P=P,
+                        A=A,
+                        greedy=greedy,
+                        retained=retained,
+                        flags=("tail_extent",) if P < 6 else (),
+                    )
+                )
     cases += [
         _designed(f"{c}dflash_greedy_temperature_negative", K=3, A=1, greedy=True),
         _designed(f"{c}dflash_P0_bonus_only", K=4, P=0, A=0, flags=("tail_extent",)),
         _designed(f"{c}dflash2_greedy_P0", K=4, P=0, A=0, greedy=True, retained=True, flags=("tail_extent",)),
-        _designed(f"{c}dflash_P_sweep_0_to_7_K15", B=8, K=15, P=np.arange(8), A=np.arange(8) // 2,
-                  flags=("tail_extent",)),
-        _designed(f"{c}dflash2_P_sweep_8_to_15_K15", B=8, K=15, P=np.arange(8, 16), A=[8, 3, 10, 0, 12, 7, 14, 15],
-                  retained=True, flags=("tail_extent",)),
+        _designed(
+            f"{c}dflash_P_sweep_0_to_7_K15", B=8, K=15, P=np.arange(8), A=np.arange(8) // 2, flags=("tail_extent",)
+        ),
+        _designed(
+            f"{c}dflash2_P_sweep_8_to_15_K15",
+            B=8,
+            K=15,
+            P=np.arange(8, 16),
+            A=[8, 3, 10, 0, 12, 7, 14, 15],
+            retained=True,
+            flags=("tail_extent",),
+        ),
         _designed(f"{c}dflash_greedy_all_accept_K15", K=15, greedy=True),
         _designed(f"{c}dflash2_sampled_all_accept_K15", K=15, retained=True),
         _designed(f"{c}dflash_K1_reject", K=1, A=0),
         _designed(f"{c}dflash2_K1_accept", K=1, A=1, retained=True),
-        _designed(f"{c}dflash2_K2_mixed_greedy_sampled_B4", B=4, K=2, A=[2, 0, 1, 2], retained=True,
-                  greedy=np.array([True, False, True, False])),
+        _designed(
+            f"{c}dflash2_K2_mixed_greedy_sampled_B4",
+            B=4,
+            K=2,
+            A=[2, 0, 1, 2],
+            retained=True,
+            greedy=np.array([True, False, True, False]),
+        ),
         # the C5 filters and penalties during the scan
         _designed(f"{c}dflash_filters_topk_topp_minp", B=3, K=5, A=[1, 3, 5], top_k=8, top_p=0.9, min_p=0.05),
-        _designed(f"{c}dflash2_filters_topk_topp_minp", B=3, K=5, A=[0, 2, 4], retained=True,
-                  top_k=np.array([4, 0, 20]), top_p=np.array([1.0, 0.8, 0.95]), min_p=np.array([0.1, 0.0, 0.02])),
-        _designed(f"{c}dflash2_penalties_history_grows", B=2, K=6, V=24, A=[4, 6], retained=True,
-                  repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3, flags=("history_not_updated",)),
-        _designed(f"{c}dflash_vocab_padding_V256_vocab250", B=2, K=4, V=256, vocab=250, A=[2, 4],
-                  flags=("vocab_padding",)),
+        _designed(
+            f"{c}dflash2_filters_topk_topp_minp",
+            B=3,
+            K=5,
+            A=[0, 2, 4],
+            retained=True,
+            top_k=np.array([4, 0, 20]),
+            top_p=np.array([1.0, 0.8, 0.95]),
+            min_p=np.array([0.1, 0.0, 0.02]),
+        ),
+        _designed(
+            f"{c}dflash2_penalties_history_grows",
+            B=2,
+            K=6,
+            V=24,
+            A=[4, 6],
+            retained=True,
+            repetition_penalty=1.3,
+            frequency_penalty=0.4,
+            presence_penalty=0.3,
+            flags=("history_not_updated",),
+        ),
+        _designed(
+            f"{c}dflash_vocab_padding_V256_vocab250", B=2, K=4, V=256, vocab=250, A=[2, 4], flags=("vocab_padding",)
+        ),
         # random keys (C3)
         *[
             _designed(f"{c}dflash2_seed_{name}", K=4, A=2, retained=True, seeds=[seed], flags=("rng_key",))
             for name, seed in (("0", 0), ("2p32-1", 2**32 - 1), ("2p32", 2**32), ("2p64-1", 2**64 - 1))
         ],
-        _designed(f"{c}dflash_positions_cross_2p32", B=2, K=6, A=[3, 6], frontiers=[2**32 - 4, 2**32 - 1],
-                  flags=("positions_2p32", "rng_key")),
-        _designed(f"{c}dflash2_positions_above_2p32", B=2, K=5, A=[2, 5], retained=True,
-                  frontiers=[2**32, 2**40 + 7], flags=("positions_2p32", "rng_key")),
+        _designed(
+            f"{c}dflash_positions_cross_2p32",
+            B=2,
+            K=6,
+            A=[3, 6],
+            frontiers=[2**32 - 4, 2**32 - 1],
+            flags=("positions_2p32", "rng_key"),
+        ),
+        _designed(
+            f"{c}dflash2_positions_above_2p32",
+            B=2,
+            K=5,
+            A=[2, 5],
+            retained=True,
+            frontiers=[2**32, 2**40 + 7],
+            flags=("positions_2p32", "rng_key"),
+        ),
         # pitfalls
         _swapped_case(f"{c}accept_p_q_swapped__dflash_reject", False),
         _swapped_case(f"{c}accept_p_q_swapped__dflash2_reject", True),
         _history_case(f"{c}history_not_updated__greedy_repetition", True),
         _history_case(f"{c}history_not_updated__dflash_sampled_repetition", False),
         _history_case(f"{c}history_not_updated__dflash2_sampled_repetition", False, retained=True),
-        _designed(f"{c}bonus_from_wrong_row__greedy_P3_K6", K=6, P=3, greedy=True, check=_bonus_rows_differ,
-                  flags=("bonus_from_wrong_row", "tail_extent")),
-        _designed(f"{c}bonus_from_wrong_row__sampled_P2_K5", K=5, P=2, retained=True, check=_bonus_rows_differ,
-                  flags=("bonus_from_wrong_row", "tail_extent"), temperature=0.3),
-        _designed(f"{c}residual_no_clamp__dflash2_mid_reject", K=5, A=2, retained=True,
-                  check=_correction_from_p_differs, flags=("residual_no_clamp",)),
-        _designed(f"{c}residual_no_clamp__dflash_first_reject", K=3, A=0, check=_correction_from_p_differs,
-                  flags=("residual_no_clamp",)),
+        _designed(
+            f"{c}bonus_from_wrong_row__greedy_P3_K6",
+            K=6,
+            P=3,
+            greedy=True,
+            check=_bonus_rows_differ,
+            flags=("bonus_from_wrong_row", "tail_extent"),
+        ),
+        _designed(
+            f"{c}bonus_from_wrong_row__sampled_P2_K5",
+            K=5,
+            P=2,
+            retained=True,
+            check=_bonus_rows_differ,
+            flags=("bonus_from_wrong_row", "tail_extent"),
+            temperature=0.3,
+        ),
+        _designed(
+            f"{c}residual_no_clamp__dflash2_mid_reject",
+            K=5,
+            A=2,
+            retained=True,
+            check=_correction_from_p_differs,
+            flags=("residual_no_clamp",),
+        ),
+        _designed(
+            f"{c}residual_no_clamp__dflash_first_reject",
+            K=3,
+            A=0,
+            check=_correction_from_p_differs,
+            flags=("residual_no_clamp",),
+        ),
         _residual_zero_case(f"{c}dflash2_residual_sum_zero"),
         _tie_case(f"{c}exact_tie__greedy_lower_id_and_zero_q"),
-        _designed(f"{c}rng_batch_row__same_request_4_rows", B=4, K=5, A=1, retained=True, same_request=True,
-                  seeds=np.full(4, 12345, np.uint64), frontiers=np.full(4, 777), flags=("rng_batch_row",)),
+        _designed(
+            f"{c}rng_batch_row__same_request_4_rows",
+            B=4,
+            K=5,
+            A=1,
+            retained=True,
+            same_request=True,
+            seeds=np.full(4, 12345, np.uint64),
+            frontiers=np.full(4, 777),
+            flags=("rng_batch_row",),
+        ),
     ]
     # the rows of a sampled case, permuted: each request's results move with it
     base = next(x for x in cases if x.id == f"{c}dflash2_K2_mixed_greedy_sampled_B4")
     perm = np.array([2, 0, 3, 1])
-    cases.append(Case(
-        id=f"{c}rng_batch_row__permuted_rows_of_dflash2_K2_mixed",
-        inputs={k: v[perm] for k, v in base.inputs.items()},
-        params=dict(base.params),
-        flags=("rng_batch_row",),
-    ))
+    cases.append(
+        Case(
+            id=f"{c}rng_batch_row__permuted_rows_of_dflash2_K2_mixed",
+            inputs={k: v[perm] for k, v in base.inputs.items()},
+            params=dict(base.params),
+            flags=("rng_batch_row",),
+        )
+    )
     return cases
 
 
@@ -347,8 +466,19 @@ register(
     OpSpec(
         name=OP,
         reference=speculative_accept,
-        inputs=("logits", "proposals", "live_proposals", "q", "q_ids", "frontier", "seed", "prompt_mask",
-                "output_counts", *SAMPLING, "top_k"),
+        inputs=(
+            "logits",
+            "proposals",
+            "live_proposals",
+            "q",
+            "q_ids",
+            "frontier",
+            "seed",
+            "prompt_mask",
+            "output_counts",
+            *SAMPLING,
+            "top_k",
+        ),
         params=("vocab_size",),
         outputs=(Output("accepted", DECISION), Output("tokens", DECISION), Output("num_out", EXACT)),
         generate=generate,
