@@ -1,0 +1,74 @@
+"""Every kernels_cu/*.cu compiles with nvcc for sm_90 with the NVRTC options (kernels_cu.loader).
+
+Runs in CI where nvcc exists (no GPU needed) and skips with a reason elsewhere. Each source is
+built twice: as NVRTC will see it on a machine with the CUDA headers, and with
+DFLASH_NO_CUDA_FP_HEADERS (common.cuh's inline-PTX conversions, the path NVRTC takes when it
+cannot find cuda_bf16.h). All compiles run in parallel once per session; a failure prints
+nvcc's command line and stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kernels_cu import loader
+
+pytestmark = pytest.mark.nvcc
+
+NVCC = shutil.which("nvcc")
+VARIANTS = {"headers": (), "ptx_fallback": ("-DDFLASH_NO_CUDA_FP_HEADERS",)}
+SOURCES = loader.sources()
+
+
+def _build(src: Path, variant: str, out_dir: Path):
+    cmd = [*loader.nvcc_command(src, out_dir / f"{src.stem}.{variant}.cubin"), *VARIANTS[variant]]
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as exc:
+        return cmd, -1, f"timed out after {exc.timeout} s"
+    return cmd, proc.returncode, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH (the CUDA toolkit is not installed here)")
+    out_dir = tmp_path_factory.mktemp("cubin")
+    jobs = [(src, v) for src in SOURCES for v in VARIANTS]
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = pool.map(lambda job: _build(*job, out_dir), jobs)
+        return {(src.name, v): r for (src, v), r in zip(jobs, results)}
+
+
+def test_kernel_sources_exist():
+    assert SOURCES, f"no .cu files under {loader.KERNEL_DIR}"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("source", [s.name for s in SOURCES])
+def test_kernel_compiles(builds, source, variant):
+    cmd, rc, stderr = builds[(source, variant)]
+    assert rc == 0, f"nvcc failed ({rc}) on {source}:\n$ {' '.join(cmd)}\n{stderr}"
+
+
+def test_nvcc_command_mirrors_nvrtc_options():
+    """The CI build must be the build NVRTC does: same -std, FTZ and FMA choices, sm_90."""
+    cmd = loader.nvcc_command(Path("x.cu"), Path("x.cubin"))
+    for opt in loader.NVRTC_OPTIONS:
+        assert opt in cmd
+    assert f"-arch={loader.NVCC_ARCH}" in cmd and loader.NVCC_ARCH == "sm_90"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
+def test_a_compile_error_is_reported(tmp_path):
+    """The check can fail: a source with a type error gives a nonzero status and nvcc's message."""
+    bad = tmp_path / "broken.cu"
+    bad.write_text('#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = dfl::no_such(); }\n')
+    _, rc, stderr = _build(bad, "headers", tmp_path)
+    assert rc != 0 and "no_such" in stderr
