@@ -118,7 +118,7 @@ struct Keep {
     double zmax;
 };
 
-__device__ __forceinline__ double weight_of(float z, double zmax) { return exp((double)z - zmax); }
+__device__ __forceinline__ double weight_of(float z, double zmax) { return exp(dflash::f32_to_f64(z) - zmax); }
 
 __device__ __forceinline__ bool kept(float z, int v, const Keep& k, double* e) {
     if (!isfinite(z)) return false;  // as the reference's keep = isfinite(z)
@@ -205,23 +205,23 @@ __device__ int row_distribution(const float* __restrict__ logits, const unsigned
     Keep k;
     k.threshold = 0;
     k.min_e = 0.0;
-    k.zmax = (double)zs[key_id(best_finite)];
+    k.zmax = dflash::f32_to_f64(zs[key_id(best_finite)]);
     if (prm.top_k > 0 && prm.top_k < finite) k.threshold = kth_key(zs, Vr, prm.top_k, best);
     if (prm.top_p < 1.0f) {
         double s = 0.0, e;
         for (int v = threadIdx.x; v < Vr; v += ROW_THREADS)
             if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
         const double total = block_sum_f64(s);
-        k.threshold = top_p_key(zs, Vr, k, total, (double)prm.top_p, best_finite);
+        k.threshold = top_p_key(zs, Vr, k, total, dflash::f32_to_f64(prm.top_p), best_finite);
     }
     // min-p compares p to min_p * max p; the largest kept weight is exp(0) = 1, so the
     // test is e < min_p whatever the normaliser.
-    if (prm.min_p > 0.0f) k.min_e = (double)prm.min_p;
+    if (prm.min_p > 0.0f) k.min_e = dflash::f32_to_f64(prm.min_p);
     double s = 0.0, e;
     for (int v = threadIdx.x; v < Vr; v += ROW_THREADS)
         if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
     const double total = block_sum_f64(s);
-    for (int v = threadIdx.x; v < Vr; v += ROW_THREADS) p[v] = kept(zs[v], v, k, &e) ? (float)(e / total) : 0.0f;
+    for (int v = threadIdx.x; v < Vr; v += ROW_THREADS) p[v] = kept(zs[v], v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
     __syncthreads();
     return top;
 }
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS)
             } else {
                 dflash::RaceEntry e = dflash::race_empty();
                 for (int v = threadIdx.x; v < Vr; v += ROW_THREADS)
-                    dflash::race_offer(e, (double)p[v], s, F + 1 + (u64)P, dflash::BONUS, v);
+                    dflash::race_offer(e, dflash::f32_to_f64(p[v]), s, F + 1 + (u64)P, dflash::BONUS, v);
                 out_token = block_race(e).index;
             }
             break;
@@ -320,14 +320,14 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS)
             } else {
                 double qd = 0.0;
                 if (has_q) {
-                    for (int c = 0; c < kq; ++c) qd += q_tok[c] == d ? (double)q_val[c] : 0.0;
+                    for (int c = 0; c < kq; ++c) qd += q_tok[c] == d ? dflash::f32_to_f64(q_val[c]) : 0.0;
                 } else {
                     qd = 1.0;
                 }
-                const double pd = (d >= 0 && d < Vr) ? (double)p[d] : 0.0;
+                const double pd = (d >= 0 && d < Vr) ? dflash::f32_to_f64(p[d]) : 0.0;
                 // U (24 bits) times an fp32 q is exact in double: the test is the
                 // reference's comparison on these p and q values.
-                const double u = (double)dflash::keyed_uniform(s, F + 1 + (u64)i, dflash::ACCEPT, 0);
+                const double u = dflash::f32_to_f64(dflash::keyed_uniform(s, F + 1 + (u64)i, dflash::ACCEPT, 0));
                 ok = pd - u * qd > 0.0;
             }
             decision = ok;
@@ -342,18 +342,18 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS)
             for (int v = threadIdx.x; v < Vr; v += ROW_THREADS) {
                 double qv = 0.0;
                 if (has_q) {
-                    for (int c = 0; c < kq; ++c) qv += q_tok[c] == v ? (double)q_val[c] : 0.0;
+                    for (int c = 0; c < kq; ++c) qv += q_tok[c] == v ? dflash::f32_to_f64(q_val[c]) : 0.0;
                 } else {
                     qv = v == d ? 1.0 : 0.0;
                 }
                 // both operands are fp32 values: the double difference is their exact residual
-                dflash::race_offer(e, fmax((double)p[v] - qv, 0.0), s, F + 1 + (u64)i, dflash::CORRECTION, v);
+                dflash::race_offer(e, fmax(dflash::f32_to_f64(p[v]) - qv, 0.0), s, F + 1 + (u64)i, dflash::CORRECTION, v);
             }
             e = block_race(e);
             if (e.index == DFLASH_RACE_NONE) {  // zero residual mass: draw from p_i itself (C6)
                 e = dflash::race_empty();
                 for (int v = threadIdx.x; v < Vr; v += ROW_THREADS)
-                    dflash::race_offer(e, (double)p[v], s, F + 1 + (u64)i, dflash::CORRECTION, v);
+                    dflash::race_offer(e, dflash::f32_to_f64(p[v]), s, F + 1 + (u64)i, dflash::CORRECTION, v);
                 e = block_race(e);
             }
             out_token = e.index;
@@ -391,4 +391,19 @@ extern "C" __global__ void philox_uniforms(const u64* __restrict__ seed, const u
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     out[t] = dflash::keyed_uniform(seed[t], position[t], purpose[t], index[t]);
+}
+
+// The exponential race over one fp32 weight row per block, as the correction and bonus
+// draws run it: winner index (-1 with no positive weight).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+    race_rows(const float* __restrict__ weights, int rows, int V, const u64* __restrict__ seed,
+              const long long* __restrict__ position, const u32* __restrict__ purpose, int* __restrict__ winner) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    dflash::RaceEntry e = dflash::race_empty();
+    for (int v = threadIdx.x; v < V; v += ROW_THREADS)
+        dflash::race_offer(e, dflash::f32_to_f64(weights[(size_t)r * V + v]), seed[r], (u64)position[r], purpose[r],
+                           v);
+    e = block_race(e);
+    if (threadIdx.x == 0) winner[r] = e.index == DFLASH_RACE_NONE ? -1 : e.index;
 }

@@ -72,6 +72,29 @@ DFLASH_HD float keyed_uniform(u64 seed, u64 position, u32 purpose, u32 index) {
     return word_to_uniform(keyed_words(seed, position, purpose, index).x0);
 }
 
+// Float <-> double without flushing. Under -ftz=true nvcc emits cvt.ftz for (double)f
+// and (float)d, which would zero subnormal fp32 probabilities on the way into the race
+// or out of a softmax; the reference keeps them. Plain cvt never flushes.
+DFLASH_HD double f32_to_f64(float x) {
+#ifdef __CUDA_ARCH__
+    double r;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(x));
+    return r;
+#else
+    return (double)x;
+#endif
+}
+
+DFLASH_HD float f64_to_f32_rn(double x) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(x));
+    return r;
+#else
+    return (float)x;
+#endif
+}
+
 // Exponential race (C3): the winner maximises r(v) / E_v, E_v = -ln U_v, over r(v) > 0.
 // Scored as log r - log(-log U) (same order, no overflow) in double so the race itself
 // adds nothing measurable to the error of the weights it is given; the reference
@@ -90,7 +113,7 @@ DFLASH_HD RaceEntry race_empty() {
     return e;
 }
 
-DFLASH_HD double race_score(double weight, float u) { return log(weight) - log(-log((double)u)); }
+DFLASH_HD double race_score(double weight, float u) { return log(weight) - log(-log(f32_to_f64(u))); }
 
 // The explicit order: a real contender beats none; a higher score wins; equal scores go
 // to the lower index. The score comparison only runs between two real contenders, whose

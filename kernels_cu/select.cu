@@ -128,10 +128,10 @@ extern "C" __global__ void topk_select(const float* __restrict__ logits, const i
             id = has_shortlist ? shortlist[row] : row;
             // In double: one rounding to fp32 at the end instead of four fp32 roundings and
             // tanhf's own error, which alone could use up the 2x-baseline bound (C2).
-            double x = (double)z[row];
+            double x = dflash::f32_to_f64(z[row]);
             if (multiplier > 0.0f) x *= (double)multiplier;
             if (softcap > 0.0f) x = (double)softcap * tanh(x / (double)softcap);
-            u = (float)x;
+            u = dflash::f64_to_f32_rn(x);
         }
         scores[(size_t)m * k + tid] = u;
         ids[(size_t)m * k + tid] = id;
@@ -187,14 +187,14 @@ extern "C" __global__ void selector_walk(const u16* __restrict__ g, const float*
             } else {
                 // softmax in double from the fp32 energies, rounded once to the fp32 q (C1)
                 double mx = -1.0 / 0.0;
-                for (int c = 0; c < k; ++c) mx = fmax(mx, (double)energy[c] / (double)T);
+                for (int c = 0; c < k; ++c) mx = fmax(mx, dflash::f32_to_f64(energy[c]) / (double)T);
                 double e[DFLASH_TOPK_MAX], sum = 0.0;
-                for (int c = 0; c < k; ++c) sum += (e[c] = exp((double)energy[c] / (double)T - mx));
+                for (int c = 0; c < k; ++c) sum += (e[c] = exp(dflash::f32_to_f64(energy[c]) / (double)T - mx));
                 dflash::RaceEntry best = dflash::race_empty();
                 for (int c = 0; c < k; ++c) {
-                    const float qc = (float)(e[c] / sum);
+                    const float qc = dflash::f64_to_f32_rn(e[c] / sum);
                     qi[c] = qc;
-                    dflash::race_offer(best, (double)qc, s, F + (u64)i, dflash::DFLASH2_PROPOSAL, c);
+                    dflash::race_offer(best, dflash::f32_to_f64(qc), s, F + (u64)i, dflash::DFLASH2_PROPOSAL, c);
                 }
                 j = best.index == DFLASH_RACE_NONE ? 0 : best.index;
             }
