@@ -1,0 +1,237 @@
+"""Comparison classes and results (CONTRACTS C2).
+
+Per output, against the float64 reference stored in the vector, over its mask:
+
+- represented: FAIL if the largest ULP error (in the output's format, at the
+  reference value) exceeds ``bound_ulp`` or the normwise error exceeds
+  ``bound_norm``; a NaN or inf where the reference is finite is an infinite error.
+- exact: equal, element for element.
+- decision: where the implementation chose differently, the divergence is
+  ACCEPTABLE when the reference margin is positive and within the tolerance
+  ``2 * margin_err + floor`` (floor: the FP32 spacing at ``<name>.scale`` when the
+  reference returns it, else at the margin itself), FAIL otherwise. A margin of 0
+  is an exact tie of representable values, decided by the tie rule (C4), so a
+  divergence there FAILs.
+
+After a divergence the reference's later steps no longer describe the
+implementation's run. With an acceptable divergence and ``spec.force``, every
+output is compared with the teacher-forced reference ``force(kwargs, impl)``:
+the reference rerun so that each decision's downstream effect (the next step's
+state, counts, gathered values) follows the implementation's decision, while
+each decision output and its margin stay the reference's own choice given that
+history. Without ``force`` (or when every divergence FAILs anyway), elements
+downstream of the first divergence of each row are not compared; see
+``_downstream`` for what "downstream" means by shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from conformance.registry import DECISION, EXACT, REPRESENTED, Output
+from reference import numerics
+
+
+class Result(IntEnum):
+    """Ordered so that max() is the worst (C2: worst result wins)."""
+
+    NOT_IMPLEMENTED = 0
+    PASS = 1
+    ACCEPTABLE = 2
+    FAIL = 3
+    ERROR = 4
+
+    @property
+    def failed(self) -> bool:
+        return self >= Result.FAIL
+
+
+@dataclass
+class CaseResult:
+    op: str
+    case: str
+    result: Result
+    detail: str = ""
+    flags: tuple = ()
+    worst_ulp: float | None = None  # largest ULP error over represented outputs, with that output's bound
+    ulp_bound: float | None = None
+    worst_norm: float | None = None  # largest normwise error over represented outputs, with its bound
+    norm_bound: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class _Verdict:
+    result: Result = Result.PASS
+    detail: str = ""
+    numbers: dict = field(default_factory=dict)
+
+
+def _at(index) -> str:
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def full_masks(outputs: Mapping[str, Output], ref: Mapping, masks: Mapping) -> dict[str, np.ndarray]:
+    """One writable boolean mask per output, of the output's shape (absent: all compared)."""
+    out = {}
+    for name in outputs:
+        shape = np.shape(ref[name])
+        m = masks.get(name)
+        out[name] = np.ones(shape, bool) if m is None else np.broadcast_to(np.asarray(m, bool), shape).copy()
+    return out
+
+
+def tolerance(name: str, bound: Mapping, ref: Mapping) -> np.ndarray:
+    scale = ref.get(f"{name}.scale")
+    floor_at = np.abs(np.asarray(ref[f"{name}.margin"] if scale is None else scale, np.float64))
+    return 2.0 * float(bound["margin_err"]) + numerics.quantum(floor_at, "fp32")
+
+
+def first_divergences(outputs, ref, impl, masks) -> list[tuple[str, tuple]]:
+    """(decision output, index) of the first divergence in each row (last axis = steps)."""
+    found = []
+    for name, o in outputs.items():
+        if o.cls != DECISION:
+            continue
+        diff = (np.asarray(impl[name]) != np.asarray(ref[name])) & masks[name]
+        if diff.ndim < 2:
+            found += [(name, tuple(i)) for i in np.argwhere(diff)]
+            continue
+        rows = np.argwhere(diff.any(axis=-1))
+        found += [(name, (*r, int(np.argmax(diff[tuple(r)])))) for r in rows]
+    return found
+
+
+def _downstream(dshape: tuple, idx: tuple, oshape: tuple, same: bool):
+    """The part of an output (shape ``oshape``) that a decision at ``idx`` (of a
+    decision output shaped ``dshape``) may change, judged by shape alone:
+
+    - decision [..rows.., steps]: outputs shaped [..rows.., steps, ...] after the step
+      in that row; outputs shaped [..rows.., ...] (per-row totals) that whole row;
+    - decision [B]: other outputs' row b;  decision []: every other output.
+    Returns an index expression, or None when the output is untouched.
+    """
+    n = len(dshape)
+    if n == 0:
+        return None if same else (...,)
+    if n == 1:
+        return None if same or oshape[:1] != dshape else (idx[0], ...)
+    if oshape[:n] == dshape:
+        return (*idx[:-1], slice(idx[-1] + 1, None))
+    if not same and oshape[: n - 1] == dshape[: n - 1]:
+        return (*idx[:-1], ...)
+    return None
+
+
+def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | None, acceptable=None):
+    """The reference and masks to compare ``impl`` with, after its decision divergences.
+
+    ``acceptable(name, index) -> bool`` says which divergences may be followed
+    (None: all of them, as when deriving bounds from the baseline). Returns
+    (ref, masks, note). Exceptions from ``force`` propagate.
+    """
+    firsts = first_divergences(outputs, ref, impl, masks)
+    if not firsts:
+        return ref, masks, ""
+    followable = [d for d in firsts if acceptable is None or acceptable(*d)]
+    if force is not None and followable:
+        forced = dict(force(kwargs(), impl))
+        return forced, masks, f"teacher-forced after {followable[0][0]} {_at(followable[0][1])}"
+    shapes = {n: np.shape(ref[n]) for n in outputs}
+    masks = {n: m.copy() for n, m in masks.items()}
+    for dname, idx in firsts:
+        for oname in outputs:
+            sl = _downstream(shapes[dname], idx, shapes[oname], oname == dname)
+            if sl is not None:
+                masks[oname][sl] = False
+    first = followable[0] if followable else firsts[0]
+    why = "the Op has no force" if force is None else "no acceptable divergence to follow"
+    return ref, masks, f"not compared downstream of {first[0]} {_at(first[1])} ({why})"
+
+
+def _represented(o: Output, ref, out, mask, bound) -> _Verdict:
+    r = np.asarray(ref, np.float64)
+    x = np.asarray(out, np.float64)
+    err = np.where(mask, numerics.ulp_error(x, r, o.fmt), 0.0)
+    worst = float(err.max()) if err.size else 0.0
+    at = np.unravel_index(int(np.argmax(err)), err.shape) if err.size else ()
+    norm = numerics.normwise_error(x[mask], r[mask])
+    bu, bn = float(bound["bound_ulp"]), float(bound["bound_norm"])
+    result = Result.FAIL if worst > bu or norm > bn else Result.PASS
+    detail = f"{o.name}: max {worst:.1f} ulp (bound {bu:.1f}) at {_at(at)}; normwise {norm:.2g} (bound {bn:.2g})"
+    if result.failed and not np.isfinite(worst):
+        detail += f" [got {float(x[at])!r}, expected {float(r[at])!r}]"
+    return _Verdict(result, detail, {"ulp": worst, "ulp_bound": bu, "norm": norm, "norm_bound": bn})
+
+
+def _exact(o: Output, ref, out, mask) -> _Verdict:
+    diff = (np.asarray(out) != np.asarray(ref)) & mask
+    if not diff.any():
+        return _Verdict()
+    at = tuple(np.argwhere(diff)[0])
+    got, want = np.asarray(out)[at], np.asarray(ref)[at]
+    return _Verdict(Result.FAIL, f"{o.name}: {int(diff.sum())} of {int(mask.sum())} differ, first at {_at(at)} "
+                    f"(got {got}, expected {want})")
+
+
+def _decision(o: Output, ref, out, mask, bound) -> _Verdict:
+    x, r = np.asarray(out), np.asarray(ref[o.name])
+    diff = (x != r) & mask
+    if not diff.any():
+        return _Verdict()
+    margin = np.asarray(ref[f"{o.name}.margin"], np.float64)
+    tol = tolerance(o.name, bound, ref)
+    ok = diff & (margin > 0) & (margin <= tol)
+    bad = diff & ~ok
+    if bad.any():
+        at = tuple(np.argwhere(bad)[0])
+        m = margin[at]
+        why = "exact tie, decided by the C4 tie rule" if m == 0 else f"margin {m:.3g} > tol {tol[at]:.3g}"
+        return _Verdict(Result.FAIL, f"{o.name}: differs at {_at(at)} (got {x[at]}, expected {r[at]}; {why})")
+    at = tuple(np.argwhere(ok)[0])
+    return _Verdict(Result.ACCEPTABLE, f"{o.name}: {int(ok.sum())} acceptable divergence(s), first at {_at(at)} "
+                    f"(got {x[at]}, expected {r[at]}; margin {margin[at]:.3g} <= tol {tol[at]:.3g})")
+
+
+def compare(outputs: Mapping[str, Output], ref: Mapping, impl: Mapping, masks: Mapping, bounds: Mapping,
+            force: Callable | None = None, kwargs: Callable | None = None) -> _Verdict:
+    """Compare normalised implementation outputs (NumPy) with the reference.
+
+    ``kwargs()`` gives fresh keyword arguments for ``force``. Returns the worst
+    verdict over outputs, its detail naming each output that did not PASS.
+    """
+    masks = full_masks(outputs, ref, masks)
+
+    def acceptable(name, idx):
+        m = float(np.asarray(ref[f"{name}.margin"])[idx])
+        return 0 < m <= float(tolerance(name, bounds[name], ref)[idx])
+
+    try:
+        ref, masks, note = align(outputs, ref, impl, masks, force, kwargs, acceptable)
+    except Exception as exc:  # noqa: BLE001 - any failure to follow the implementation is reported, not raised
+        return _Verdict(Result.ERROR, f"teacher forcing failed: {type(exc).__name__}: {exc}".splitlines()[0])
+    verdicts = []
+    for name, o in outputs.items():
+        if o.cls == REPRESENTED:
+            verdicts.append(_represented(o, ref[name], impl[name], masks[name], bounds[name]))
+        elif o.cls == EXACT:
+            verdicts.append(_exact(o, ref[name], impl[name], masks[name]))
+        else:
+            verdicts.append(_decision(o, ref, impl[name], masks[name], bounds[name]))
+    worst = max(v.result for v in verdicts)
+    shown = [v.detail for v in verdicts if v.result != Result.PASS]
+    if not shown:  # a PASS still says how close it came
+        rep = [v for v in verdicts if v.numbers]
+        shown = [max(rep, key=lambda v: v.numbers["ulp"] / max(v.numbers["ulp_bound"], 1e-300)).detail] if rep else []
+    numbers = {}
+    rep = [v.numbers for v in verdicts if v.numbers]
+    if rep:
+        u = max(rep, key=lambda n: n["ulp"])
+        w = max(rep, key=lambda n: n["norm"])
+        numbers = {"worst_ulp": u["ulp"], "ulp_bound": u["ulp_bound"], "worst_norm": w["norm"],
+                   "norm_bound": w["norm_bound"]}
+    return _Verdict(worst, "; ".join(shown + ([note] if note else [])), numbers)
