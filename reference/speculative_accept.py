@@ -92,6 +92,17 @@ def _greedy_test(z, d) -> tuple[bool, float]:
     return False, -float(z[top] - z[d]) if np.isfinite(z[d]) else -INF
 
 
+def _accept_distance(p_d, q_d, u) -> float:
+    """Signed distance of the accept test U q(d) < p(d): accept iff positive."""
+    return float(p_d - u * q_d)
+
+
+def _correction_weights(p, qv) -> np.ndarray:
+    """r = max(p - q, 0), or p itself when r has no mass (C6)."""
+    r = np.maximum(p - qv, 0)
+    return r if r.sum() > 0 else p
+
+
 def _draw(weights, seed, position, purpose) -> tuple[int, float]:
     return exponential_race(np.asarray(weights, dtype=np.float64), seed, position, purpose)
 
@@ -166,7 +177,7 @@ def speculative_accept(
             else:
                 qv = _q_vector(q, q_ids, b, i, d, Vr, p.dtype)
                 u = work(uniform(s, F + 1 + i, Purpose.ACCEPT))
-                dist = float(p[d] - u * qv[d])
+                dist = _accept_distance(p[d], qv[d], u)
                 ok = dist > 0
             acc_margin[b] = min(acc_margin[b], abs(dist))
             if ok:
@@ -176,8 +187,7 @@ def speculative_accept(
                 if row.greedy:
                     tokens[b, i], tok_margin[b, i] = argmax_with_gap(z)
                 else:
-                    r = np.maximum(p - qv, 0)
-                    weights = r if r.sum() > 0 else p
+                    weights = _correction_weights(p, qv)
                     tokens[b, i], tok_margin[b, i] = _draw(weights, s, F + 1 + i, Purpose.CORRECTION)
             if not (ok if forced is None else i < forced):
                 own = i + 1 if own is None else own  # forced to stop where the reference would go on
