@@ -71,21 +71,20 @@ def _per_row(a, n: int, dtype, name: str):
 
 
 def _rowdot(x, w, *, bits_out: bool):
-    """x [M, H] @ w [N, H].T with fp32 accumulation: fp32 [M, N], or BF16 bits rounded once."""
+    """x [M, H] @ w [N, H].T: fp32 [M, N] with fp32 accumulation (logits), or BF16 bits
+    of the sum accumulated in double and rounded once (the represented g)."""
     M, H = x.shape
     N = w.shape[0]
     if w.shape[1] != H:
         raise ValueError(f"inner dimensions differ: {x.shape} and {w.shape}")
     out = cp().empty((M, N), dtype=np.uint16 if bits_out else np.float32)
-    fn = _fn("select", "bf16_rowdot")
+    fn = _fn("select", "bf16_rowdot_round" if bits_out else "bf16_rowdot")
     blocks_x = (N + _DOT_WARPS - 1) // _DOT_WARPS
     for m0 in range(0, M, _MAX_GRID_Y):
         m1 = min(M, m0 + _MAX_GRID_Y)
-        xs, os_ = x[m0:m1], out[m0:m1]
         if N and m1 > m0:
             fn((blocks_x, m1 - m0), (32 * _DOT_WARPS,),
-               (xs, w, np.int32(m1 - m0), np.int32(N), np.int32(H),
-                _NULL if bits_out else os_, os_ if bits_out else _NULL))
+               (x[m0:m1], w, np.int32(m1 - m0), np.int32(N), np.int32(H), out[m0:m1]))
     return out
 
 
@@ -136,9 +135,10 @@ class SelectionOps:
 
     def candidate_selector(self, *, hidden, scores, ids, anchor, w_hidden, w_pred, w_succ, temperature, seed,
                            frontier):
-        """g = BF16(W_hidden h) (fp32 accumulation, one rounding), then the left-to-right
-        conditional walk over E_i[j_(i-1), c] (greedy lowest-rank argmax, or q = softmax(E/T)
-        and the exponential race at (seed, frontier + i, DFLASH2_PROPOSAL, rank))."""
+        """g = BF16(W_hidden h) (double accumulation, one rounding), then the left-to-right
+        conditional walk over E_i[j_(i-1), c] (fp32 accumulation; greedy lowest-rank argmax,
+        or q = softmax(E/T) and the exponential race at (seed, frontier + i, DFLASH2_PROPOSAL,
+        rank))."""
         hidden = _bf16(hidden)
         B, K, H = hidden.shape
         w_hidden, w_pred, w_succ = _bf16(w_hidden), _bf16(w_pred), _bf16(w_succ)

@@ -18,12 +18,20 @@ namespace {
 
 __device__ __forceinline__ float bf16_value(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
-// RNE fp32 -> BF16 on the bits, so no flag (-ftz, --fmad) can touch it.
-__device__ __forceinline__ u16 bf16_round_bits(float x) {
-    u32 u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (u16)(u >> 16);
+// RNE double -> BF16 in one step (no detour through fp32, which would round twice):
+// scale by the BF16 spacing at |x| (a power of two, so exact), rint (ties to even),
+// scale back; below 2^-126 the spacing stays 2^-133 (subnormals kept); past the largest
+// finite BF16 the result is inf. The rounded value is a BF16 value, so its fp32 image is
+// exact and its top 16 bits are the pattern.
+__device__ __forceinline__ u16 bf16_round_bits_f64(double x) {
+    if (isnan(x)) return 0x7fc0;
+    if (isinf(x)) return x > 0 ? 0x7f80 : 0xff80;
+    int e;
+    frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+    const int qe = e - 8 > -133 ? e - 8 : -133;
+    double y = ldexp(rint(ldexp(x, -qe)), qe);
+    if (fabs(y) > 3.3895313892515355e38) y = x > 0 ? 1.0 / 0.0 : -1.0 / 0.0;
+    return (u16)(__float_as_uint(dflash::f64_to_f32_rn(y)) >> 16);
 }
 
 // Fixed butterfly: every lane ends with the same, run-to-run identical sum.
@@ -48,11 +56,10 @@ __device__ __forceinline__ int key_row(u64 key) { return (int)(0xffffffffu - (u3
 
 }  // namespace
 
-// out[m, n] = sum_h x[m, h] * w[n, h] in fp32, one warp per (m, n). Written as fp32
-// (logits; not rounded, C1) or, when out_bits is given, rounded once to BF16 (g_i).
-// Grid: (ceil(N / warps_per_block), M); block: a multiple of 32 threads.
+// out[m, n] = sum_h x[m, h] * w[n, h] in fp32, one warp per (m, n): the head logits
+// (fp32, not rounded, C1). Grid: (ceil(N / warps_per_block), M); block: whole warps.
 extern "C" __global__ void bf16_rowdot(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N, int H,
-                                       float* __restrict__ out, u16* __restrict__ out_bits) {
+                                       float* __restrict__ out) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int m = blockIdx.y;
@@ -62,12 +69,28 @@ extern "C" __global__ void bf16_rowdot(const u16* __restrict__ x, const u16* __r
     float acc = 0.0f;
     for (int h = lane; h < H; h += 32) acc = __fmaf_rn(bf16_value(xr[h]), bf16_value(wr[h]), acc);
     acc = warp_sum(acc);
-    if (lane == 0) {
-        if (out_bits)
-            out_bits[(size_t)m * N + n] = bf16_round_bits(acc);
-        else
-            out[(size_t)m * N + n] = acc;
-    }
+    if (lane == 0) out[(size_t)m * N + n] = acc;
+}
+
+// g = W_hidden h rounded once to BF16 (C1), same layout as bf16_rowdot. Accumulated in
+// double and rounded straight from double: g is a represented point whose rounding
+// boundaries an fp32 sum would cross now and then (one BF16 ulp in g moves E_i by
+// ~2^-9 of a term, which T = 0.05 turns into percent-level changes of q_i), so g is
+// made to agree with the exactly rounded value instead.
+extern "C" __global__ void bf16_rowdot_round(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N,
+                                             int H, u16* __restrict__ out_bits) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int m = blockIdx.y;
+    if (n >= N || m >= M) return;
+    const u16* xr = x + (size_t)m * H;
+    const u16* wr = w + (size_t)n * H;
+    double acc = 0.0;
+    for (int h = lane; h < H; h += 32)
+        acc = __fma_rn(dflash::f32_to_f64(bf16_value(xr[h])), dflash::f32_to_f64(bf16_value(wr[h])), acc);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    if (lane == 0) out_bits[(size_t)m * N + n] = bf16_round_bits_f64(acc);
 }
 
 // Stable top-k of one logit row per block (C4), on the raw logits; rows whose global id
@@ -180,7 +203,7 @@ extern "C" __global__ void selector_walk(const u16* __restrict__ g, const float*
         if (tid == 0) {
             float* qi = q + row * k;
             int j = 0;
-            if (!(T > 0.0f)) {
+            if (T <= 0.0f) {
                 for (int c = 1; c < k; ++c)
                     if (energy[c] > energy[j]) j = c;  // strict: the lowest rank keeps a tie
                 for (int c = 0; c < k; ++c) qi[c] = c == j ? 1.0f : 0.0f;
