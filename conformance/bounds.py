@@ -67,7 +67,8 @@ def derive(outputs, ref, base, masks, force=None, kwargs=None) -> dict:
             m = np.asarray(ref[f"{name}.margin"], np.float64)
             mb = np.asarray(base[f"{name}.margin"], np.float64)
             same = np.asarray(base[name]) == np.asarray(ref[name])
-            err = np.where(same, np.abs(mb - m), m + mb)[mask & np.isfinite(m) & np.isfinite(mb)]
+            with np.errstate(invalid="ignore"):  # inf margins (no contest) are left out just below
+                err = np.where(same, np.abs(mb - m), m + mb)[mask & np.isfinite(m) & np.isfinite(mb)]
             floor_of = f"{name}.scale" if f"{name}.scale" in ref else f"|{name}.margin|"
             bounds[name] = {"margin_err": ceil_sig(err.max() if err.size else 0.0), "floor": f"fp32 spacing at {floor_of}"}
         else:

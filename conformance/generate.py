@@ -85,7 +85,7 @@ def case_bytes(spec: OpSpec, case: Case) -> bytes:
     return vectors.encode(tensors, meta)
 
 
-def _cases(spec: OpSpec) -> list[Case]:
+def cases_of(spec: OpSpec) -> list[Case]:
     try:
         cases = list(spec.generate())
     except Exception as exc:  # noqa: BLE001 - a broken generator is reported by name, the others still run
@@ -112,7 +112,7 @@ def _select_ops(specs: Mapping[str, OpSpec], pattern: str | None) -> tuple[dict[
     named = {n for n in specs if any(fnmatch.fnmatchcase(n, g) for g in globs)}
     if not globs or any(not any(fnmatch.fnmatchcase(n, g) for n in specs) for g in globs):
         named = set(specs)
-    cases = {n: _cases(specs[n]) for n in sorted(named)}
+    cases = {n: cases_of(specs[n]) for n in sorted(named)}
     ids = [c.id for cs in cases.values() for c in cs]
     return cases, vectors.select(pattern, ids, "the registered Ops' cases")
 
@@ -164,3 +164,71 @@ def generate(out: Path, specs: Mapping[str, OpSpec], pattern: str | None = None,
                 stale.unlink()
     (out / vectors.MANIFEST).write_bytes(vectors.manifest_bytes(kept + entries))
     return len(entries), []
+
+
+def _regenerated(spec: OpSpec, case: Case) -> bytes | str:
+    try:
+        return case_bytes(spec, case)
+    except Exception as exc:  # noqa: BLE001 - reported against the file, the check goes on
+        return f"regenerating it raised {type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def verify(root: Path, specs: Mapping[str, OpSpec], pattern: str | None = None,
+           progress: Progress | None = None) -> list[str]:
+    """One line per problem, each naming its file: a sha256 that differs from the
+    manifest, a file missing or not listed, a case that regenerates to other bytes
+    (or is no longer generated, or is generated but not listed)."""
+    root = Path(root)
+    manifest = vectors.read_manifest(root)
+    problems = []
+    versions = (manifest.get("generator_version"), manifest.get("contract_version"))
+    if versions != (GENERATOR_VERSION, CONTRACT_VERSION):
+        problems.append(f"{root / vectors.MANIFEST}: generator/contract version {versions[0]}/{versions[1]}, "
+                        f"this package writes {GENERATOR_VERSION}/{CONTRACT_VERSION}")
+    entries = manifest["files"]
+    if pattern:
+        chosen = set(vectors.select(pattern, [e["case"] for e in entries], str(root / vectors.MANIFEST)))
+        entries = [e for e in entries if e["case"] in chosen]
+    else:
+        listed = {(root / e["path"]).resolve() for e in entries}
+        problems += [f"{p}: not listed in {vectors.MANIFEST}" for p in sorted(root.rglob(f"*{vectors.SUFFIX}"))
+                     if p.resolve() not in listed]
+    generated: dict[str, dict[str, Case] | str] = {}
+    for i, e in enumerate(entries):
+        if progress:
+            progress(i, len(entries), e["case"])
+        path = root / e["path"]
+        if e["op"] not in generated:
+            try:
+                generated[e["op"]] = {c.id: c for c in cases_of(specs[e["op"]])} if e["op"] in specs else \
+                    f"Op {e['op']!r} is not registered"
+            except GenerationError as exc:
+                generated[e["op"]] = str(exc)
+        cases = generated[e["op"]]
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        data = path.read_bytes()
+        if vectors.sha256(data) != e["sha256"]:
+            problems.append(f"{path}: sha256 differs from {vectors.MANIFEST}")
+        elif isinstance(cases, str):
+            problems.append(f"{path}: {cases}")
+        elif e["case"] not in cases:
+            problems.append(f"{path}: its generator no longer produces {e['case']}")
+        else:
+            regen = _regenerated(specs[e["op"]], cases[e["case"]])
+            if isinstance(regen, str) or regen != data:
+                problems.append(f"{path}: {regen if isinstance(regen, str) else 'regenerating gives other bytes'}")
+    if progress:
+        progress(len(entries), len(entries), "done")
+    if not pattern:
+        in_manifest = {e["case"] for e in entries}
+        for op in sorted(set(specs) - set(generated)):  # an Op added since the vectors were written
+            try:
+                generated[op] = {c.id: c for c in cases_of(specs[op])}
+            except GenerationError as exc:
+                problems.append(f"{root / op}: {exc}")
+        problems += [f"{vectors.case_path(root, cid)}: generated but not listed in {vectors.MANIFEST}"
+                     for cases in generated.values() if not isinstance(cases, str)
+                     for cid in sorted(cases) if cid not in in_manifest]
+    return problems

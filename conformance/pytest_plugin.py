@@ -1,10 +1,105 @@
-"""pytest plugin (registered through the pytest11 entry point)."""
+"""pytest plugin (registered through the pytest11 entry point, so it loads in every
+pytest run; it does nothing unless ``--dflash-impl`` is given).
+
+    pytest --dflash-impl package.module:attribute [--dflash-vectors DIR] [--dflash-ops PATTERN]
+
+adds one test item per selected case, node id ``dflash::<case id>`` (``dflash::grouped_conv/H16_W1_B1``).
+PASS and ACCEPTABLE pass (ACCEPTABLE with a report section saying why),
+NOT_IMPLEMENTED skips, FAIL and ERROR fail with the comparison's detail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("dflash-conformance")
-    group.addoption(
-        "--dflash-impl",
-        default=None,
-        help="package.module:attribute of a DFlash implementation to run the conformance vectors against",
-    )
+    group.addoption("--dflash-impl", default=None, metavar="package.module:attribute",
+                    help="a DFlash implementation to run the conformance vectors against")
+    group.addoption("--dflash-vectors", default=None, metavar="DIR",
+                    help="vectors directory (default: $DFLASH_VECTORS, ./vectors with a manifest, else the checkout's)")
+    group.addoption("--dflash-ops", default=None, metavar="PATTERN",
+                    help="comma-separated fnmatch globs over Op names and case ids")
+    group.addoption("--dflash-timeout", default=60.0, type=float, metavar="S", help="per-case timeout (60 s)")
+
+
+class _Run:
+    """What every item of one session shares: the implementation and the vectors."""
+
+    def __init__(self, config):
+        from conformance import runner, vectors
+
+        self.target = config.getoption("dflash_impl")
+        self.timeout = config.getoption("dflash_timeout")
+        opt = config.getoption("dflash_vectors")
+        self.root = Path(opt) if opt else vectors.default_dir()
+        try:
+            _, self.entries = runner.load_selection(self.root, config.getoption("dflash_ops"))
+            self.impl = runner.load_impl(self.target)
+        except vectors.InputError as exc:
+            msg = str(exc).replace("--impl:", "--dflash-impl:", 1).replace("--ops:", "--dflash-ops:", 1)
+            raise pytest.UsageError(msg) from None
+        self._forces = None
+
+    def force(self, op):
+        from conformance import registry
+
+        if self._forces is None:
+            self._forces = {name: spec.force for name, spec in registry.ops().items()}
+        return self._forces.get(op)
+
+
+class _Cases(pytest.Collector):
+    """The parent of the case items (node ids ``dflash::<case id>``); built directly, never collected."""
+
+    def collect(self):
+        return []
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, run: _Run, entry: dict, **kwargs):
+        super().__init__(**kwargs)
+        self.run, self.entry = run, entry
+        for flag in entry.get("flags", ()):
+            self.user_properties.append(("flag", flag))
+
+    def runtest(self):
+        from conformance import runner
+        from conformance.compare import Result
+
+        vec = runner.read_entry(self.run.root, self.entry)
+        res = runner.run_case(self.run.impl, vec, self.run.timeout, self.run.force(vec.op))
+        self.user_properties.append(("result", res.result.name))
+        if res.result == Result.NOT_IMPLEMENTED:
+            pytest.skip(f"NOT_IMPLEMENTED: {res.detail}")
+        if res.result.failed:
+            raise CaseFailed(f"{res.result.name}: {res.detail}")
+        if res.result == Result.ACCEPTABLE:
+            self.add_report_section("call", "dflash", f"ACCEPTABLE: {res.detail}")
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, CaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.run.root / self.entry["path"], None, self.entry["case"]
+
+
+class CaseFailed(Exception):
+    pass
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection sees the item list
+def pytest_collection_modifyitems(session, config, items):
+    if not config.getoption("dflash_impl", None):
+        return
+    run = _Run(config)
+    parent = _Cases.from_parent(session, name="dflash", nodeid="dflash")
+    cases = [CaseItem.from_parent(parent, name=e["case"], run=run, entry=e) for e in run.entries]
+    items.extend(cases)
+    # as pytest reports any collector's items, so that "collected N items" counts these
+    config.hook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, cases))

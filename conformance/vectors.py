@@ -75,7 +75,7 @@ def _jsonable(x):
 
 def encode(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
     """A safetensors file as bytes; equal inputs give equal bytes in any process."""
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    arrays = {k: np.asarray(v, order="C") for k, v in tensors.items()}  # ascontiguousarray makes 0-d 1-d
     # Largest items first, as safetensors itself orders them, so every tensor stays aligned.
     order = sorted(arrays, key=lambda k: (-arrays[k].dtype.itemsize, k))
     header: dict[str, Any] = {"__metadata__": dict(metadata)}
