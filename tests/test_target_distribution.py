@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from conformance.cases.target_distribution import GAP, boundary_distance, generate
 from reference import precision
 from reference.target_distribution import add_to_history, target_distribution
 
@@ -216,3 +217,60 @@ def test_float32_baseline_close_to_float64(z, T):
     # in the exponent -> relative 32 eps), sum of <= 32 terms (32 eps), division (eps), final rounding:
     # relative error <= (32 + 32 + 2) eps; 128 eps leaves a factor 2 for the terms not counted
     np.testing.assert_allclose(base, ref, rtol=128 * F32_EPS, atol=1e-30)
+
+
+# --- the golden cases ---------------------------------------------------------------------
+
+CASES = generate()
+
+
+def test_generator_is_deterministic_with_unique_ids():
+    again = generate()
+    assert [c.id for c in again] == [c.id for c in CASES] and len({c.id for c in CASES}) == len(CASES)
+    for a, b in zip(CASES, again):
+        assert a.params == b.params
+        for k in a.inputs:
+            assert a.inputs[k].dtype == b.inputs[k].dtype and a.inputs[k].tobytes() == b.inputs[k].tobytes()
+    assert 10 <= len(CASES) <= 60
+    assert sum(v.nbytes for c in CASES for v in c.inputs.values()) < 500_000
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "exact_tie" not in c.flags], ids=lambda c: c.id)
+def test_case_decisions_are_clear_of_boundaries(case):
+    # GAP = 1e-3 against fp32 errors of ~1e-6 in these units: no filter decision can flip in the baseline
+    n = case.inputs["logits"].shape[0]
+    assert min(boundary_distance(case.inputs, case.params, i) for i in range(n)) > GAP
+
+
+def _buggy(case, bug):
+    kw = dict(case.kwargs())
+    if bug == "vocab_padding":
+        kw["vocab_size"] = kw["logits"].shape[1]
+    elif bug == "penalties_missing":
+        kw["repetition_penalty"] = np.ones_like(kw["repetition_penalty"])
+        kw["frequency_penalty"] = np.zeros_like(kw["frequency_penalty"])
+        kw["presence_penalty"] = np.zeros_like(kw["presence_penalty"])
+    elif bug == "min_p_missing":
+        kw["min_p"] = np.zeros_like(kw["min_p"])
+    elif bug == "exact_tie":
+        # ties to the higher id: the same pipeline on the reversed vocabulary, reversed back
+        for k in ("logits", "prompt_mask", "output_counts"):
+            kw[k] = kw[k][:, ::-1].copy()
+        return target_distribution(**kw)["probs"][:, ::-1]
+    return target_distribution(**kw)["probs"]
+
+
+@pytest.mark.parametrize(
+    "case,bug",
+    [
+        (c, f)
+        for c in CASES
+        for f in c.flags
+        if f in ("vocab_padding", "penalties_missing", "min_p_missing", "exact_tie")
+    ],
+    ids=lambda x: x if isinstance(x, str) else x.id,
+)
+def test_flagged_case_catches_its_bug(case, bug):
+    ref = target_distribution(**case.kwargs())["probs"]
+    # a difference of far more than the comparison bound (a few fp32 ulps): a whole token's mass moves
+    assert np.abs(_buggy(case, bug) - ref).max() > 1e-3
