@@ -171,9 +171,9 @@ def conv_prepare(x, base, proj):
     pb = cp().empty(x.shape, dtype=np.uint16)
     pf = cp().empty(x.shape, dtype=np.float32)
     fd = cp().empty((b, w, 2, h // 16), dtype=np.uint16)
+    x = cp().ascontiguousarray(x, dtype=np.float32)
     _fn("grouped_conv", "conv_prepare")(
-        _grid(x.size), (_THREADS,),
-        (cp().ascontiguousarray(x, dtype=np.float32), delta, base, np.int32(w), np.int64(b * w), np.int32(h), pb, pf, fd),
+        _grid(x.size), (_THREADS,), (x, delta, base, np.int32(w), np.int64(b * w), np.int32(h), pb, pf, fd)
     )
     return pb, pf, fd
 
