@@ -38,9 +38,9 @@ draft_attention_fwd(const float* __restrict__ q, const float* __restrict__ k, co
     long long ctx_lo = F - C > 0 ? F - C : 0;
     long long blk_lo = 0, blk_hi = lv;
     if (window > 0) {
-        ctx_lo = max(ctx_lo, pq - window + 1);
-        blk_lo = max(blk_lo, (long long)i - window + 1);
-        blk_hi = min(blk_hi, (long long)i + window);
+        ctx_lo = dfl::max64(ctx_lo, pq - window + 1);
+        blk_lo = dfl::max64(blk_lo, (long long)i - window + 1);
+        blk_hi = dfl::min64(blk_hi, (long long)i + window);
     }
     const long long n_ctx = F > ctx_lo ? F - ctx_lo : 0;
     const long long n_blk = blk_hi > blk_lo ? blk_hi - blk_lo : 0;
@@ -54,7 +54,7 @@ draft_attention_fwd(const float* __restrict__ q, const float* __restrict__ k, co
         qr[c] = d < D ? q[qo + d] : 0.f;
         acc[c] = 0.f;
     }
-    float m = -INFINITY, l = 0.f;
+    float m = dfl::neg_inf(), l = 0.f;
     for (long long kk = warp; kk < total; kk += ATT_WARPS) {
         float dot = 0.f, val[ATT_MAXC];
         if (kk < n_ctx) {
@@ -100,7 +100,7 @@ draft_attention_fwd(const float* __restrict__ q, const float* __restrict__ k, co
     __syncthreads();
     // Row i < live always has its own block key (distance 0 < S), so the max is finite;
     // warps that saw no key carry m = -inf and weigh exp(-inf) = 0.
-    float M = -INFINITY;
+    float M = dfl::neg_inf();
 #pragma unroll
     for (int w = 0; w < ATT_WARPS; ++w) M = fmaxf(M, sm_m[w]);
     float wt[ATT_WARPS], L = 0.f;

@@ -21,6 +21,12 @@ namespace dfl {
 
 typedef unsigned short u16;
 
+// Spelled out rather than INFINITY / max / min: NVRTC without the toolkit headers has no
+// <math.h> macros, and the 64-bit overloads of max/min are not guaranteed there.
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ long long max64(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long min64(long long a, long long b) { return a < b ? a : b; }
+
 // Exact: a BF16 value is an fp32 value with the low 16 bits zero.
 __device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((unsigned)b) << 16); }
 

@@ -20,7 +20,7 @@ argmax_rows(const float* __restrict__ logits, int rows, int Vr, const int* __res
     const int row = blockIdx.x;
     if (row >= rows) return;
     const float* z = logits + (long long)row * Vr;
-    float bv = -INFINITY;
+    float bv = dfl::neg_inf();
     int br = 0x7fffffff;
     for (int r = threadIdx.x; r < Vr; r += HEAD_THREADS) {
         const long long id = shortlist ? (long long)shortlist[r] : (long long)r;
