@@ -71,20 +71,22 @@ def _per_row(a, n: int, dtype, name: str):
 
 
 def _rowdot(x, w, *, bits_out: bool):
-    """x [M, H] @ w [N, H].T: fp32 [M, N] with fp32 accumulation (logits), or BF16 bits
-    of the sum accumulated in double and rounded once (the represented g)."""
+    """x [M, H] @ w [N, H].T, accumulated in double and rounded once: fp32 [M, N] (the head
+    logits) or BF16 bits (the represented g). select.cu bf16_rowdot says why not fp32."""
     M, H = x.shape
     N = w.shape[0]
     if w.shape[1] != H:
         raise ValueError(f"inner dimensions differ: {x.shape} and {w.shape}")
     out = cp().empty((M, N), dtype=np.uint16 if bits_out else np.float32)
-    fn = _fn("select", "bf16_rowdot_round" if bits_out else "bf16_rowdot")
+    fn = _fn("select", "bf16_rowdot")
     blocks_x = (N + _DOT_WARPS - 1) // _DOT_WARPS
     for m0 in range(0, M, _MAX_GRID_Y):
         m1 = min(M, m0 + _MAX_GRID_Y)
         if N and m1 > m0:
+            o = out[m0:m1]
             fn((blocks_x, m1 - m0), (32 * _DOT_WARPS,),
-               (x[m0:m1], w, np.int32(m1 - m0), np.int32(N), np.int32(H), out[m0:m1]))
+               (x[m0:m1], w, np.int32(m1 - m0), np.int32(N), np.int32(H), _NULL if bits_out else o,
+                o if bits_out else _NULL))
     return out
 
 
@@ -102,9 +104,10 @@ class SelectionOps:
 
     def candidate_topk(self, *, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0,
                        shortlist=None):
-        """Stable top-k of the head logits (fp32 accumulation, selection on raw logits,
-        value descending, ties to the lower head row, C4), then the shortlist remap and
-        u = c tanh(m z / c) on the selected logits (scores fp32)."""
+        """Stable top-k of the head logits (fp32 logits, each rounded once from a double
+        sum; selection on the raw logits, value descending, ties to the lower head row,
+        C4), then the shortlist remap and u = c tanh(m z / c) on the selected logits
+        (scores fp32)."""
         hidden, head = _bf16(hidden), _bf16(head)
         *lead, H = hidden.shape
         Vr = head.shape[0]

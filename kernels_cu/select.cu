@@ -3,9 +3,10 @@
 // proposal draw), C4 (top-k order, greedy ties). Semantics follow
 // reference/candidate_topk.py and reference/candidate_selector.py.
 //
-// BF16 tensors arrive as 16-bit patterns. Dot products accumulate in fp32: a BF16 x BF16
-// product has at most 16 significant bits, and BF16 x BF16 x BF16 at most 24, so every
-// product is exact in fp32 and only the accumulation rounds.
+// BF16 tensors arrive as 16-bit patterns. A BF16 x BF16 product has at most 16 significant
+// bits and BF16 x BF16 x BF16 at most 24, so every product is exact in fp32 and only the
+// accumulation rounds: in double for the head logits and g (see bf16_rowdot), in fp32 for
+// the selector energies, as the native selector does.
 #include "philox.cuh"
 
 using dflash::u32;
@@ -56,33 +57,22 @@ __device__ __forceinline__ int key_row(u64 key) { return (int)(0xffffffffu - (u3
 
 }  // namespace
 
-// out[m, n] = sum_h x[m, h] * w[n, h] in fp32, one warp per (m, n): the head logits
-// (fp32, not rounded, C1). Grid: (ceil(N / warps_per_block), M); block: whole warps.
+// out[m, n] = sum_h x[m, h] * w[n, h], one warp per (m, n), accumulated in double (every
+// BF16 x BF16 product is exact in it) and rounded once: to fp32 for the head logits
+// (out), or straight from double to BF16 for the represented g_i (out_bits).
+// Why not an fp32 sum: its bound is 2x the fp32 baseline's worst error in the same case,
+// and the baseline sums in another order. On small or cancelling dot products a
+// different fp32 order can land 5 ulp off where the baseline happened to land 1 (seen on
+// the H200 for H = 16: 5 ulp against a bound of 3), and for g a one-ulp BF16 flip moves
+// E_i by ~2^-9 of a term, which T = 0.05 turns into percent-level changes of q_i. Rounded
+// once from a near-exact sum, neither can exceed the bound's one-ulp floor.
+// Grid: (ceil(N / warps_per_block), M); block: whole warps.
 extern "C" __global__ void bf16_rowdot(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N, int H,
-                                       float* __restrict__ out) {
+                                       float* __restrict__ out, u16* __restrict__ out_bits) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int m = blockIdx.y;
     if (n >= N || m >= M) return;  // whole warps leave together: n is uniform per warp
-    const u16* xr = x + (size_t)m * H;
-    const u16* wr = w + (size_t)n * H;
-    float acc = 0.0f;
-    for (int h = lane; h < H; h += 32) acc = __fmaf_rn(bf16_value(xr[h]), bf16_value(wr[h]), acc);
-    acc = warp_sum(acc);
-    if (lane == 0) out[(size_t)m * N + n] = acc;
-}
-
-// g = W_hidden h rounded once to BF16 (C1), same layout as bf16_rowdot. Accumulated in
-// double and rounded straight from double: g is a represented point whose rounding
-// boundaries an fp32 sum would cross now and then (one BF16 ulp in g moves E_i by
-// ~2^-9 of a term, which T = 0.05 turns into percent-level changes of q_i), so g is
-// made to agree with the exactly rounded value instead.
-extern "C" __global__ void bf16_rowdot_round(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N,
-                                             int H, u16* __restrict__ out_bits) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int m = blockIdx.y;
-    if (n >= N || m >= M) return;
     const u16* xr = x + (size_t)m * H;
     const u16* wr = w + (size_t)n * H;
     double acc = 0.0;
@@ -90,7 +80,12 @@ extern "C" __global__ void bf16_rowdot_round(const u16* __restrict__ x, const u1
         acc = __fma_rn(dflash::f32_to_f64(bf16_value(xr[h])), dflash::f32_to_f64(bf16_value(wr[h])), acc);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc = __dadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
-    if (lane == 0) out_bits[(size_t)m * N + n] = bf16_round_bits_f64(acc);
+    if (lane == 0) {
+        if (out_bits)
+            out_bits[(size_t)m * N + n] = bf16_round_bits_f64(acc);
+        else
+            out[(size_t)m * N + n] = dflash::f64_to_f32_rn(acc);
+    }
 }
 
 // Stable top-k of one logit row per block (C4), on the raw logits; rows whose global id
