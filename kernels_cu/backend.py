@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 
-from kernels_cu.loader import compile_record
+from kernels_cu.loader import compile_record, load_module
 from kernels_cu.ops_attention import AttentionOps
 
 try:
@@ -51,6 +51,9 @@ class CudaBackend(AttentionOps, SelectionOps):
         try:
             import cupy
 
+            flag = cupy.zeros(1, dtype=cupy.int32)
+            load_module("norm_rope").get_function("fp_conversion_path")((1,), (1,), (flag,))
+            rec["fp_conversion_path"] = "cuda_bf16.h/cuda_fp16.h intrinsics" if int(flag[0]) else "inline PTX cvt.rn"
             rec["cuda_runtime_version"] = _cuda_version(cupy.cuda.runtime.runtimeGetVersion())
             rec["cuda_driver_version"] = _cuda_version(cupy.cuda.runtime.driverGetVersion())
             try:

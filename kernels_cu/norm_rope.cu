@@ -92,3 +92,13 @@ extern "C" __global__ void context_v_kernel(const float* __restrict__ in, u16* _
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n; t += (long long)gridDim.x * blockDim.x)
         out[t] = dfl::context_v_bits(in[t]);
 }
+
+// Which conversion path this build took (1: cuda_bf16.h / cuda_fp16.h intrinsics, 0: the
+// inline-PTX fallback of common.cuh): recorded by CudaBackend.environment().
+extern "C" __global__ void fp_conversion_path(int* out) {
+#ifdef DFLASH_FP_HEADERS
+    out[0] = 1;
+#else
+    out[0] = 0;
+#endif
+}

@@ -450,6 +450,10 @@ def test_represented_rounding_matches_numerics(cupy, variant):
     """f32 -> BF16, -> FP16 and FP16_RNE(BF16(.)) round exactly as reference/numerics.py (C1),
     through the CUDA intrinsics and through common.cuh's PTX fallback, ties and edges included."""
     mod = _conversion_module(cupy, variant)
+    path = cupy.zeros(1, dtype=np.int32)
+    mod.get_function("fp_conversion_path")((1,), (1,), (path,))
+    if variant == "ptx_fallback":
+        assert int(path[0]) == 0, "DFLASH_NO_CUDA_FP_HEADERS did not select the PTX path"
     x = _fp32_samples()
     xd = cupy.asarray(x)
     n = np.int64(x.size)
@@ -461,9 +465,10 @@ def test_represented_rounding_matches_numerics(cupy, variant):
         out = cupy.empty(x.size, dtype=np.uint16)
         mod.get_function(kernel)(((x.size + 255) // 256,), (256,), (xd, out, n))
         got = out.get().view(ml_dtypes.bfloat16 if fmt == "bf16" else np.float16).astype(np.float64)
-        want = numerics.storage(expect(x.astype(np.float64)), fmt).astype(np.float64)
-        same = (got == want) | (np.isnan(got) & np.isnan(want))
-        same &= np.signbit(got) == np.signbit(want)
+        with np.errstate(invalid="ignore"):  # NaN inputs: NaN stays NaN (C1), its sign and payload are free
+            want = numerics.storage(expect(x.astype(np.float64)), fmt).astype(np.float64)
+        nan = np.isnan(got) & np.isnan(want)
+        same = nan | ((got == want) & (np.signbit(got) == np.signbit(want)))
         bad = np.flatnonzero(~same)
         assert bad.size == 0, (
             f"{kernel} ({variant}): {bad.size} mismatches, e.g. x={x[bad[:5]]!r} "
@@ -889,6 +894,15 @@ def test_numpy_and_cupy_inputs_agree(backend, cupy):
 
 def test_environment_records_the_build(backend):
     env = backend.environment()
-    for key in ("nvrtc_options", "cupy", "device", "cuda_runtime_version", "cuda_driver_version", "numpy"):
+    keys = (
+        "nvrtc_options",
+        "cupy",
+        "device",
+        "cuda_runtime_version",
+        "cuda_driver_version",
+        "numpy",
+        "fp_conversion_path",
+    )
+    for key in keys:
         assert key in env, f"environment() lacks {key}: {env}"
     assert "-ftz=true" in env["nvrtc_options"]
