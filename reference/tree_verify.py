@@ -60,6 +60,7 @@ from reference.target_distribution import argmax_with_gap
 
 INF = float("inf")
 MAX_NODES = 64
+FLOOR = -80.0  # path scores below this involve a q within a few binades of FP32's smallest normal
 
 
 def _softmax(x) -> np.ndarray:
@@ -94,7 +95,8 @@ def walk(ids, energies, temperature, seed, frontier) -> tuple[list[int], float]:
 
 def build_tree(ids, energies, temperature, seed, frontier, tree_nodes) -> tuple[list, float]:
     """Nodes [(depth, rank, parent, on_main_chain)] and the smallest margin of the shape:
-    the walk's, and each best-first pick's score lead over the best candidate left behind."""
+    the walk's, and each best-first pick's score lead over the best candidate left behind
+    (0 for a pick scoring below FLOOR)."""
     K, k = ids.shape
     t = float(temperature)
     rho = t if t > 0 else 1.0
@@ -112,7 +114,8 @@ def build_tree(ids, energies, temperature, seed, frontier, tree_nodes) -> tuple[
         if depth >= K:
             return
         prev = nodes[n][1] if n >= 0 else 0
-        logq = np.log(_q(energies[depth, prev], rho).astype(np.float64))
+        with np.errstate(divide="ignore"):  # an FP32 q of 0 scores -inf: last, by the tie rule
+            logq = np.log(_q(energies[depth, prev], rho).astype(np.float64))
         base = score[n] if n >= 0 else 0.0
         for c in range(k):
             if (n, c) not in taken:
@@ -123,7 +126,9 @@ def build_tree(ids, energies, temperature, seed, frontier, tree_nodes) -> tuple[
             push_children(n)
     while len(nodes) < tree_nodes and heap:
         neg, depth, parent, c = heapq.heappop(heap)
-        if heap:
+        if -neg < FLOOR:
+            lead = 0.0  # a path through a q near FP32 underflow: flush-to-zero would reorder it
+        elif heap:
             lead = min(lead, heap[0][0] - neg)
         nodes.append((depth, c, parent, False))
         score.append(-neg)
