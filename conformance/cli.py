@@ -20,7 +20,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from conformance import registry, vectors
+from conformance import CONTRACT_VERSION, GENERATOR_VERSION, registry, vectors
 from conformance.vectors import InputError
 
 CUDA_IMPL = "kernels_cu.backend:CudaBackend"
@@ -143,6 +143,10 @@ def _cmd_run(args) -> int:
         raise InputError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
     root = Path(args.vectors) if args.vectors else vectors.default_dir()
     manifest, _ = runner.load_selection(root, args.ops)  # bad vectors or selection: exit 2 before anything runs
+    written_by = (manifest.get("generator_version"), manifest.get("contract_version"))
+    if written_by != (GENERATOR_VERSION, CONTRACT_VERSION):
+        print(f"warning: {root / vectors.MANIFEST} was written by generator/contract {written_by[0]}/{written_by[1]}, "
+              f"this package is {GENERATOR_VERSION}/{CONTRACT_VERSION}", file=sys.stderr)
     if args.impl:
         impl, label = runner.load_impl(args.impl), args.impl
         print(f"implementation: {runner.impl_name(impl, args.impl)} ({args.impl})")

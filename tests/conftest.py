@@ -10,9 +10,9 @@ The toy Op has one output of each comparison class (C2):
 ``pick`` is a chain, so one divergence changes every later step: the case for
 teacher forcing. ``toy_noforce`` is the same Op without ``force``.
 
-The toy specs are never registered at import: ``toy_specs`` hands them to the
-harness explicitly and ``registered_toys`` registers them for one test only, so
-``dflash-conformance list`` never shows them.
+The toy specs are never registered: tests hand them to the harness explicitly
+(``specs=TOYS``; ``conformance.cli.main(argv, specs=TOYS)``), so the registry and
+``dflash-conformance list`` never show them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance import registry
 from conformance.registry import DECISION, EXACT, REPRESENTED, Case, OpSpec, Output, case_rng
 from reference.numerics import storage
 from reference.precision import represent, work
@@ -156,11 +155,6 @@ class ToyImpl:
 
 
 @pytest.fixture(scope="session")
-def toy_specs():
-    return dict(TOYS)
-
-
-@pytest.fixture(scope="session")
 def toy_vectors(tmp_path_factory):
     """The toy Ops' vectors, generated once per session; copy before changing them."""
     from conformance.generate import generate
@@ -170,11 +164,3 @@ def toy_vectors(tmp_path_factory):
     assert errors == [] and written == 8
     return out
 
-
-@pytest.fixture
-def registered_toys(monkeypatch):
-    """The toy specs in the registry for one test (for code that reads the registry)."""
-    registry.ops()  # import the real case modules first, so they are not imported under the patch
-    for name, spec in TOYS.items():
-        monkeypatch.setitem(registry._REGISTRY, name, spec)
-    return TOYS
