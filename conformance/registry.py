@@ -12,8 +12,9 @@ import hashlib
 import importlib
 import pkgutil
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -34,7 +34,7 @@ def sources() -> list[Path]:
     return sorted(KERNEL_DIR.glob("*.cu"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_module(name: str):
     """cupy.RawModule for kernels_cu/<name>.cu (compiled once per process)."""
     import cupy
@@ -57,6 +57,6 @@ def compile_record() -> dict:
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         rec["device"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         rec["compute_capability"] = f"{props['major']}.{props['minor']}"
-    except Exception as exc:  # no CuPy or no GPU: the record says so
+    except Exception as exc:  # noqa: BLE001 - no CuPy or no GPU: the record says so
         rec["cuda_unavailable"] = f"{type(exc).__name__}: {exc}"
     return rec

@@ -22,10 +22,14 @@ def plain_rmsnorm(x, weight, eps: float) -> np.ndarray:
 
 
 def plain_head_rmsnorm(x, weight, eps: float, head_dim: int) -> np.ndarray:
-    """x [..., n_heads * D] or [..., n_heads, D] -> [..., n_heads, D]."""
+    """x [..., n_heads, D] -> [..., n_heads, D].
+
+    Callers split heads first: a flat [..., n_heads * D] input is ambiguous when
+    n_heads = 1, so it is refused rather than guessed.
+    """
     x = work(x)
-    if x.shape[-1] != head_dim:
-        x = x.reshape(x.shape[:-1] + (x.shape[-1] // head_dim, head_dim))
+    if x.ndim < 2 or x.shape[-1] != head_dim:
+        raise ValueError(f"plain_head_rmsnorm: expected [..., heads, {head_dim}], got shape {x.shape}")
     return plain_rmsnorm(x, weight, eps)
 
 

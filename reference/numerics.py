@@ -123,7 +123,7 @@ def normwise_error(out, ref) -> float:
     out = np.asarray(out, dtype=np.float64).ravel()
     ref = np.asarray(ref, dtype=np.float64).ravel()
     fin = np.isfinite(ref)
-    if np.any(np.isfinite(out[fin]) == False):  # noqa: E712 - a non-finite output where ref is finite
+    if not np.all(np.isfinite(out[fin])):  # a non-finite output where the reference is finite
         return float("inf")
     num = float(np.linalg.norm(out[fin] - ref[fin]))
     den = float(np.linalg.norm(ref[fin]))
