@@ -7,9 +7,11 @@ Two kinds of input:
 - planted heads for ties, padding and remap: each position's hidden is one-hot on its
   own channel, so its logits are one column of the head. In every column the planted
   rows take distinct rungs of a ladder (in a per-column random order); the rows of a
-  tie group are copies of one another pinned to a chosen rank, and padding rows
-  (global id >= vocab_size) sit above everything. Values are multiples of 1/16 below
-  256: every logit, and so every tie, is exact in BF16, FP32 and float64 alike.
+  tie group are copies of one another (or, per_position, equal in that column only)
+  pinned to a chosen rank, and padding rows
+  (global id >= vocab_size) sit above everything. Planted values are BF16 numbers
+  (even integers below 256, or k/16 near 0), so every logit that can reach the top
+  k + 1, and so every tie, is exact in BF16, FP32 and float64 alike.
 
 topk_unstable: ties decided by the higher row, by an unstable sort, by the global id
 instead of the shortlist row, or created by applying multiplier and softcap in BF16
@@ -134,7 +136,7 @@ def _all_equal(case_id, b, k, h, vr) -> Case:
     return _case(case_id, hidden, head, {"vocab_size": vr}, ("topk_unstable", "exact_tie"))
 
 
-def _shortlist(rng_id: str, vr: int, vocab: int, n_pad: int, descending_groups=()) -> np.ndarray:
+def _shortlist(rng_id: str, vr: int, vocab: int, n_pad: int) -> np.ndarray:
     """Distinct global ids in a random (non-monotone) order; n_pad of them >= vocab."""
     rng = case_rng(rng_id + "#shortlist")
     ids = np.concatenate([rng.choice(vocab, vr - n_pad, replace=False), vocab + rng.choice(64, n_pad, replace=False)])
