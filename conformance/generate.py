@@ -120,7 +120,8 @@ def _select_ops(specs: Mapping[str, OpSpec], pattern: str | None) -> tuple[dict[
 def generate(out: Path, specs: Mapping[str, OpSpec], pattern: str | None = None,
              progress: Progress | None = None) -> tuple[int, list[str]]:
     """Write the selected cases and the manifest. Returns (files written, error lines);
-    with errors the manifest is left as it was."""
+    with errors the manifest is left as it was. Case files no Op generates any more
+    are removed: those of the regenerated Ops, or every stray one on a full run."""
     out = Path(out)
     old = []
     if pattern and (out / vectors.MANIFEST).is_file():
