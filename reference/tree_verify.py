@@ -137,6 +137,12 @@ def build_tree(ids, energies, temperature, seed, frontier, tree_nodes) -> tuple[
     return nodes, lead
 
 
+def _after_rejection(r, g) -> np.ndarray:
+    """The next stage's target: max(r - g, 0) normalized, or r when that has no mass (C6)."""
+    nxt = np.maximum(r - g, 0)
+    return nxt / nxt.sum() if nxt.sum() > 0 else r
+
+
 def _verify_row(nodes, ids, energies, temperature, seed, frontier, bigram, anchor, W):
     t = float(temperature)
     tokens = np.full(W, -1, dtype=np.int32)
@@ -176,9 +182,7 @@ def _verify_row(nodes, ids, energies, temperature, seed, frontier, bigram, ancho
             if dist > 0:
                 chosen = (n, c)
                 break
-            nxt = np.maximum(r - g, 0)
-            if nxt.sum() > 0:
-                r = nxt / nxt.sum()
+            r = _after_rejection(r, g)
         if dists:
             acc_margin = min(acc_margin, min(dists))
         if chosen is not None:
