@@ -407,3 +407,290 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS)
     e = block_race(e);
     if (threadIdx.x == 0) winner[r] = e.index == DFLASH_RACE_NONE ? -1 : e.index;
 }
+
+// ---------------------------------------------------------------------------------------
+// tree_verify (reference/tree_verify.py): build the DFlash2 tree from the selector lattice
+// and verify it against a bigram target. One block per request. The tree is a short
+// sequential computation (K <= 15 steps, at most 64 nodes of k <= 16 children each) that
+// thread 0 runs in double from the fp32 energies; verification runs block-wide over the
+// vocabulary, with p and the residual r kept in double as the reference keeps them in
+// float64, so its accept tests and races see the same numbers up to the last bits of exp.
+
+#define TREE_MAX_NODES 64
+#define TREE_MAX_K 16
+#define TREE_MAX_CAND ((TREE_MAX_NODES + 1) * TREE_MAX_K)
+
+namespace {
+
+// q = FP32(softmax(e / d)) over the k candidates of one predecessor row (the selector's q).
+__host__ __device__ void tree_q_row(const float* e, int k, double d, float* q) {
+    double x[TREE_MAX_K], mx = -1.0 / 0.0, s = 0.0;
+    for (int c = 0; c < k; ++c) {
+        x[c] = dflash::f32_to_f64(e[c]) / d;
+        mx = fmax(mx, x[c]);
+    }
+    for (int c = 0; c < k; ++c) s += (x[c] = exp(x[c] - mx));
+    for (int c = 0; c < k; ++c) q[c] = dflash::f64_to_f32_rn(x[c] / s);
+}
+
+// Best-first order: higher path score, then lower depth, then lower parent node (the root,
+// -1, first), then lower rank. The last three are packed so that a smaller key is better.
+DFLASH_HD int tree_cand_key(int depth, int parent, int rank) {
+    return (depth << 16) | ((parent + 1) << 8) | rank;
+}
+
+DFLASH_HD bool tree_cand_better(double s, int key, double bs, int bkey) {
+    if (bkey < 0) return true;
+    if (s != bs) return s > bs;
+    return key < bkey;
+}
+
+// The tree of one request (reference build_tree): nodes (depth, rank, parent, main chain)
+// and their path scores; returns the node count (<= N). Sequential and small, so one
+// thread runs it; __host__ too, so a host build can check it without a GPU. cand_* hold
+// the best-first pool, (N + 1) * k entries at most.
+__host__ __device__ int tree_build(const float* eb, int K, int k, int N, float T, u64 s, u64 F, int* nd_depth,
+                                   int* nd_rank, int* nd_par, int* nd_main, double* nd_score, double* cand_score,
+                                   int* cand_key) {
+    const bool greedy = T <= 0.0f;
+    const double t = dflash::f32_to_f64(T);
+    const double rho = T > 0.0f ? t : 1.0;  // greedy trees rank by the E-softmax at 1
+    float q[TREE_MAX_K];
+    int chain[64];
+    int prev = 0;
+    for (int i = 0; i < K; ++i) {  // the selector's walk: row 0 (the anchor row) first
+        const float* row = eb + ((size_t)i * k + prev) * k;
+        int j = 0;
+        if (greedy) {
+            for (int c = 1; c < k; ++c)
+                if (row[c] > row[j]) j = c;
+        } else {
+            tree_q_row(row, k, t, q);
+            dflash::RaceEntry best = dflash::race_empty();
+            for (int c = 0; c < k; ++c)
+                dflash::race_offer(best, dflash::f32_to_f64(q[c]), s, F + (u64)i, dflash::DFLASH2_PROPOSAL, c);
+            j = best.index == DFLASH_RACE_NONE ? 0 : best.index;
+        }
+        chain[i] = j;
+        prev = j;
+    }
+    int n = 0;
+    for (int i = 0; i < K && n < N; ++i, ++n) {  // the main chain comes first
+        const int pr = i ? chain[i - 1] : 0;
+        tree_q_row(eb + ((size_t)i * k + pr) * k, k, rho, q);
+        nd_depth[n] = i;
+        nd_rank[n] = chain[i];
+        nd_par[n] = i - 1;
+        nd_main[n] = 1;
+        nd_score[n] = (i ? nd_score[i - 1] : 0.0) + log(dflash::f32_to_f64(q[chain[i]]));
+    }
+    int nc = 0;
+    if (N > K) {
+        // children of the root (-1) and of every node, each (parent, rank) once
+        for (int p = -1; p < N; ++p) {
+            if (p >= n) break;
+            const int depth = p >= 0 ? nd_depth[p] + 1 : 0;
+            if (depth >= K) continue;
+            tree_q_row(eb + ((size_t)depth * k + (p >= 0 ? nd_rank[p] : 0)) * k, k, rho, q);
+            const double base = p >= 0 ? nd_score[p] : 0.0;
+            for (int c = 0; c < k; ++c) {
+                bool taken = false;
+                for (int m = 0; m < n; ++m) taken |= nd_par[m] == p && nd_rank[m] == c;
+                if (taken) continue;
+                cand_score[nc] = base + log(dflash::f32_to_f64(q[c]));
+                cand_key[nc++] = tree_cand_key(depth, p, c);
+            }
+        }
+        while (n < N) {
+            int best = -1;
+            for (int x = 0; x < nc; ++x)
+                if (cand_key[x] >= 0 &&
+                    (best < 0 || tree_cand_better(cand_score[x], cand_key[x], cand_score[best], cand_key[best])))
+                    best = x;
+            if (best < 0) break;  // no child left: the rest is padding
+            const int key = cand_key[best];
+            const int depth = key >> 16, p = ((key >> 8) & 0xff) - 1, c = key & 0xff;
+            cand_key[best] = -1;
+            nd_depth[n] = depth;
+            nd_rank[n] = c;
+            nd_par[n] = p;
+            nd_main[n] = 0;
+            nd_score[n] = cand_score[best];
+            if (depth + 1 < K) {
+                tree_q_row(eb + ((size_t)(depth + 1) * k + c) * k, k, rho, q);
+                for (int cc = 0; cc < k; ++cc) {
+                    cand_score[nc] = nd_score[n] + log(dflash::f32_to_f64(q[cc]));
+                    cand_key[nc++] = tree_cand_key(depth + 1, n, cc);
+                }
+            }
+            ++n;
+        }
+    }
+    return n;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+    tree_verify_rows(const int* __restrict__ anchor, const int* __restrict__ ids, const float* __restrict__ energies,
+                     const float* __restrict__ temperature, const u64* __restrict__ seed,
+                     const long long* __restrict__ frontier, const float* __restrict__ bigram, int B, int K, int k,
+                     int V, int N, double* __restrict__ pscratch, double* __restrict__ rscratch,
+                     int* __restrict__ parent_out, int* __restrict__ node_tokens, unsigned char* __restrict__ tree_mask,
+                     int* __restrict__ tokens, int* __restrict__ accepted, int* __restrict__ num_out) {
+    __shared__ int nd_depth[TREE_MAX_NODES], nd_rank[TREE_MAX_NODES], nd_par[TREE_MAX_NODES], nd_main[TREE_MAX_NODES];
+    __shared__ double nd_score[TREE_MAX_NODES];
+    __shared__ double cand_score[TREE_MAX_CAND];
+    __shared__ int cand_key[TREE_MAX_CAND];
+    __shared__ int n_nodes;
+    __shared__ int kids[TREE_MAX_NODES];
+    __shared__ int n_kids;
+    __shared__ float g_val[TREE_MAX_K];
+    __shared__ int g_tok[TREE_MAX_K];
+    __shared__ int g_n, g_point, decision;
+
+    const int b = blockIdx.x;
+    if (b >= B) return;
+    const float T = temperature[b];
+    const bool greedy = T <= 0.0f;
+    const u64 s = seed[b];
+    const u64 F = (u64)frontier[b];
+    const int* idb = ids + (size_t)b * K * k;
+    const float* eb = energies + (size_t)b * K * k * k;
+    const int W = K + 1;
+
+    // --- the tree (thread 0) ---
+    if (threadIdx.x == 0)
+        n_nodes = tree_build(eb, K, k, N, T, s, F, nd_depth, nd_rank, nd_par, nd_main, nd_score, cand_score, cand_key);
+    __syncthreads();
+    const int nn = n_nodes;
+    for (int x = threadIdx.x; x < N; x += ROW_THREADS) {
+        const bool live = x < nn;
+        parent_out[(size_t)b * N + x] = live ? nd_par[x] : -1;
+        node_tokens[(size_t)b * N + x] = live ? idb[nd_depth[x] * k + nd_rank[x]] : -1;
+        if (live) {  // itself and its ancestors; padding rows stay zero
+            unsigned char* mrow = tree_mask + ((size_t)b * N + x) * N;
+            for (int a = x; a >= 0; a = nd_par[a]) mrow[a] = 1;
+        }
+    }
+    for (int j = threadIdx.x; j < W; j += ROW_THREADS) tokens[(size_t)b * W + j] = -1;
+
+    // --- verification, from the root down ---
+    double* p = pscratch + (size_t)b * V;
+    double* r = rscratch + (size_t)b * V;
+    int node = -1, prev_tok = anchor[b], depth = 0, out_token = -1;
+    for (;;) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int c = 0;
+            for (int x = 0; x < nn; ++x)
+                if (nd_par[x] == node) kids[c++] = x;
+            n_kids = c;
+        }
+        __syncthreads();
+        const float* z = bigram + (size_t)prev_tok * V;
+        const u64 pos = F + 1 + (u64)depth;
+        if (greedy) {
+            u64 best = 0;
+            for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+                const u64 key = order_key(z[v], v);
+                best = key > best ? key : best;
+            }
+            const int top = key_id(block_max_u64(best));
+            int hit = -1;
+            for (int j = 0; j < n_kids && hit < 0; ++j)
+                if (idb[nd_depth[kids[j]] * k + nd_rank[kids[j]]] == top) hit = kids[j];
+            if (hit < 0) {
+                out_token = top;
+                break;
+            }
+            if (threadIdx.x == 0) tokens[(size_t)b * W + depth] = top;
+            node = hit;
+            prev_tok = top;
+            ++depth;
+            continue;
+        }
+        // p = softmax(z / T) in double; r starts as p
+        u64 best = 0;
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+            const u64 key = order_key(z[v], v);
+            best = key > best ? key : best;
+        }
+        const double t = dflash::f32_to_f64(T);
+        const double zmax = dflash::f32_to_f64(z[key_id(block_max_u64(best))]) / t;
+        double part = 0.0;
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+            const double e = exp(dflash::f32_to_f64(z[v]) / t - zmax);
+            p[v] = e;
+            part = __dadd_rn(part, e);
+        }
+        const double total = block_sum_f64(part);
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) r[v] = p[v] = p[v] / total;
+        int chosen = -1, chosen_tok = -1;
+        for (int j = 0; j < n_kids; ++j) {
+            const int n = kids[j];
+            const int d = nd_depth[n];
+            const int c = idb[d * k + nd_rank[n]];
+            __syncthreads();  // r, g_* and decision of the previous sibling are settled
+            if (threadIdx.x == 0) {
+                // the draft law of this child: the retained q for the main chain's own child
+                // of a main-chain node (the walk drew it from q); a point mass otherwise
+                if (nd_main[n]) {
+                    const int pr = nd_par[n] >= 0 ? nd_rank[nd_par[n]] : 0;
+                    tree_q_row(eb + ((size_t)d * k + pr) * k, k, t, g_val);
+                    for (int x = 0; x < k; ++x) g_tok[x] = idb[d * k + x];
+                    g_n = k;
+                    g_point = -1;
+                } else {
+                    g_n = 0;
+                    g_point = c;
+                }
+                double gc = g_point == c ? 1.0 : 0.0;
+                for (int x = 0; x < g_n; ++x) gc += g_tok[x] == c ? dflash::f32_to_f64(g_val[x]) : 0.0;
+                const double u = dflash::f32_to_f64(dflash::keyed_uniform(s, pos, dflash::ACCEPT, (u32)j));
+                decision = r[c] - u * gc > 0.0;
+            }
+            __syncthreads();
+            if (decision) {
+                chosen = n;
+                chosen_tok = c;
+                break;
+            }
+            // r = max(r - g, 0) renormalised, unless that has no mass (then r stays)
+            double rest = 0.0;
+            for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+                double gv = g_point == v ? 1.0 : 0.0;
+                for (int x = 0; x < g_n; ++x) gv += g_tok[x] == v ? dflash::f32_to_f64(g_val[x]) : 0.0;
+                rest = __dadd_rn(rest, fmax(r[v] - gv, 0.0));
+            }
+            const double mass = block_sum_f64(rest);
+            if (mass > 0.0) {
+                for (int v = threadIdx.x; v < V; v += ROW_THREADS) {
+                    double gv = g_point == v ? 1.0 : 0.0;
+                    for (int x = 0; x < g_n; ++x) gv += g_tok[x] == v ? dflash::f32_to_f64(g_val[x]) : 0.0;
+                    r[v] = fmax(r[v] - gv, 0.0) / mass;
+                }
+            }
+        }
+        if (chosen >= 0) {
+            if (threadIdx.x == 0) tokens[(size_t)b * W + depth] = chosen_tok;
+            node = chosen;
+            prev_tok = chosen_tok;
+            ++depth;
+            continue;
+        }
+        // every child rejected: the correction from r; a leaf: the bonus from p
+        const double* w = n_kids ? r : p;
+        const u32 purpose = n_kids ? dflash::CORRECTION : dflash::BONUS;
+        __syncthreads();
+        dflash::RaceEntry e = dflash::race_empty();
+        for (int v = threadIdx.x; v < V; v += ROW_THREADS) dflash::race_offer(e, w[v], s, pos, purpose, v);
+        out_token = block_race(e).index;
+        break;
+    }
+    if (threadIdx.x == 0) {
+        tokens[(size_t)b * W + depth] = out_token;
+        accepted[b] = depth;
+        num_out[b] = depth + 1;
+    }
+}

@@ -3,10 +3,11 @@ CONTRACTS C1, C3, C4, C5, C6, C9): ``SelectionOps``, a mixin composed into
 ``kernels_cu.backend.CudaBackend``.
 
 Kernels: kernels_cu/select.cu (candidate_topk, candidate_selector) and
-kernels_cu/accept.cu (target_distribution, speculative_accept, RNG probes), with the
+kernels_cu/accept.cu (target_distribution, speculative_accept, tree_verify, RNG probes), with the
 Philox generator in kernels_cu/philox.cuh. preview_commit is host NumPy: it is a few
 integer comparisons per request and has no arithmetic a kernel could get wrong
-differently. tree_verify is not implemented (the harness reports NOT_IMPLEMENTED).
+differently. tree_verify builds its tree on one thread per request (at most 64 nodes) and
+verifies block-wide over the vocabulary.
 
 Array convention: BF16 tensors travel as uint16 bit patterns (NumPy ml_dtypes.bfloat16
 is read as its bits), fp32 as float32, ids int32, positions int64, seeds uint64, flags
@@ -27,6 +28,8 @@ _SEL_THREADS = 256  # select.cu SEL_THREADS
 _TOPK_MAX = 64  # select.cu DFLASH_TOPK_MAX, accept.cu MAX_QK
 _MAX_DRAFTS = 64  # accept.cu MAX_DRAFTS: the acceptance history of one scan
 _MAX_GRID_Y = 65535
+_TREE_MAX_NODES = 64  # accept.cu TREE_MAX_NODES
+_TREE_MAX_K = 16  # accept.cu TREE_MAX_K: the best-first candidate pool is (64 + 1) * 16
 
 
 def cp():
@@ -100,7 +103,7 @@ def _sampling_args(n: int, kw: dict) -> tuple:
 
 class SelectionOps:
     """candidate_topk, candidate_selector, target_distribution, speculative_accept,
-    preview_commit. Mixed into CudaBackend (which sets array_module = "cupy")."""
+    tree_verify, preview_commit. Mixed into CudaBackend (which sets array_module = "cupy")."""
 
     def candidate_topk(self, *, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0,
                        shortlist=None):
@@ -235,6 +238,41 @@ class SelectionOps:
                  accepted, tokens, num_out),
             )
         return {"accepted": accepted, "tokens": tokens, "num_out": num_out}
+
+    def tree_verify(self, *, anchor, ids, energies, temperature, seed, frontier, target_bigram, tree_nodes):
+        """DFlash2 tree verification (reference/tree_verify.py): the tree from the lattice
+        (main chain, then best-first by path score) and its verification against the
+        bigram target, one block per request."""
+        ids = _dev(ids, np.int32)
+        B, K, k = ids.shape
+        energies = _dev(energies, np.float32)
+        bigram = _dev(target_bigram, np.float32)
+        V = bigram.shape[0]
+        N = int(tree_nodes)
+        if not 1 <= N <= _TREE_MAX_NODES:
+            raise ValueError(f"tree_verify: tree_nodes = {N} outside 1..{_TREE_MAX_NODES}")
+        if not 0 < k <= _TREE_MAX_K or K >= _MAX_DRAFTS:
+            raise ValueError(f"tree_verify: k = {k} (at most {_TREE_MAX_K}) and K = {K} (at most {_MAX_DRAFTS - 1})")
+        if energies.shape != (B, K, k, k) or bigram.shape != (V, V):
+            raise ValueError(f"tree_verify: energies {energies.shape}, expected {(B, K, k, k)}; bigram {bigram.shape}")
+        W = K + 1
+        parent = cp().full((B, N), -1, dtype=np.int32)
+        node_tokens = cp().full((B, N), -1, dtype=np.int32)
+        tree_mask = cp().zeros((B, N, N), dtype=np.uint8)
+        tokens = cp().full((B, W), -1, dtype=np.int32)
+        accepted = cp().zeros(B, dtype=np.int32)
+        num_out = cp().zeros(B, dtype=np.int32)
+        if B:
+            _fn("accept", "tree_verify_rows")(
+                (B,), (_ROW_THREADS,),
+                (_per_row(anchor, B, np.int32, "anchor"), ids, energies,
+                 _per_row(temperature, B, np.float32, "temperature"), _per_row(seed, B, np.uint64, "seed"),
+                 _per_row(frontier, B, np.int64, "frontier"), bigram, np.int32(B), np.int32(K), np.int32(k),
+                 np.int32(V), np.int32(N), cp().empty((B, V), dtype=np.float64), cp().empty((B, V), dtype=np.float64),
+                 parent, node_tokens, tree_mask, tokens, accepted, num_out),
+            )
+        return {"parent": parent, "node_tokens": node_tokens, "tree_mask": tree_mask, "tokens": tokens,
+                "accepted": accepted, "num_out": num_out}
 
     def preview_commit(self, *, tokens, num_out, anchor, frontier, ctx_frontier, budget, cancel, eos_ids, stop_ids,
                        mask_token_id=None):

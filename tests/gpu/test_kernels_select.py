@@ -122,7 +122,8 @@ def assert_conforms(results) -> None:
 
 # --- the registered cases ---------------------------------------------------------------------
 
-REGISTERED = ("candidate_topk", "candidate_selector", "speculative_accept", "target_distribution", "preview_commit")
+REGISTERED = ("candidate_topk", "candidate_selector", "speculative_accept", "target_distribution", "preview_commit",
+              "tree_verify")
 
 
 @pytest.mark.parametrize("op", REGISTERED)
@@ -423,3 +424,20 @@ def test_preview_commit_local_cases(impl):
     op = "preview_commit"
     cases = [pc_case(f"{op}/random_B8_W{w}_{i}", 8, w) for w in (1, 4, 16) for i in range(3)]
     assert_conforms(run_cases(impl, _spec(op), cases, "local"))
+
+
+# --- tree_verify ------------------------------------------------------------------------------
+
+
+def test_tree_verify_rows_permuted(impl, cupy):
+    spec = registry.ops().get("tree_verify")
+    if spec is None:
+        pytest.skip("tree_verify has no conformance/cases module yet")
+    case = next(c for c in spec.generate() if c.id.endswith("B3_mixed_temperatures"))
+    kw = case.kwargs()
+    perm = np.array([2, 0, 1])
+    kp = {n: (v[perm] if isinstance(v, np.ndarray) and n != "target_bigram" else v) for n, v in kw.items()}
+    a = {n: cupy.asnumpy(v) for n, v in impl.tree_verify(**kw).items()}
+    p = {n: cupy.asnumpy(v) for n, v in impl.tree_verify(**kp).items()}
+    for n in a:
+        np.testing.assert_array_equal(p[n], a[n][perm], err_msg=n)
