@@ -79,6 +79,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // Block-wide sum, returned to every thread. blockDim.x must be a multiple of 32 (full
 // warps for the shuffles); `scratch` holds 33 floats. The fixed tree order keeps the
 // result deterministic run to run.

@@ -139,8 +139,24 @@ def silu_mul(gate, up):
     return out
 
 
-def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out=True, bf16_out=False):
-    """fp32 q [B,W,Hq,D], k/v [B,W,Hk,D]; caches [B,C,Hk,D] as BF16 / FP16 bits."""
+_GQA_WARPS, _GQA_GMAX, _GQA_MAX_GD = 4, 8, 1024  # attention.cu draft_attention_gqa limits
+
+
+# None: choose per geometry (attention_kernel); a kernel name forces it everywhere (tests run both)
+ATTENTION_KERNEL: str | None = None
+
+
+def attention_kernel(hq: int, hk: int, d: int) -> str:
+    """draft_attention_gqa (K/V read once per KV head) where its register tiles fit and its
+    8-byte shared-memory slots stay aligned (even D), else draft_attention_fwd."""
+    g = hq // hk
+    fits = g <= _GQA_GMAX and g * d <= _GQA_MAX_GD and d % 2 == 0
+    return "draft_attention_gqa" if fits else "draft_attention_fwd"
+
+
+def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out=True, bf16_out=False, kernel=None):
+    """fp32 q [B,W,Hq,D], k/v [B,W,Hk,D]; caches [B,C,Hk,D] as BF16 / FP16 bits.
+    ``kernel`` forces draft_attention_fwd or draft_attention_gqa (tests run both)."""
     b, w, hq, d = q.shape
     hk, c = k.shape[2], kc_bits.shape[1]
     if d > _MAX_HEAD_DIM:
@@ -151,14 +167,23 @@ def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out
         raise ValueError("draft_attention: the context cache needs capacity >= 1 (slot p mod C)")
     of = cp().zeros(q.shape, dtype=np.float32) if f32_out else None
     ob = cp().zeros(q.shape, dtype=np.uint16) if bf16_out else None
-    _fn("attention", "draft_attention_fwd")(
-        (b * w * hq,), (256,),
-        (cp().ascontiguousarray(q, dtype=np.float32), cp().ascontiguousarray(k, dtype=np.float32),
-         cp().ascontiguousarray(v, dtype=np.float32), kc_bits, vc_bits,
-         cp().ascontiguousarray(frontier, dtype=np.int64), cp().ascontiguousarray(live, dtype=np.int32),
-         np.int32(w), np.int32(hq), np.int32(hk), np.int32(d), np.int64(c), np.int64(window),
-         np.float32(1.0 / math.sqrt(d)), _NULL if of is None else of, _NULL if ob is None else ob),
-    )
+    kernel = kernel or ATTENTION_KERNEL or attention_kernel(hq, hk, d)
+    args = (cp().ascontiguousarray(q, dtype=np.float32), cp().ascontiguousarray(k, dtype=np.float32),
+            cp().ascontiguousarray(v, dtype=np.float32), cp().ascontiguousarray(kc_bits),
+            cp().ascontiguousarray(vc_bits), cp().ascontiguousarray(frontier, dtype=np.int64),
+            cp().ascontiguousarray(live, dtype=np.int32), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
+            np.int64(c), np.int64(window), np.float32(1.0 / math.sqrt(d)), _NULL if of is None else of,
+            _NULL if ob is None else ob)
+    if kernel == "draft_attention_fwd":
+        _fn("attention", kernel)((b * w * hq,), (256,), args)
+    elif kernel == "draft_attention_gqa":
+        g = hq // hk
+        if attention_kernel(hq, hk, d) != kernel:
+            raise ValueError(f"draft_attention_gqa needs Hq/Hk <= {_GQA_GMAX}, Hq/Hk * D <= {_GQA_MAX_GD}, even D")
+        floats = g * d + _GQA_WARPS * g * 32 + 2 * _GQA_WARPS * 32 + 2 * _GQA_WARPS * g + _GQA_WARPS * g * d
+        _fn("attention", kernel)((b * w * hk,), (32 * _GQA_WARPS,), args, shared_mem=4 * floats)
+    else:
+        raise ValueError(f"unknown attention kernel {kernel!r}")
     return of, ob
 
 

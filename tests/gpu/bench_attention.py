@@ -1,8 +1,8 @@
 """Timings of the attention-path Ops at the official geometries (spec table), plus one full-geometry
 accuracy check of draft_attention and draft_layer against the float64 reference with the C2 bound.
 
-Not a test (pytest does not collect it): ``python3 tests/gpu/bench_attention.py [out.json]`` on a
-GPU machine. Times are CUDA-event means over repeated calls of the backend methods (inputs
+Not a test (pytest does not collect it): ``python3 -m tests.gpu.bench_attention [out.json]`` from the
+repository root on a GPU machine. Times are CUDA-event means over repeated calls of the backend methods (inputs
 already on the device), so they include the per-call BF16 -> FP32 weight expansion.
 """
 
@@ -116,12 +116,13 @@ def bench_geometry(cp, be, rng, gname, g, res, b=8, w=16):
     da = dev(cp, att)
     q, k, v = ops.f32(da["q"]), ops.f32(da["k"]), ops.f32(da["v"])
     vc = ops.f16_bits(da["v_cache"])
-    t = timed(cp, ops.attention, q, k, v, da["k_cache"], vc, da["frontier"], da["live"], s)
     kv_bytes = b * s * hk * d * 4  # BF16 K + FP16 V
-    res["timings_ms"][f"{gname}/draft_attention_kernel_B{b}_W{w}_S{s}"] = {
-        "ms": t,
-        "kv_cache_GBps_if_read_once": kv_bytes / t / 1e6,
-    }
+    for kernel in ("draft_attention_fwd", "draft_attention_gqa"):
+        t = timed(cp, ops.attention, q, k, v, da["k_cache"], vc, da["frontier"], da["live"], s, kernel=kernel)
+        res["timings_ms"][f"{gname}/{kernel}_B{b}_W{w}_S{s}"] = {
+            "ms": t,
+            "kv_cache_GBps_if_read_once": kv_bytes / t / 1e6,
+        }
     out = be.draft_attention(**da)["out"]
     one = {k2: (v2[:1] if isinstance(v2, np.ndarray) else v2) for k2, v2 in att.items()}
     res["full_geometry_checks"][f"{gname}/draft_attention_row0"] = bound_check(

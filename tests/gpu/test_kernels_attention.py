@@ -590,7 +590,17 @@ def test_context_kv_leaves_inputs_untouched(backend, cupy):
     assert int(out["frontier"]) == 10 and out["frontier"].dtype == np.int64 and out["frontier"].ndim == 0
 
 
-def test_draft_attention(backend):
+@pytest.fixture(params=["draft_attention_fwd", "draft_attention_gqa"])
+def attention_kernel(request, monkeypatch):
+    """Both attention kernels answer every draft_attention case (the automatic choice is gqa
+    for these geometries; fwd is the fallback for wide GQA groups)."""
+    from kernels_cu import ops_attention
+
+    monkeypatch.setattr(ops_attention, "ATTENTION_KERNEL", request.param)
+    return request.param
+
+
+def test_draft_attention(backend, attention_kernel):
     outputs, inter, cases = _spec_or("draft_attention", OUT_ATT, frozenset({"probs"}))
     hand = [
         ("local_S8_C8_F30_W16_live1", {"frontier": [30], "live": [1], "width": 16, "window": 8, "capacity": 8}),
@@ -619,10 +629,38 @@ def test_draft_attention(backend):
     for i, (name, kw) in enumerate(hand):
         kwargs, masks = attention_case(200 + i, **kw)
         cases.append((f"draft_attention/hand_{name}", kwargs, masks))
-    run_all("draft_attention", backend, cases, outputs, ref_draft_attention, inter)
+    run_all(
+        "draft_attention",
+        backend,
+        [(f"{c}@{attention_kernel}", kw, m) for c, kw, m in cases],
+        outputs,
+        ref_draft_attention,
+        inter,
+    )
 
 
-def test_draft_attention_window_edge(backend):
+def test_draft_attention_wide_group_falls_back(backend):
+    """Hq/Hk = 16 at D = 128 exceeds the gqa kernel's tiles: the automatic choice is the
+    per-query-head kernel, and it answers within the bound."""
+    from kernels_cu import ops_attention
+
+    assert ops_attention.attention_kernel(16, 1, 128) == "draft_attention_fwd"
+    assert ops_attention.attention_kernel(32, 8, 128) == "draft_attention_gqa"  # both official geometries
+    kwargs, masks = attention_case(12, frontier=[70], live=[9], width=9, window=32, capacity=32, hq=16, hk=1, d=128)
+    problems = check(
+        "draft_attention",
+        "draft_attention/hand_Hq16_Hk1_D128_fallback",
+        OUT_ATT,
+        ref_draft_attention,
+        kwargs,
+        masks,
+        frozenset({"probs"}),
+        backend.draft_attention,
+    )
+    assert not problems, "\n".join(problems)
+
+
+def test_draft_attention_window_edge(backend, attention_kernel):
     """Distance S-1 kept, S dropped: every context key has the same dominant score and its own value
     (value = position - F + S + 1, and 1000 at the position S before the first query), so each row's
     output is the mean over exactly its allowed positions and any off-by-one moves it visibly."""
@@ -666,7 +704,7 @@ def attention_geometry(draw):
     frontier = draw(st.lists(st.integers(0, 60), min_size=b, max_size=b))
     live = draw(st.lists(st.integers(1, width), min_size=b, max_size=b))
     hk = draw(st.sampled_from([1, 2]))
-    group = draw(st.sampled_from([1, 2, 3]))
+    group = draw(st.sampled_from([1, 2, 3, 4, 8]))
     d = draw(st.sampled_from([8, 16, 40, 64]))
     seed = draw(st.integers(0, 2**31))
     return {
@@ -681,22 +719,29 @@ def attention_geometry(draw):
     }, seed
 
 
+@pytest.mark.parametrize("kernel", ["draft_attention_fwd", "draft_attention_gqa"])
 @HYPO
-@given(attention_geometry())
-def test_draft_attention_property(backend, geometry):
-    """Tail extents (live 1..W), window edges S-1/S, ring wrap and short contexts, any GQA ratio."""
+@given(geometry=attention_geometry())
+def test_draft_attention_property(backend, kernel, geometry):
+    """Tail extents (live 1..W), window edges S-1/S, ring wrap and short contexts, GQA ratios 1..8."""
+    from kernels_cu import ops_attention
+
     kw, seed = geometry
     kwargs, masks = attention_case(seed, **kw)
-    problems = check(
-        "draft_attention",
-        f"draft_attention/property_{kw}",
-        OUT_ATT,
-        ref_draft_attention,
-        kwargs,
-        masks,
-        frozenset({"probs"}),
-        backend.draft_attention,
-    )
+    saved, ops_attention.ATTENTION_KERNEL = ops_attention.ATTENTION_KERNEL, kernel
+    try:
+        problems = check(
+            "draft_attention",
+            f"draft_attention/property_{kw}",
+            OUT_ATT,
+            ref_draft_attention,
+            kwargs,
+            masks,
+            frozenset({"probs"}),
+            backend.draft_attention,
+        )
+    finally:
+        ops_attention.ATTENTION_KERNEL = saved
     assert not problems, "\n".join(problems)
 
 
