@@ -5,6 +5,7 @@
     verify    check the vectors: sha256 against the manifest, missing or extra files,
               and that regenerating each case gives the same bytes
     run       run an implementation over the vectors and report
+    geometry  run an implementation at the spec's two official geometries, full width
 
 Exit status: 0 success; 1 a FAIL or ERROR (run), a bad vector file (verify) or a case
 that cannot be generated (generate); 2 bad usage or bad input, reported as one line
@@ -147,14 +148,7 @@ def _cmd_run(args) -> int:
     if written_by != (GENERATOR_VERSION, CONTRACT_VERSION):
         print(f"warning: {root / vectors.MANIFEST} was written by generator/contract {written_by[0]}/{written_by[1]}, "
               f"this package is {GENERATOR_VERSION}/{CONTRACT_VERSION}", file=sys.stderr)
-    if args.impl:
-        impl, label = runner.load_impl(args.impl), args.impl
-        print(f"implementation: {runner.impl_name(impl, args.impl)} ({args.impl})")
-    else:
-        impl, why = _default_impl(args.specs)
-        label = runner.impl_name(impl)
-        print(f"implementation: {label} [{why}]")
-    name = runner.impl_name(impl, label)
+    impl, name = _choose_impl(args)
     with _Bar("run") as bar:
         results = runner.run_suite(impl, root, args.ops, bar, args.timeout, args.specs)
     if args.json:
@@ -163,6 +157,39 @@ def _cmd_run(args) -> int:
         report.write_json(Path(args.json), results, name, report.environment(impl, command), root, manifest, sha)
     if args.junit:
         report.write_junit(Path(args.junit), results, name)
+    report.print_table(results, name, _console())
+    return 1 if report.failed(results) else 0
+
+
+def _choose_impl(args):
+    """(implementation, display name) for --impl or the default, printing which and why."""
+    from conformance import runner
+
+    if args.impl:
+        impl = runner.load_impl(args.impl)
+        print(f"implementation: {runner.impl_name(impl, args.impl)} ({args.impl})")
+        return impl, runner.impl_name(impl, args.impl)
+    impl, why = _default_impl(args.specs)
+    print(f"implementation: {runner.impl_name(impl)} [{why}]")
+    return impl, runner.impl_name(impl)
+
+
+def _cmd_geometry(args) -> int:
+    from conformance import geometry, report
+
+    unknown = [g for g in args.geometry if g not in geometry.GEOMETRIES]
+    if unknown:
+        raise InputError(f"--geometry: unknown {unknown[0]!r}; known: {', '.join(geometry.GEOMETRIES)}")
+    bad = [n for n in args.batch if not 1 <= n <= 8] + [n for n in args.width if not 2 <= n <= 16]
+    if bad or args.context < 1:
+        raise InputError(f"--batch/--width/--context: B must be 1..8, W 2..16 (K 1..15), context >= 1; got {bad}")
+    impl, name = _choose_impl(args)
+    results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
+                           log=lambda line: print(line, flush=True))
+    if args.json:
+        command = "dflash-conformance " + " ".join(args.argv)
+        where = f"generated in memory: {', '.join(args.geometry)}, B {args.batch}, W {args.width}, context {args.context}"
+        report.write_json(Path(args.json), results, name, report.environment(impl, command), where, {}, "")
     report.print_table(results, name, _console())
     return 1 if report.failed(results) else 0
 
@@ -193,6 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     s.add_argument("--timeout", metavar="S", type=float, default=60.0, help="per-case timeout in seconds (60)")
     s.set_defaults(func=_cmd_run)
+    s = sub.add_parser("geometry", help="run an implementation at the spec's official geometries, full width")
+    s.add_argument("--impl", metavar="package.module:attribute", help="as for run")
+    s.add_argument("--geometry", nargs="+", default=["dflash-35b-a3b", "dflash2-27b"],
+                   help="dflash-35b-a3b and/or dflash2-27b (default both)")
+    s.add_argument("--batch", nargs="+", type=int, default=[1, 8], help="batch sizes B (default 1 8)")
+    s.add_argument("--width", nargs="+", type=int, default=[8, 16], help="block widths W = K+1 (default 8 16)")
+    s.add_argument("--context", type=int, default=4096, help="context positions F (default 4096)")
+    s.add_argument("--reduced", action="store_true", help="same structure at a small size (a quick check)")
+    s.add_argument("--json", metavar="FILE", help="write a JSON report")
+    s.set_defaults(func=_cmd_geometry)
     return p
 
 

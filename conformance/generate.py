@@ -58,6 +58,16 @@ def _reference(spec: OpSpec, case: Case) -> dict:
 
 def case_bytes(spec: OpSpec, case: Case) -> bytes:
     """The vector file of one case."""
+    return vectors.encode(*case_tensors(spec, case))
+
+
+def case_vector(spec: OpSpec, case: Case) -> vectors.Vector:
+    """The same case as a Vector in memory (full-width cases too large to store)."""
+    return vectors.vector_from(*case_tensors(spec, case), case.id)
+
+
+def case_tensors(spec: OpSpec, case: Case) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(tensors, header metadata) of one case's vector."""
     _check_case(spec, case)
     ref = _reference(spec, case)
     base = run_baseline(spec, copy.deepcopy(case.kwargs()))
@@ -82,7 +92,7 @@ def case_bytes(spec: OpSpec, case: Case) -> bytes:
         "classes": vectors.dumps({o.name: {"cls": o.cls, "fmt": o.fmt} for o in spec.outputs}),
         "bounds": vectors.dumps(bnd),
     }
-    return vectors.encode(tensors, meta)
+    return tensors, meta
 
 
 def cases_of(spec: OpSpec) -> list[Case]:

@@ -134,7 +134,11 @@ class Vector:
 
 
 def parse_vector(data: bytes, where: str) -> Vector:
-    tensors, meta = decode(data, where)
+    return vector_from(*decode(data, where), where)
+
+
+def vector_from(tensors: dict[str, np.ndarray], meta: dict[str, str], where: str) -> Vector:
+    """A Vector from a file's tensors and header metadata (also used in memory, without bytes)."""
     missing = [k for k in METADATA_KEYS if k not in meta]
     if missing:
         raise InputError(f"{where}: header metadata lacks {', '.join(missing)}")

@@ -59,13 +59,13 @@ def attend(q, k, v, k_cache, v_cache, frontier, live, window: int) -> np.ndarray
     vals = np.concatenate([work(v_cache), v], axis=1)
     keys, vals = np.repeat(keys, hq // hk, axis=2), np.repeat(vals, hq // hk, axis=2)
     mask = allowed(frontier, live, k_cache.shape[1], w, window)[:, None]  # [B, 1, W, C+W]
-    s = np.einsum("bihd,bkhd->bhik", q, keys) * q.dtype.type(1.0 / np.sqrt(d))
+    s = np.einsum("bihd,bkhd->bhik", q, keys, optimize=True) * q.dtype.type(1.0 / np.sqrt(d))
     s = np.where(mask, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
     p = np.where(mask, np.exp(s - m), 0)
     row_sum = np.sum(p, axis=-1)  # [B, Hq, W], from the unrounded P as a flash kernel keeps it
-    pv = np.einsum("bhik,bkhd->bihd", inter(p, "probs"), vals)
+    pv = np.einsum("bhik,bkhd->bihd", inter(p, "probs"), vals, optimize=True)
     denom = np.transpose(row_sum, (0, 2, 1))[..., None]
     return np.divide(pv, denom, out=np.zeros_like(pv), where=denom > 0)
 
