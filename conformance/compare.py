@@ -141,16 +141,19 @@ def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | 
     if force is not None and followable:
         forced = dict(force(kwargs(), impl))
         return forced, masks, f"teacher-forced after {followable[0][0]} {_at(followable[0][1])}"
+    if not followable:  # divergences that are not acceptable hide nothing: each is judged (and FAILs) itself
+        return ref, masks, ""
     shapes = {n: np.shape(ref[n]) for n in outputs}
     masks = {n: m.copy() for n, m in masks.items()}
-    for dname, idx in firsts:
+    # Only an acceptable divergence makes later elements unknowable; hiding downstream of an
+    # unacceptable one would let two wrong outputs hide each other (p/q swapped passed that way).
+    for dname, idx in followable:
         for oname in outputs:
             sl = _downstream(shapes[dname], idx, shapes[oname], oname == dname)
             if sl is not None:
                 masks[oname][sl] = False
-    first = followable[0] if followable else firsts[0]
-    why = "the Op has no force" if force is None else "no acceptable divergence to follow"
-    return ref, masks, f"not compared downstream of {first[0]} {_at(first[1])} ({why})"
+    first = followable[0]
+    return ref, masks, f"not compared downstream of {first[0]} {_at(first[1])} (the Op has no force)"
 
 
 def _represented(o: Output, ref, out, mask, bound) -> _Verdict:
