@@ -1,0 +1,1 @@
+"""Mutation testing of the conformance suite: implementations with one planted bug each."""

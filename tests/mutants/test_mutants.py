@@ -1,0 +1,70 @@
+"""Mutation testing of the suite: every planted pitfall must FAIL on a case named after it.
+
+A mutant that passes every case whose id names its pitfall means the golden vectors
+do not guard that pitfall (a weak case or a loose bound), not that the mutant is wrong:
+the fix belongs in the Op's case generator, never in a weaker assertion here.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from conformance.baseline import Float32Baseline
+from conformance.compare import Result
+from conformance.runner import run_suite
+from tests.mutants.mutants import MUTANTS
+
+VECTORS = Path(__file__).parents[2] / "vectors"
+
+
+@cache
+def _results(impl, op: str):
+    return tuple(run_suite(impl, VECTORS, ops_pattern=op))
+
+
+def _table(results) -> str:
+    return "\n".join(f"  {r.result.name:<14} {r.case}: {r.detail}" for r in results)
+
+
+# every pitfall that the generators name in case ids and that has a realistic one-Op bug
+PITFALLS = {
+    "window_le_S", "boundary_index", "ring_slot", "k_bf16_before_norm", "v_fp16_without_bf16", "conv_col0_tap",
+    "conv_delta_per_channel", "conv_separate_rounding", "topk_unstable", "rng_batch_row", "accept_p_q_swapped",
+    "history_not_updated", "bonus_from_wrong_row", "residual_no_clamp", "preview_cut_before_eos",
+    "causal_draft_attention", "anchor_as_mask", "next_token_shift", "last_block_final_norm", "dflash2_all_columns",
+    "mask_token_stripped", "selector_predecessor_row",
+}
+
+
+def test_every_pitfall_has_a_mutant_and_keys_are_unique():
+    keys = [m.key for m in MUTANTS]
+    assert len(keys) == len(set(keys))
+    assert all(m.key.split("-")[0] == m.pitfall for m in MUTANTS)
+    assert PITFALLS - {m.pitfall for m in MUTANTS} == set()
+
+
+_BASELINE = Float32Baseline()
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.key)
+def test_suite_fails_the_mutant_on_its_pitfall_case(mutant):
+    # the FAIL must be the bug's: the unmutated baseline fails nothing in the same selection
+    clean = _results(_BASELINE, mutant.op)
+    assert not [r for r in clean if r.result.failed], f"the float32 baseline fails {mutant.op}:\n{_table(clean)}"
+    results = _results(mutant, mutant.op)
+    named = [r for r in results if mutant.pitfall in r.case]
+    assert named, f"no {mutant.op} case id names {mutant.pitfall}"
+    failing = [r.case for r in named if r.result == Result.FAIL]
+    assert failing, f"{mutant.name} passes every case naming its pitfall:\n{_table(named)}"
+    print(f"{mutant.key} -> {mutant.op}: FAIL on {', '.join(failing)}")
+
+
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.control() is not None], ids=lambda m: m.key)
+def test_reimplementation_with_the_bug_off_conforms(mutant):
+    """A reimplemented mutant FAILs because of its bug: the same code without it passes everything."""
+    results = _results(mutant.control(), mutant.op)
+    bad = [r for r in results if r.result.failed]
+    assert not bad, f"{mutant.name} without its bug still fails:\n{_table(bad)}"
