@@ -168,6 +168,8 @@ def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out
     of = cp().zeros(q.shape, dtype=np.float32) if f32_out else None
     ob = cp().zeros(q.shape, dtype=np.uint16) if bf16_out else None
     kernel = kernel or ATTENTION_KERNEL or attention_kernel(hq, hk, d)
+    if kc_bits.data.ptr % 16:  # the gqa kernel reads K rows as 16-byte vectors: a caller's offset view is copied
+        kc_bits = kc_bits.copy()
     args = (cp().ascontiguousarray(q, dtype=np.float32), cp().ascontiguousarray(k, dtype=np.float32),
             cp().ascontiguousarray(v, dtype=np.float32), cp().ascontiguousarray(kc_bits),
             cp().ascontiguousarray(vc_bits), cp().ascontiguousarray(frontier, dtype=np.int64),
@@ -180,8 +182,10 @@ def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out
         g = hq // hk
         if attention_kernel(hq, hk, d) != kernel:
             raise ValueError(f"draft_attention_gqa needs Hq/Hk <= {_GQA_GMAX}, Hq/Hk * D <= {_GQA_MAX_GD}, even D")
+        # exact-group specialisations (compile-time G, D <= 128) where one exists, else the generic one
+        name = f"draft_attention_gqa_g{g}_c4" if g in (1, 2, 4, 8) and d <= 128 else kernel
         floats = g * d + _GQA_WARPS * g * 32 + 2 * _GQA_WARPS * 32 + 2 * _GQA_WARPS * g + _GQA_WARPS * g * d
-        _fn("attention", kernel)((b * w * hk,), (32 * _GQA_WARPS,), args, shared_mem=4 * floats)
+        _fn("attention", name)((b * w * hk,), (32 * _GQA_WARPS,), args, shared_mem=4 * floats)
     else:
         raise ValueError(f"unknown attention kernel {kernel!r}")
     return of, ob

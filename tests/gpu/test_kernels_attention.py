@@ -592,8 +592,8 @@ def test_context_kv_leaves_inputs_untouched(backend, cupy):
 
 @pytest.fixture(params=["draft_attention_fwd", "draft_attention_gqa"])
 def attention_kernel(request, monkeypatch):
-    """Both attention kernels answer every draft_attention case (the automatic choice is gqa
-    for these geometries; fwd is the fallback for wide GQA groups)."""
+    """Both attention kernels answer every draft_attention, draft_layer and masked_block case,
+    so either may be the automatic choice (ops_attention.attention_kernel)."""
     from kernels_cu import ops_attention
 
     monkeypatch.setattr(ops_attention, "ATTENTION_KERNEL", request.param)
@@ -793,7 +793,7 @@ def test_grouped_conv(backend):
     run_all("grouped_conv", backend, cases, outputs, ref_grouped_conv, inter)
 
 
-def test_draft_layer(backend):
+def test_draft_layer(backend, attention_kernel):
     outputs, inter, cases = _spec_or("draft_layer", OUT_LAYER, LAYER_BF16)
     hand = [
         (
@@ -844,10 +844,11 @@ def test_draft_layer(backend):
     for i, (name, kw) in enumerate(hand):
         kwargs, masks = layer_case(300 + i, **kw)
         cases.append((f"draft_layer/hand_{name}", kwargs, masks))
+    cases = [(f"{c}@{attention_kernel}", kw, m) for c, kw, m in cases]
     run_all("draft_layer", backend, cases, outputs, ref_draft_layer, inter)
 
 
-def test_masked_block(backend):
+def test_masked_block(backend, attention_kernel):
     outputs, inter, cases = _spec_or("masked_block", OUT_BLOCK, BLOCK_BF16)
     hand = [
         (
@@ -884,6 +885,7 @@ def test_masked_block(backend):
     for i, (name, kw) in enumerate(hand):
         kwargs, masks = block_case(400 + i, **kw)
         cases.append((f"masked_block/hand_{name}", kwargs, masks))
+    cases = [(f"{c}@{attention_kernel}", kw, m) for c, kw, m in cases]
     run_all("masked_block", backend, cases, outputs, ref_masked_block, inter)
 
 
