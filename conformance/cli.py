@@ -184,12 +184,15 @@ def _cmd_geometry(args) -> int:
     if bad or args.context < 1:
         raise InputError(f"--batch/--width/--context: B must be 1..8, W 2..16 (K 1..15), context >= 1; got {bad}")
     impl, name = _choose_impl(args)
+    env = report.environment(impl, "dflash-conformance " + " ".join(args.argv))
+    where = f"generated in memory: {', '.join(args.geometry)}, B {args.batch}, W {args.width}, context {args.context}"
+
+    def save(results):  # after every case, so a run cut short still leaves its report
+        if args.json:
+            report.write_json(Path(args.json), results, name, env, where, {}, "")
+
     results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
-                           log=lambda line: print(line, flush=True))
-    if args.json:
-        command = "dflash-conformance " + " ".join(args.argv)
-        where = f"generated in memory: {', '.join(args.geometry)}, B {args.batch}, W {args.width}, context {args.context}"
-        report.write_json(Path(args.json), results, name, report.environment(impl, command), where, {}, "")
+                           log=lambda line: print(line, flush=True), on_result=save)
     report.print_table(results, name, _console())
     return 1 if report.failed(results) else 0
 

@@ -165,8 +165,9 @@ def context_kv_case(name, cfg, w, context, seed=4) -> Case:
 
 
 def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4096, reduce=False,
-        timeout: float | None = 1800, log=print) -> list[CaseResult]:
-    """Build and run every full-width case; ``log`` gets one line per case."""
+        timeout: float | None = 1800, log=print, on_result=None) -> list[CaseResult]:
+    """Build and run every full-width case; ``log`` gets one line per case and
+    ``on_result(results so far)`` is called after each (a long run keeps its report)."""
     specs = registry.ops()
     results = []
 
@@ -177,6 +178,8 @@ def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4
         t1 = time.perf_counter()
         res = run_case(impl, vec, timeout, spec.force)
         results.append(res)
+        if on_result:
+            on_result(results)
         log(f"{res.result.name:<15} {case.id}  (reference+baseline {t1 - t0:.1f} s, implementation "
             f"{res.seconds:.2f} s) {res.detail}")
         return vec
