@@ -192,7 +192,7 @@ def _cmd_geometry(args) -> int:
             report.write_json(Path(args.json), results, name, env, where, {}, "")
 
     results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
-                           log=lambda line: print(line, flush=True), on_result=save)
+                           log=lambda line: print(line, flush=True), on_result=save, ops=args.ops)
     report.print_table(results, name, _console())
     return 1 if report.failed(results) else 0
 
@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--width", nargs="+", type=int, default=[8, 16], help="block widths W = K+1 (default 8 16)")
     s.add_argument("--context", type=int, default=4096, help="context positions F (default 4096)")
     s.add_argument("--reduced", action="store_true", help="same structure at a small size (a quick check)")
+    s.add_argument("--ops", nargs="+", choices=["context_kv", "masked_block", "proposal_head", "candidate_topk",
+                   "candidate_selector"], help="run only these Ops (the proposal path always runs masked_block)")
     s.add_argument("--json", metavar="FILE", help="write a JSON report")
     s.set_defaults(func=_cmd_geometry)
     return p

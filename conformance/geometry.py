@@ -165,11 +165,13 @@ def context_kv_case(name, cfg, w, context, seed=4) -> Case:
 
 
 def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4096, reduce=False,
-        timeout: float | None = 1800, log=print, on_result=None) -> list[CaseResult]:
+        timeout: float | None = 1800, log=print, on_result=None, ops=None) -> list[CaseResult]:
     """Build and run every full-width case; ``log`` gets one line per case and
     ``on_result(results so far)`` is called after each (a long run keeps its report)."""
     specs = registry.ops()
     results = []
+    wanted = set(ops) if ops else set(specs)  # Op names to run; the proposal path needs masked_block first
+    block_path = wanted & {"masked_block", "proposal_head", "candidate_topk", "candidate_selector"}
 
     def one(case: Case):
         spec = specs[case.op]
@@ -192,8 +194,9 @@ def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4
             f"{cfg.intermediate_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads}/{cfg.head_dim}, "
             f"vocab {cfg.vocab_size}, context {ctx}")
         w = weights(cfg)
-        one(context_kv_case(name, cfg, w, ctx))
-        for b in batches:
+        if "context_kv" in wanted:
+            one(context_kv_case(name, cfg, w, ctx))
+        for b in batches if block_path else ():
             for width in widths:
                 mb = one(masked_block_case(name, cfg, w, b, width, ctx))
                 hidden, anchor = mb.expected["hidden"], mb.inputs["anchor"]

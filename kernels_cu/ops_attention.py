@@ -305,7 +305,13 @@ class AttentionOps:
         else:
             raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
         if t > first:
-            k_raw = cp().ascontiguousarray(linear(c[first:], f32(wk)))
+            # K feeds RoPE, whose split-half rotation cancels deeply at some elements of a 4096-row
+            # chunk: a plain FP32 GEMM over H = 2048 left 5 FP32 ulps of absolute error there (157
+            # BF16 ulps at one element against a 37-ulp bound, H200 2026-11-29). FP64 accumulation
+            # costs ~17 GFLOP at the 35B geometry (well under a millisecond on the H200) and leaves
+            # only the final FP32 rounding, as the contract's unrounded raw K asks (C1).
+            k_raw = cp().ascontiguousarray(linear(c[first:].astype(np.float64), f32(wk).astype(np.float64)),
+                                           dtype=np.float32)
             v_raw = cp().ascontiguousarray(linear(c[first:], f32(wv)))
             # rows before `first` are not projected; the kernel's row index is offset back
             _fn("context_kv", "context_kv_write")(
