@@ -15,7 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 
 CLASSES = ("PASS", "ACCEPTABLE", "FAIL", "ERROR", "NOT_IMPLEMENTED")
-ENV_KEYS = ("date", "command", "device", "compute_capability", "cuda_driver", "cuda_runtime", "nvrtc", "cupy",
+ENV_KEYS = ("date", "command", "device", "compute_capability", "nvidia_driver", "cuda_driver_version",
+            "cuda_runtime_version", "nvrtc", "cupy", "cupy_tf32", "fp_conversion_path",
             "numpy", "ml_dtypes", "safetensors", "python", "platform", "nvrtc_options", "cupy_appends")
 
 
