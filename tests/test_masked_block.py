@@ -4,9 +4,7 @@ under the harness's bound. Also the size and time budget of all six DFlash-path 
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import json
 import time
 
 import numpy as np
@@ -20,17 +18,7 @@ from reference import numerics, precision
 from reference.draft_layer import draft_layer, forward
 from reference.masked_block import CONV_WEIGHTS, LAYER_WEIGHTS, masked_block
 from reference.norms import plain_rmsnorm
-
-
-def fingerprint(generated) -> list[str]:
-    out = []
-    for c in generated:
-        h = hashlib.sha256(json.dumps([c.id, c.params, c.flags], sort_keys=True).encode())
-        for name in sorted(c.inputs) + sorted(f"mask:{m}" for m in c.masks):
-            a = np.asarray(c.masks[name[5:]] if name.startswith("mask:") else c.inputs[name])
-            h.update(f"{name}{a.dtype}{a.shape}".encode() + a.tobytes())
-        out.append(h.hexdigest())
-    return out
+from tests.casetools import fingerprint
 
 
 def beyond_bounds(case, bug) -> tuple[float, float]:

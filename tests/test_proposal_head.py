@@ -4,9 +4,6 @@ buggy variants under the harness's decision rule."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,17 +12,7 @@ from hypothesis import strategies as st
 from conformance.cases import proposal_head as cases
 from reference import numerics, precision
 from reference.proposal_head import proposal_head
-
-
-def fingerprint(generated) -> list[str]:
-    out = []
-    for c in generated:
-        h = hashlib.sha256(json.dumps([c.id, c.params, c.flags], sort_keys=True).encode())
-        for name in sorted(c.inputs) + sorted(f"mask:{m}" for m in c.masks):
-            a = np.asarray(c.masks[name[5:]] if name.startswith("mask:") else c.inputs[name])
-            h.update(f"{name}{a.dtype}{a.shape}".encode() + a.tobytes())
-        out.append(h.hexdigest())
-    return out
+from tests.casetools import fingerprint
 
 
 def failing(case, bug_tokens) -> np.ndarray:
