@@ -275,7 +275,8 @@ def _ring_view(store: ContextStore, frontier: int, capacity: int, window: int) -
 
 
 def propose(states: Sequence[RequestState], drafter: Drafter, live) -> dict:
-    """Steps 3-4 for a batch: proposals [B, K] and, for DFlash2, the retained q and candidate ids."""
+    """Steps 3-4 for a batch: proposals [B, K], the draft hidden [B, K, H] and, for DFlash2, the
+    retained q and candidate ids."""
     cfg = drafter.cfg
     for s in states:
         require_caught_up(s.frontier, s.ctx_frontier, s.pending.shape[1], "proposal")
@@ -294,14 +295,15 @@ def propose(states: Sequence[RequestState], drafter: Drafter, live) -> dict:
         **drafter.block,
     )["hidden"]
     if cfg.variant == "dflash":
-        return {"tokens": proposal_head(hidden=hidden, **drafter.head)["tokens"], "q": None, "q_ids": None}
+        return {"tokens": proposal_head(hidden=hidden, **drafter.head)["tokens"], "hidden": hidden, "q": None,
+                "q_ids": None}
     top = candidate_topk(hidden=hidden, **drafter.head)
     sel = candidate_selector(
         hidden=hidden, scores=top["scores"], ids=top["ids"], anchor=anchor,
         temperature=np.array([s.request.sampling.temperature for s in states], np.float32),
         seed=np.array([s.request.seed for s in states], np.uint64), frontier=frontier, **drafter.selector,
     )
-    return {"tokens": sel["tokens"], "q": sel["q"], "q_ids": top["ids"]}
+    return {"tokens": sel["tokens"], "hidden": hidden, "q": sel["q"], "q_ids": top["ids"]}
 
 
 def run_round(
