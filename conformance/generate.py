@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -184,11 +185,48 @@ def _regenerated(spec: OpSpec, case: Case) -> bytes | str:
         return f"regenerating it raised {type(exc).__name__}: {exc}".splitlines()[0]
 
 
+MARGIN_RTOL = 1e-9  # float64 margins summed in another BLAS order differ in their last bits only
+
+
+def float_noise(stored: bytes, regen: bytes, where: str) -> tuple[bool, str]:
+    """Compare a stored vector with its regeneration on another platform.
+
+    (True, note) when only what depends on the platform's summation order differs:
+    the derived bounds (the float32 baseline runs on the local BLAS) and float64
+    decision margins within MARGIN_RTOL. (False, what) when anything that defines
+    the case differs: inputs, expected outputs, masks, params, flags, classes.
+    """
+    (ta, ma), (tb, mb) = vectors.decode(stored, where), vectors.decode(regen, where)
+    if set(ta) != set(tb) or set(ma) != set(mb):
+        changed = sorted(set(ta) ^ set(tb)) or sorted(set(ma) ^ set(mb))
+        return False, f"regenerating gives other tensors or header keys ({changed[0]})"
+    for key in sorted(ta):
+        a, b = ta[key], tb[key]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False, f"regenerating gives {key} as {b.dtype}{list(b.shape)}, stored {a.dtype}{list(a.shape)}"
+        if key.split(".", 1)[0] in ("margin", "scale"):
+            if not np.allclose(a, b, rtol=MARGIN_RTOL, atol=0, equal_nan=True):
+                return False, f"regenerating gives other {key} (beyond float64 summation noise)"
+        elif a.tobytes() != b.tobytes():
+            return False, f"regenerating gives other {key}"
+    other = sorted(k for k in ma if k != "bounds" and ma[k] != mb[k])
+    if other:
+        return False, f"regenerating gives another header {other[0]}"
+    ba, bb = json.loads(ma["bounds"]), json.loads(mb["bounds"])
+    ratios = [max(x, y) / min(x, y) for o in ba for k, x in ba[o].items()
+              for y in [bb.get(o, {}).get(k, x)] if isinstance(x, (int, float)) and min(x, y) > 0]
+    return True, f"platform float noise only (derived bounds up to {max(ratios, default=1.0):.3g}x apart, margins)"
+
+
 def verify(root: Path, specs: Mapping[str, OpSpec], pattern: str | None = None,
-           progress: Progress | None = None) -> list[str]:
+           progress: Progress | None = None, strict: bool = False, notes: list | None = None) -> list[str]:
     """One line per problem, each naming its file: a sha256 that differs from the
-    manifest, a file missing or not listed, a case that regenerates to other bytes
-    (or is no longer generated, or is generated but not listed)."""
+    manifest, a file missing or not listed, a case that regenerates to something
+    else (or is no longer generated, or is generated but not listed).
+
+    Regeneration on another platform (BLAS) may change the derived bounds and the
+    last bits of float64 margins; without ``strict`` such a file is listed in
+    ``notes`` instead of failing (``float_noise``). With ``strict`` bytes must match."""
     root = Path(root)
     manifest = vectors.read_manifest(root)
     problems = []
@@ -228,8 +266,15 @@ def verify(root: Path, specs: Mapping[str, OpSpec], pattern: str | None = None,
             problems.append(f"{path}: its generator no longer produces {e['case']}")
         else:
             regen = _regenerated(specs[e["op"]], cases[e["case"]])
-            if isinstance(regen, str) or regen != data:
-                problems.append(f"{path}: {regen if isinstance(regen, str) else 'regenerating gives other bytes'}")
+            if isinstance(regen, str):
+                problems.append(f"{path}: {regen}")
+            elif regen != data:
+                noise, what = float_noise(data, regen, str(path))
+                if noise and not strict:
+                    if notes is not None:
+                        notes.append(f"{path}: {what}")
+                else:
+                    problems.append(f"{path}: {what if not noise else 'regenerating gives other bytes (' + what + ')'}")
     if progress:
         progress(len(entries), len(entries), "done")
     if not pattern:
