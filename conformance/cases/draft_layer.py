@@ -80,6 +80,11 @@ def generate() -> list[Case]:
              frontier=[13], live=[6], width=6, h=128, hq=8, hk=2, inter=192),
         make("draft_layer/dflash_Hq4_Hk1_D32_H96_full_F9_W5", [], window=0, capacity=12, frontier=[9], live=[5],
              width=5, h=96, d=32, inter=160),
+        # a ring larger than the window holds keys at distance S and beyond: only |dp| < S may be attended
+        make("draft_layer/window_le_S__dflash_local_S8_C16_F20_W8", ["window_le_S", "mask_boundary"], window=8,
+             capacity=16, frontier=[20], live=[8], width=8),
+        make("draft_layer/window_le_S__dflash2_local_S4_C12_F15_W6", ["window_le_S", "mask_boundary"],
+             variant="dflash2", window=4, capacity=12, frontier=[15], live=[6], width=6),
         make("draft_layer/causal_draft_attention__dflash_full_F6_W8", ["causal_draft_attention"], window=0,
              capacity=8, frontier=[6], live=[8], width=8),
         make("draft_layer/positions_2p31__dflash_local_S8_F2147483645_W4", ["positions_2p31", "ring_wrap"],

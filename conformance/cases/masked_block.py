@@ -65,6 +65,8 @@ def generate() -> list[Case]:
         make("masked_block/dflash2_all_columns__batch2_H64_L2_local_S16_F9_40_K11_live2_9",
              ["dflash2_all_columns", "tail_extent", "ring_wrap"], variant="dflash2", windows=[16, 16], capacity=16,
              frontier=[9, 40], live=[2, 9], num_drafts=11),
+        make("masked_block/window_le_S__dflash2_H64_L2_local_S8_C16_F30_K7", ["window_le_S", "mask_boundary"],
+             variant="dflash2", windows=[8, 8], capacity=16, frontier=[30], live=[8], num_drafts=7),
         make("masked_block/tail_extent__dflash_H64_L2_local_S8_F17_K15_live2", ["tail_extent", "ring_wrap"],
              variant="dflash", windows=[8, 8], capacity=8, frontier=[17], live=[2], num_drafts=15),
         make("masked_block/dflash_H64_L2_full_full_F5_K1", [], variant="dflash", windows=[0, 0], capacity=8,

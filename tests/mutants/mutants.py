@@ -86,6 +86,25 @@ class WindowLeS(Mutant):
         return self._baseline(draft_attention, window=w + 1 if w > 0 else 0, **kw)
 
 
+class WindowLeSLayer(Mutant):
+    """The same window bug inside a draft layer."""
+
+    op, pitfall, variant = "draft_layer", "window_le_S", "draft_layer"
+
+    def draft_layer(self, window, **kw):
+        w = int(window)
+        return self._baseline(draft_layer, window=w + 1 if w > 0 else 0, **kw)
+
+
+class WindowLeSBlock(Mutant):
+    """The same window bug in every local layer of the masked block."""
+
+    op, pitfall, variant = "masked_block", "window_le_S", "masked_block"
+
+    def masked_block(self, windows, **kw):
+        return self._baseline(masked_block, windows=[int(w) + 1 if int(w) > 0 else 0 for w in windows], **kw)
+
+
 def _causal(columns: int, run, live) -> np.ndarray:
     # Query column i of a causal kernel sees block rows j <= i: exactly the non-causal
     # Op with the live extent cut to i + 1, read at column i. Context keys all precede
@@ -503,6 +522,8 @@ class NextTokenShift(Mutant):
 
 MUTANTS = [
     WindowLeS(),
+    WindowLeSLayer(),
+    WindowLeSBlock(),
     CausalDraftAttention(),
     CausalDraftLayer(),
     BoundaryIndex(),
