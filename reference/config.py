@@ -353,10 +353,10 @@ def _refuse_unsupported(r: _Reader) -> None:
     if r.bool_(r.get("use_qk_norm")) is False:
         r.fail("use_qk_norm", "false is not supported (the spec normalizes Q and K per head)")
     prf = r.raw.get("partial_rotary_factor")
-    if prf is not None and prf != 1:
+    if prf is not None and not (_is_number(prf) and prf == 1):  # true == 1 in Python: refuse booleans too
         r.fail("partial_rotary_factor", f"only 1 (full-head RoPE) is supported, got {_short(prf)}")
     _, scale = r.get_dflash("input_embedding_scale")
-    if scale is not None and scale != 1:
+    if scale is not None and not (_is_number(scale) and scale == 1):
         r.fail(r.get_dflash("input_embedding_scale")[0], f"only 1 is supported, got {_short(scale)}")
     # SpecForge dflash_config extensions (specforge/modeling/draft/dflash.py)
     for key in ("attention_mode", "attention_modes"):
@@ -387,7 +387,7 @@ def _rope_theta(r: _Reader) -> float:
         if rope_type is not None and rope_type != "default":
             r.fail("rope_parameters.rope_type", f"only 'default' is supported, got {_short(rope_type)}")
         prf = params.get("partial_rotary_factor")
-        if prf is not None and prf != 1:
+        if prf is not None and not (_is_number(prf) and prf == 1):
             r.fail("rope_parameters.partial_rotary_factor", f"only 1 is supported, got {_short(prf)}")
         nested = params.get("rope_theta")
     flat = r.raw.get("rope_theta")

@@ -65,7 +65,15 @@ def attend(q, k, v, k_cache, v_cache, frontier, live, window: int) -> np.ndarray
     m = np.where(np.isfinite(m), m, 0)
     p = np.where(mask, np.exp(s - m), 0)
     row_sum = np.sum(p, axis=-1)  # [B, Hq, W], from the unrounded P as a flash kernel keeps it
-    pv = np.einsum("bhik,bkhd->bihd", inter(p, "probs"), vals, optimize=True)
+    p = inter(p, "probs")
+    finite = np.isfinite(vals)
+    pv = np.einsum("bhik,bkhd->bihd", p, np.where(finite, vals, 0), optimize=True)
+    # A non-finite V (FP16 overflow is kept, C1) counts only where it is attended: a key
+    # outside the window or the populated bounds must not turn 0 * inf into NaN.
+    for b, key, h, j in np.argwhere(~finite):
+        weight = p[b, h, :, key]
+        with np.errstate(invalid="ignore"):
+            pv[b, :, h, j] += np.where(weight > 0, weight * vals[b, key, h, j], 0)
     denom = np.transpose(row_sum, (0, 2, 1))[..., None]
     return np.divide(pv, denom, out=np.zeros_like(pv), where=denom > 0)
 

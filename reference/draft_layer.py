@@ -38,7 +38,8 @@ from reference.norms import plain_head_rmsnorm, plain_rmsnorm, rope_1d, silu
 from reference.precision import inter, represent, work
 
 BF16_INTERMEDIATES = frozenset(
-    {"n", "q_proj", "k_proj", "v_proj", "q", "k", "probs", "attn", "o_proj", "y", "m", "gate", "up", "act", "down"}
+    {"n", "q_proj", "k_proj", "v_proj", "q", "k", "probs", "attn", "o_proj", "y", "m", "gate", "up", "act", "down",
+     "attn_conv_out", "mlp_conv_out"}
 )
 
 
@@ -74,7 +75,7 @@ def forward(
     a = inter(attend(q, k, v, k_cache, v_cache, frontier, live, int(window)), "attn").reshape(b, w, -1)
     o = _proj(a, wo, "o_proj")
     if conv:
-        o = grouped_conv.finish(o, attn_conv_base, finish_a)
+        o = inter(grouped_conv.finish_raw(o, attn_conv_base, finish_a), "attn_conv_out")
     y = inter(x + o, "y")
 
     m = plain_rmsnorm(y, post_norm, eps)
@@ -85,7 +86,7 @@ def forward(
     act = inter(silu(_proj(m, w_gate, "gate")) * _proj(m, w_up, "up"), "act")
     z = _proj(act, w_down, "down")
     if conv:
-        z = grouped_conv.finish(z, mlp_conv_base, finish_m)
+        z = inter(grouped_conv.finish_raw(z, mlp_conv_base, finish_m), "mlp_conv_out")
     return y + z
 
 

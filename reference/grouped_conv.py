@@ -56,9 +56,16 @@ def prepare(x, base, proj) -> tuple[np.ndarray, np.ndarray]:
     return prepared, represent(delta[:, :, 1], "bf16")
 
 
+def finish_raw(z, base, finish_delta) -> np.ndarray:
+    """Output side on the branch output z, with the represented delta from prepare, unrounded:
+    inside a layer the finished branch joins the residual stream, which C1 does not name as a
+    represented point (draft_layer)."""
+    return _conv(work(z), work(base)[1], work(finish_delta))
+
+
 def finish(z, base, finish_delta) -> np.ndarray:
-    """Output side on the branch output z, with the represented delta from prepare."""
-    return represent(_conv(work(z), work(base)[1], work(finish_delta)), "bf16")
+    """The Op's ``finished`` output: finish_raw stored BF16."""
+    return represent(finish_raw(z, base, finish_delta), "bf16")
 
 
 def grouped_conv(x, z, base, proj) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ def proposal_head(hidden, head, vocab_size, shortlist=None) -> dict[str, np.ndar
     logits = work(hidden) @ work(head).T
     rows = head.shape[0]
     ids = np.arange(rows, dtype=np.int64) if shortlist is None else np.asarray(shortlist, dtype=np.int64)
-    eligible = ids < int(vocab_size)
+    eligible = (ids >= 0) & (ids < int(vocab_size))  # negative shortlist entries are padding, as in candidate_topk
     if not eligible.any():
         raise ValueError("proposal_head: no head row has a global id below vocab_size")
     z = np.where(eligible, logits, -np.inf)

@@ -416,3 +416,15 @@ def test_reduced_geometries_round_trip_and_size_their_ring(groups, kv_heads, q_p
     assert cfg.ring_bytes() == local * 4 * kv_heads * 2 * half_d * window
     assert cfg.full_pool == (FULL in types)
     assert cfg.windows == tuple(window if t == SLIDING else 0 for t in types)
+
+
+
+@pytest.mark.parametrize("key", ["partial_rotary_factor", "input_embedding_scale"])
+def test_a_boolean_is_not_the_number_one(key):
+    # JSON true equals 1 in Python; the only accepted value is the number 1
+    raw = fixture("z-lab_Qwen3.8-27B-DFlash2.config.json")
+    raw[key] = True
+    with pytest.raises(ConfigError, match=key):
+        parse_config(raw, "x.json")
+    raw[key] = 1
+    parse_config(raw, "x.json")

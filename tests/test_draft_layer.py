@@ -52,7 +52,7 @@ def conv_finish(z, base, delta):
             out[i, c] = (base[1, 0, c] + delta[i, 0, c // 16]) * z[i, c]
             if i:
                 out[i, c] += (base[1, 1, c] + delta[i, 1, c // 16]) * z[i - 1, c]
-    return numerics.to_bf16(out)
+    return out  # joins the residual stream unrounded: not a represented point inside the layer (C1)
 
 
 def loop_layer(kw):

@@ -128,6 +128,10 @@ def generate() -> list[Case]:
              capacity=16),
         make("context_kv/ring_C16_T6_start13_frontier_wraps", ["ring_wrap"], start=13, rows=6, capacity=16),
         make("context_kv/ring_slot__ring_C8_T3_start21", ["ring_slot", "ring_wrap"], start=21, rows=3),
+        # a capacity that is not a power of two: slot = p mod C, never p & (C - 1)
+        make("context_kv/ring_slot__ring_C6_T4_start17", ["ring_slot", "ring_wrap"], start=17, rows=4, capacity=6),
+        make("context_kv/ring_C12_T20_start40_chunk_longer", ["ring_wrap", "chunk_longer_than_S"], start=40,
+             rows=20, capacity=12),
         make("context_kv/ring_C8_Hk2_D32_H128_T7_start30", ["ring_wrap"], start=30, rows=7, hk=2, d=32, h=128),
         make("context_kv/ring_C4_D64_theta1e4_T5_start9", ["ring_wrap", "chunk_longer_than_S"], start=9, rows=5,
              capacity=4, d=64, h=96, theta=1e4),

@@ -113,8 +113,27 @@ def generate() -> list[Case]:
              window=8, capacity=8, frontier=[2**31 - 3], live=[4], width=4),
         make("draft_attention/positions_2p32__local_S8_F4294967294_W6", ["positions_2p32", "ring_wrap"],
              window=8, capacity=8, frontier=[2**32 - 2], live=[6], width=6),
+        make("draft_attention/positions_2p31__local_S8_F2147483653_W4_context_crosses", ["positions_2p31", "ring_wrap"],
+             window=8, capacity=8, frontier=[2**31 + 5], live=[4], width=4),
+        make("draft_attention/full_F0_W4_no_context", ["mask_boundary"], window=0, capacity=4, frontier=[0], live=[4],
+             width=4),
+        make("draft_attention/local_S4_F0_W8_no_context", ["mask_boundary"], window=4, capacity=4, frontier=[0],
+             live=[8], width=8),
+        _v_overflow_outside_window(),
     ]
     return c
+
+
+def _v_overflow_outside_window() -> Case:
+    """Context V that overflowed to +-inf in FP16 (kept, C1) at populated positions that no query
+    may attend (distance >= S): a kernel that multiplies a zero weight by them returns NaN."""
+    f, s, cap = 30, 4, 12
+    case = make("draft_attention/fp16_overflow__v_inf_outside_window_S4_C12_F30_W4", ["fp16_overflow", "mask_boundary"],
+                window=s, capacity=cap, frontier=[f], live=[4], width=4)
+    v = np.array(case.inputs["v_cache"])
+    for p in range(f - cap, f - s + 1):  # query rows sit at f..f+3, so every one of these is >= S away
+        v[0, p % cap] = np.where(np.arange(v.shape[-1]) % 2, np.inf, -np.inf).astype(np.float16)
+    return Case(case.id, {**case.inputs, "v_cache": v}, case.params, case.flags, case.masks)
 
 
 SPEC = register(
