@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import reference.draft_attention as da
 from conformance.cases import draft_attention as cases
+from reference import draft_attention as draft_attention_op
 from reference import numerics, precision
 from tests.casetools import fingerprint
 
@@ -173,3 +174,23 @@ def test_generator_deterministic_ids_unique_and_pitfalls_named():
         assert c.masks["out"].shape == c.inputs["q"].shape
     widths = {c.inputs["q"].shape[1] for c in a}
     assert min(widths) == 2 and max(widths) == 16
+
+
+def test_non_finite_v_counts_only_where_attended():
+    # FP16 V overflows to inf (C1). Position 15 is 5 >= S = 4 away from every query (20..23):
+    # its inf must not reach the output as 0 * inf = NaN. Position 19 is attended by queries
+    # 20..22 (distance 1..3): inf passes there; query 23 is S = 4 away and stays finite.
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 4, 2, 8)) for _ in range(3))
+    k, v = k[:, :, :1], v[:, :, :1]
+    k_cache, v_cache = rng.standard_normal((1, 16, 1, 8)), rng.standard_normal((1, 16, 1, 8))
+    far, near = v_cache.copy(), v_cache.copy()
+    far[0, 15, 0, 3] = np.inf
+    near[0, 19 % 16, 0, 3] = np.inf
+    args = {"q": q, "k": k, "v": v, "k_cache": k_cache, "frontier": np.array([20]), "live": np.array([4]),
+            "window": 4}
+    run = draft_attention_op.draft_attention
+    assert np.array_equal(run(**args, v_cache=far)["out"], run(**args, v_cache=v_cache)["out"])
+    out = run(**args, v_cache=near)["out"]
+    assert np.isposinf(out[0, :3, :, 3]).all() and np.isfinite(out[0, 3]).all()
+    assert np.isfinite(np.delete(out, 3, axis=-1)).all()
