@@ -49,9 +49,9 @@ def ceil_sig(x: float, digits: int = 3) -> float:
     return s
 
 
-def derive(outputs, ref, base, masks, force=None, kwargs=None) -> dict:
+def derive(outputs, ref, base, masks, force=None, kwargs=None, independent=()) -> dict:
     """Bounds per represented and decision output, from reference and baseline outputs."""
-    ref, masks, _ = align(outputs, ref, base, masks, force, kwargs)
+    ref, masks, _ = align(outputs, ref, base, masks, force, kwargs, independent=independent)
     bounds = {}
     for name, o in outputs.items():
         mask = masks[name]

@@ -127,7 +127,8 @@ def _downstream(dshape: tuple, idx: tuple, oshape: tuple, same: bool):
     return None
 
 
-def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | None, acceptable=None):
+def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | None, acceptable=None,
+          independent=()):
     """The reference and masks to compare ``impl`` with, after its decision divergences.
 
     ``acceptable(name, index) -> bool`` says which divergences may be followed
@@ -149,9 +150,13 @@ def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | 
     # unacceptable one would let two wrong outputs hide each other (p/q swapped passed that way).
     for dname, idx in followable:
         for oname in outputs:
+            if oname in independent:
+                continue
             sl = _downstream(shapes[dname], idx, shapes[oname], oname == dname)
             if sl is not None:
                 masks[oname][sl] = False
+    for dname, idx in followable:  # a divergence is itself always judged; two must not hide each other
+        masks[dname][idx] = True
     first = followable[0]
     return ref, masks, f"not compared downstream of {first[0]} {_at(first[1])} (the Op has no force)"
 
@@ -189,11 +194,19 @@ def _decision(o: Output, ref, out, mask, bound) -> _Verdict:
     margin = np.asarray(ref[f"{o.name}.margin"], np.float64)
     tol = tolerance(o.name, bound, ref)
     ok = diff & (margin > 0) & (margin <= tol)
+    regret = ref.get(f"{o.name}.regret")
+    if regret is not None:
+        # Teacher forcing scored the implementation's own choice: near-tied is acceptable, an
+        # arbitrary value at an ambiguous decision is not (nor a tie the C4 rule decides).
+        regret = np.asarray(regret, np.float64)
+        ok = diff & (regret > 0) & (regret <= tol)
     bad = diff & ~ok
     if bad.any():
         at = tuple(np.argwhere(bad)[0])
         m = margin[at]
         why = "exact tie, decided by the C4 tie rule" if m == 0 else f"margin {m:.3g} > tol {tol[at]:.3g}"
+        if regret is not None and m > 0:
+            why = f"its choice scores {regret[at]:.3g} below the best, tol {tol[at]:.3g}"
         return _Verdict(Result.FAIL, f"{o.name}: differs at {_at(at)} (got {x[at]}, expected {r[at]}; {why})")
     at = tuple(np.argwhere(ok)[0])
     return _Verdict(Result.ACCEPTABLE, f"{o.name}: {int(ok.sum())} acceptable divergence(s), first at {_at(at)} "
@@ -201,7 +214,7 @@ def _decision(o: Output, ref, out, mask, bound) -> _Verdict:
 
 
 def compare(outputs: Mapping[str, Output], ref: Mapping, impl: Mapping, masks: Mapping, bounds: Mapping,
-            force: Callable | None = None, kwargs: Callable | None = None) -> _Verdict:
+            force: Callable | None = None, kwargs: Callable | None = None, independent=()) -> _Verdict:
     """Compare normalised implementation outputs (NumPy) with the reference.
 
     ``kwargs()`` gives fresh keyword arguments for ``force``. Returns the worst
@@ -214,7 +227,7 @@ def compare(outputs: Mapping[str, Output], ref: Mapping, impl: Mapping, masks: M
         return 0 < m <= float(tolerance(name, bounds[name], ref)[idx])
 
     try:
-        ref, masks, note = align(outputs, ref, impl, masks, force, kwargs, acceptable)
+        ref, masks, note = align(outputs, ref, impl, masks, force, kwargs, acceptable, independent)
     except Exception as exc:  # noqa: BLE001 - any failure to follow the implementation is reported, not raised
         return _Verdict(Result.ERROR, f"teacher forcing failed: {type(exc).__name__}: {exc}".splitlines()[0])
     verdicts = []

@@ -75,7 +75,8 @@ def case_tensors(spec: OpSpec, case: Case) -> tuple[dict[str, np.ndarray], dict[
     outputs = {o.name: o for o in spec.outputs}
     masks = full_masks(outputs, ref, case.masks)
     try:
-        bnd = bounds.derive(outputs, ref, base, masks, spec.force, lambda: copy.deepcopy(case.kwargs()))
+        bnd = bounds.derive(outputs, ref, base, masks, spec.force, lambda: copy.deepcopy(case.kwargs()),
+                            spec.independent)
     except bounds.BoundError as exc:
         raise GenerationError(f"{case.id}: {exc}") from None
     tensors = {f"in.{k}": np.asarray(v) for k, v in case.inputs.items()}

@@ -178,7 +178,7 @@ def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4
         t0 = time.perf_counter()
         vec = case_vector(spec, case)
         t1 = time.perf_counter()
-        res = run_case(impl, vec, timeout, spec.force)
+        res = run_case(impl, vec, timeout, spec.force, spec.independent)
         results.append(res)
         if on_result:
             on_result(results)

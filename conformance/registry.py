@@ -88,6 +88,9 @@ class OpSpec:
     # its first acceptable divergence. None: elements after such a divergence
     # (in the same row) are not compared.
     force: Callable[..., Mapping[str, np.ndarray]] | None = None
+    # Outputs that no decision influences (e.g. a tree's shape built before verification):
+    # never hidden downstream of a divergence when the Op has no force.
+    independent: tuple[str, ...] = ()
     doc: str = ""
 
     def output(self, name: str) -> Output:

@@ -162,7 +162,8 @@ def _normalise(vec: Vector, raw) -> dict[str, np.ndarray]:
     return out
 
 
-def run_case(impl, vec: Vector, timeout: float | None = DEFAULT_TIMEOUT, force: Callable | None = None) -> CaseResult:
+def run_case(impl, vec: Vector, timeout: float | None = DEFAULT_TIMEOUT, force: Callable | None = None,
+             independent=()) -> CaseResult:
     res = CaseResult(vec.op, vec.case, Result.PASS, flags=tuple(vec.flags))
     method = getattr(impl, vec.op, None)
     if not callable(method):
@@ -190,7 +191,7 @@ def run_case(impl, vec: Vector, timeout: float | None = DEFAULT_TIMEOUT, force: 
     def fresh_kwargs():
         return {**{k: np.array(v, copy=True) for k, v in vec.inputs.items()}, **copy.deepcopy(vec.params)}
 
-    verdict = compare.compare(vec.outputs, vec.expected, out, vec.masks, vec.bounds, force, fresh_kwargs)
+    verdict = compare.compare(vec.outputs, vec.expected, out, vec.masks, vec.bounds, force, fresh_kwargs, independent)
     res.result, res.detail = verdict.result, verdict.detail
     for k, v in verdict.numbers.items():
         setattr(res, k, v)
@@ -223,13 +224,14 @@ def run_suite(impl, vectors_dir, ops_pattern: str | None = None, progress=None,
     before each case. ``specs`` (default: the
     registry) supplies each Op's ``force``."""
     _, entries = load_selection(Path(vectors_dir), ops_pattern)
-    forces = {name: spec.force for name, spec in (specs if specs is not None else registry.ops()).items()}
+    all_specs = specs if specs is not None else registry.ops()
     results = []
     for i, entry in enumerate(entries):
         if progress:
             progress(i, len(entries), entry["case"])
         vec = read_entry(Path(vectors_dir), entry)
-        results.append(run_case(impl, vec, timeout, forces.get(vec.op)))
+        spec = all_specs.get(vec.op)
+        results.append(run_case(impl, vec, timeout, spec.force if spec else None, spec.independent if spec else ()))
     if progress:
         progress(len(entries), len(entries), "done")
     return results

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import represent, work
-from reference.rng import Purpose, exponential_race
+from reference.rng import Purpose, exponential_race, uniform
 
 
 def _greedy(e) -> tuple[int, float]:
@@ -54,24 +54,31 @@ def candidate_selector(
     nb, nk, top = ids.shape
     path = np.zeros((nb, nk), dtype=np.int32)
     margin = np.zeros((nb, nk))
+    regret = np.zeros((nb, nk))
     q = np.zeros((nb, nk, top), dtype=g.dtype)
     for b in range(nb):
         t = float(np.asarray(temperature)[b])
         pred_token = int(anchor[b])
         for i in range(nk):
             e = u[b, i] + w_succ[ids[b, i]] @ (w_pred[pred_token] * g[b, i])
+            p = None if forced_path is None else int(forced_path[b, i])
             if t <= 0:
                 j, m = _greedy(e)
-                q[b, i, j] = 1
+                q[b, i, j if p is None else p] = 1  # the actual q: one-hot at the choice the walk took
+                score = e.astype(np.float64)
             else:
                 q[b, i] = represent(_softmax(e / e.dtype.type(t)), "fp32")
                 position = int(frontier[b]) + i  # absolute position F + i, past 2^32 as well
                 j, m = exponential_race(q[b, i], np.uint64(seed[b]), position, Purpose.DFLASH2_PROPOSAL)
+                score = _race_scores(q[b, i], np.uint64(seed[b]), position) if p is not None else None
             path[b, i], margin[b, i] = j, m
-            p = j if forced_path is None else int(forced_path[b, i])
+            if p is None:
+                p = j
+            else:  # teacher forcing: how far below the winner the implementation's choice scored
+                regret[b, i] = score[j] - score[p] if 0 <= p < top else np.inf
             pred_token = int(ids[b, i, p])
     tokens = np.take_along_axis(ids, path[..., None].astype(np.int64), axis=-1)[..., 0].astype(np.int32)
-    return {
+    out = {
         "g": g,
         "path": path,
         "path.margin": margin,
@@ -79,3 +86,14 @@ def candidate_selector(
         "tokens.margin": margin.copy(),
         "q": q,
     }
+    if forced_path is not None:
+        out["path.regret"], out["tokens.regret"] = regret, regret.copy()
+    return out
+
+
+def _race_scores(q, seed, position) -> np.ndarray:
+    """log(q_c) - log(-log U_c) per rank (the exponential race's scores, C3); -inf where q_c = 0."""
+    q = np.asarray(q, dtype=np.float64)
+    u = uniform(seed, position, Purpose.DFLASH2_PROPOSAL, np.arange(q.size))
+    with np.errstate(divide="ignore"):
+        return np.where(q > 0, np.log(q) - np.log(-np.log(u)), -np.inf)

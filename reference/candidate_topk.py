@@ -84,10 +84,21 @@ def candidate_topk(
     below = gaps[..., :top_k] if n_eligible > top_k else np.concatenate([gaps, inf], axis=-1)
     margin = np.minimum(above, below)
 
+    regret = None
     if forced_ids is not None:
         rows = _forced_rows(forced_ids, gid, eligible)
+        forced = np.asarray(forced_ids, dtype=np.int64)
+        repeated = (forced[..., :, None] == forced[..., None, :]).sum(axis=-1) > 1
+        rows = np.where(repeated, -1, rows)  # an id listed twice is no top-k
     picked = np.take_along_axis(z, np.maximum(rows, 0), axis=-1)
     picked = np.where(rows >= 0, picked, np.nan)
+    if forced_ids is not None:
+        # how far the implementation's id at each rank is from the reference's (raw logits): an
+        # ambiguous rank may hold a near-tied id, never an arbitrary one
+        regret = np.where(rows >= 0, np.abs(s[..., :top_k] - np.where(rows >= 0, picked, 0)), np.inf)
     scores = represent(_transform(picked, output_multiplier, softcap), "fp32")
     ids = gid[order[..., :top_k]].astype(np.int32)
-    return {"scores": scores, "ids": ids, "ids.margin": margin}
+    out = {"scores": scores, "ids": ids, "ids.margin": margin}
+    if regret is not None:
+        out["ids.regret"] = regret.astype(np.float64)
+    return out

@@ -18,7 +18,7 @@ import numpy as np
 from reference.precision import work
 
 
-def proposal_head(hidden, head, vocab_size, shortlist=None) -> dict[str, np.ndarray]:
+def proposal_head(hidden, head, vocab_size, shortlist=None, forced_tokens=None) -> dict[str, np.ndarray]:
     logits = work(hidden) @ work(head).T
     rows = head.shape[0]
     ids = np.arange(rows, dtype=np.int64) if shortlist is None else np.asarray(shortlist, dtype=np.int64)
@@ -32,4 +32,9 @@ def proposal_head(hidden, head, vocab_size, shortlist=None) -> dict[str, np.ndar
     np.put_along_axis(rest, best[..., None], -np.inf, axis=-1)
     runner = np.max(rest, axis=-1, keepdims=True)
     margin = np.where(np.isfinite(runner), top - np.where(np.isfinite(runner), runner, 0), np.inf)[..., 0]
-    return {"tokens": ids[best].astype(np.int32), "tokens.margin": margin.astype(np.float64)}
+    out = {"tokens": ids[best].astype(np.int32), "tokens.margin": margin.astype(np.float64)}
+    if forced_tokens is not None:  # teacher forcing (C2): how far below the best is the implementation's token?
+        forced = np.asarray(forced_tokens, dtype=np.int64)[..., None]
+        theirs = np.max(np.where(ids == forced, z, -np.inf), axis=-1)  # -inf: not an eligible id at all
+        out["tokens.regret"] = (top[..., 0] - theirs).astype(np.float64)
+    return out

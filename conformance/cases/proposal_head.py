@@ -76,7 +76,7 @@ def generate() -> list[Case]:
 def force(kwargs, impl):
     """Teacher forcing (C2): columns are independent, so an acceptable divergence in one changes no
     other; the reference itself describes the implementation's run."""
-    return proposal_head(**kwargs)
+    return proposal_head(**kwargs, forced_tokens=np.asarray(impl["tokens"]))
 
 
 SPEC = register(

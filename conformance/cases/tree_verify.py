@@ -196,6 +196,7 @@ register(
             Output("accepted", DECISION),
             Output("num_out", EXACT),
         ),
+        independent=("parent", "node_tokens", "tree_mask"),
         generate=generate,
         doc="DFlash2 tree of proposals from the selector lattice (main chain first, best-first), tree-mask verify",
     )

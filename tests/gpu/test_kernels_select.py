@@ -107,7 +107,7 @@ def _vector(spec: OpSpec, case: Case) -> vectors.Vector:
 def run_cases(impl, spec: OpSpec, cases, source: str) -> list:
     results = []
     for case in cases:
-        res = runner.run_case(impl, _vector(spec, case), timeout=None, force=spec.force)
+        res = runner.run_case(impl, _vector(spec, case), timeout=None, force=spec.force, independent=spec.independent)
         _RESULTS.append((source, res))
         results.append(res)
     return results
