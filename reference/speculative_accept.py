@@ -32,6 +32,11 @@ past its L), the scan follows that implementation's accept count A' = L' - 1
 at step A', and reports at each step the reference's own choice and margin.
 num_out is then A' + 1; ``accepted`` is the reference's own count along that
 path (the first step it would reject, or one past the path if it never would).
+``tokens.regret`` scores each of the implementation's tokens: 0 where it is ours; the
+accept test's |distance| where it kept a proposal we reject; where it rejected, the
+larger of that test's distance (if we accept) and how far its correction's race score
+(greedy: processed logit) sits below ours; inf for a token its distribution cannot
+produce. The harness accepts a divergence only within tolerance of that regret.
 """
 
 from __future__ import annotations
@@ -107,6 +112,26 @@ def _draw(weights, seed, position, purpose) -> tuple[int, float]:
     return exponential_race(np.asarray(weights, dtype=np.float64), seed, position, purpose)
 
 
+def _race_regret(weights, seed, position, purpose, ours: int, theirs: int) -> float:
+    """How far the implementation's draw ``theirs`` scored below the race winner ``ours`` (C3
+    scores log r - log(-log U)); inf for a token the distribution cannot produce."""
+    w = np.asarray(weights, dtype=np.float64)
+    if not 0 <= theirs < w.size or w[theirs] <= 0:
+        return INF
+    if theirs == ours:
+        return 0.0
+    u = uniform(seed, position, purpose, np.array([ours, theirs]))
+    score = np.log(w[[ours, theirs]]) - np.log(-np.log(u))
+    return float(score[0] - score[1])
+
+
+def _logit_regret(z, ours: int, theirs: int) -> float:
+    """Greedy: how far the implementation's token sits below the argmax (processed logits)."""
+    if not 0 <= theirs < z.size or not np.isfinite(z[theirs]):
+        return INF
+    return float(z[ours] - z[theirs])
+
+
 def _forced_count(forced_row, P) -> int:
     valid = np.flatnonzero(np.asarray(forced_row) < 0)
     length = int(valid[0]) if valid.size else np.size(forced_row)
@@ -152,6 +177,7 @@ def speculative_accept(
     num_out = np.zeros(B, dtype=np.int32)
     acc_margin = np.full(B, INF)
     tok_margin = np.full((B, W), INF)
+    regret = np.zeros((B, W))  # teacher forcing: how far each of the implementation's tokens is from ours
     for b in range(B):
         P = int(live_proposals[b])
         if not 0 <= P <= K:
@@ -164,11 +190,16 @@ def speculative_accept(
         for i in range(P + 1):
             z = row.z(i)
             p = None if row.greedy else row.probs(z)
+            theirs = None if forced is None else int(forced_tokens[b, i])
             if i == P:  # every proposal on the path was accepted: the bonus from row P
                 if row.greedy:
                     tokens[b, i], tok_margin[b, i] = argmax_with_gap(z)
                 else:
                     tokens[b, i], tok_margin[b, i] = _draw(p, s, F + 1 + P, Purpose.BONUS)
+                if theirs is not None:
+                    ours = int(tokens[b, i])
+                    regret[b, i] = (_logit_regret(z, ours, theirs) if row.greedy
+                                    else _race_regret(p, s, F + 1 + P, Purpose.BONUS, ours, theirs))
                 own = P if own is None else own
                 break
             d = int(proposals[b, i])
@@ -189,16 +220,34 @@ def speculative_accept(
                 else:
                     weights = _correction_weights(p, qv)
                     tokens[b, i], tok_margin[b, i] = _draw(weights, s, F + 1 + i, Purpose.CORRECTION)
+            if theirs is not None:
+                they_accept = i < forced
+                if they_accept:  # their token is d: wrong only if the accept test was clearly a reject
+                    regret[b, i] = 0.0 if ok else abs(dist)
+                else:  # they rejected: the test must be near its threshold, and their correction near ours
+                    flip = 0.0 if not ok else abs(dist)
+                    if row.greedy:
+                        corr_z = z
+                        ours = argmax_with_gap(corr_z)[0]
+                        draw = _logit_regret(corr_z, ours, theirs)
+                    else:
+                        weights = _correction_weights(p, qv)
+                        ours = _draw(weights, s, F + 1 + i, Purpose.CORRECTION)[0]
+                        draw = _race_regret(weights, s, F + 1 + i, Purpose.CORRECTION, ours, theirs)
+                    regret[b, i] = max(flip, draw)
             if not (ok if forced is None else i < forced):
                 own = i + 1 if own is None else own  # forced to stop where the reference would go on
                 break
             row.accept(d)
         accepted[b] = own
         num_out[b] = i + 1
-    return {
+    out = {
         "accepted": accepted,
         "accepted.margin": acc_margin,
         "tokens": tokens,
         "tokens.margin": tok_margin,
         "num_out": num_out,
     }
+    if forced_tokens is not None:
+        out["tokens.regret"] = regret
+    return out

@@ -77,3 +77,39 @@ def test_greedy_selector_under_forcing_reports_the_choice_it_took():
     out = candidate_selector(**kw, forced_path=np.array([[1, 0]]))  # g = 0: E is the unary score
     assert out["path"][0, 0] == 0 and out["path.regret"][0, 0] == 1.0
     assert out["q"][0, 0, 1] == 1 and out["q"][0, 0].sum() == 1  # q is one-hot where the walk went
+
+
+def _accept_kwargs(p0, proposal, seed, frontier):
+    """One request, K = 1, one-hot q (DFlash), temperature 1 and no filters: p_0 = p0 exactly."""
+    v = len(p0)
+    with np.errstate(divide="ignore"):  # log 0 = -inf: a token the target never emits
+        logits = np.log(np.array([p0, np.full(v, 1.0 / v)], dtype=np.float64))[None].astype(np.float32)
+    one = np.ones(1, np.float32)
+    return {"logits": logits, "proposals": np.array([[proposal]]), "live_proposals": np.array([1]),
+            "frontier": np.array([frontier]), "seed": np.array([seed], np.uint64),
+            "prompt_mask": np.zeros((1, v), np.uint8), "output_counts": np.zeros((1, v), np.int32),
+            "temperature": one, "top_p": one, "min_p": 0 * one, "repetition_penalty": one,
+            "frequency_penalty": 0 * one, "presence_penalty": 0 * one, "top_k": np.zeros(1, np.int32),
+            "vocab_size": v}
+
+
+def test_accept_regret_near_threshold_flip_versus_impossible_correction():
+    from reference.rng import Purpose, uniform
+    from reference.speculative_accept import speculative_accept
+
+    seed, frontier = 11, 40
+    u = float(uniform(seed, frontier + 1, Purpose.ACCEPT))
+    # q(d) = 1 (one-hot), so the test is U < p(d): put p(d) a hair above U (accept, tiny margin)
+    p_d = u + 1e-6
+    p0 = [p_d, (1 - p_d) / 2, (1 - p_d) / 2, 0.0]
+    kw = _accept_kwargs(p0, proposal=0, seed=seed, frontier=frontier)
+    ref = speculative_accept(**kw)
+    assert ref["accepted"][0] == 1
+    # an implementation that rejected (a flip within float noise) must still draw *our* correction:
+    # the residual race under the same key decides it; the rejected proposal (residual 0) and a
+    # token with p = 0 are impossible corrections
+    regret = {c: speculative_accept(**kw, forced_tokens=np.array([[c, -1]]))["tokens.regret"][0, 0] for c in range(4)}
+    ours, other = sorted((1, 2), key=regret.get)
+    assert regret[ours] < 1e-5  # only the flip of the accept test: acceptable
+    assert np.isfinite(regret[other]) and regret[other] > regret[ours]  # the race's losing contender
+    assert regret[0] == np.inf and regret[3] == np.inf
