@@ -281,3 +281,45 @@ def test_history_not_updated_fails_second_token_test(monkeypatch):
     monkeypatch.setattr(sa._Row, "accept", lambda self, token: None)
     stat, pv, df = second_token_test(run_trials(True))
     assert pv < ALPHA, f"history_not_updated passed: chi2 {stat:.1f} on {df} df"
+
+
+# --- the bonus: all proposals accepted, y_3 ~ p_2 with d_1, d_2 in the history ------------------
+
+
+def bonus_test(tokens):
+    """y_3 (present only when both proposals were accepted) follows p_2 given y_1, y_2 in the
+    history; strata with too few expected counts per outcome are left out, the rest add up."""
+    stat, df = 0.0, 0
+    for a in range(V):
+        for b in range(V):
+            sel = (tokens[:, 2] >= 0) & (tokens[:, 0] == a) & (tokens[:, 1] == b)
+            p2 = p_of(2, [a, b])
+            if sel.sum() * p2[p2 > 0].min() < 5:
+                continue
+            s, pv, d = gof(np.bincount(tokens[sel, 2], minlength=V), p2)
+            if pv == 0.0:
+                return math.inf, 0.0, d
+            stat, df = stat + s, df + d
+    return stat, (chi2_sf(stat, df) if df else 1.0), df
+
+
+@pytest.mark.slow
+def test_bonus_follows_p2_given_both_accepted(correct):
+    _, tokens = correct
+    stat, pv, df = bonus_test(tokens)
+    assert df > 0, "no stratum with enough all-accept trials"
+    assert pv > ALPHA, f"chi2 {stat:.1f} on {df} df, p = {pv:.2e}"
+
+
+@pytest.mark.slow
+def test_bonus_taken_as_argmax_fails_the_bonus_test(monkeypatch):
+    draw = sa._draw
+
+    def argmax_bonus(weights, seed, position, purpose):
+        if purpose == sa.Purpose.BONUS:  # the planted bug: a greedy bonus at temperature > 0
+            return int(np.argmax(weights)), math.inf
+        return draw(weights, seed, position, purpose)
+
+    monkeypatch.setattr(sa, "_draw", argmax_bonus)
+    stat, pv, df = bonus_test(run_trials(False))
+    assert pv < ALPHA, f"argmax bonus passed: chi2 {stat:.1f} on {df} df"
