@@ -10,19 +10,10 @@ from hypothesis import strategies as st
 
 import reference.context_kv as ckv
 from conformance.cases import context_kv as cases
-from reference import numerics, precision
+from reference import numerics
 from reference.norms import plain_head_rmsnorm, rope_1d
 from reference.precision import represent, work
-from tests.casetools import fingerprint
-
-
-def bound_and_ref(spec, case, name, fmt):
-    """The harness's max-ULP allowance (C2): 2x the float32 baseline's max ULP error + 1."""
-    ref = spec.reference(**case.kwargs())[name]
-    with precision.baseline(spec.bf16_intermediates):
-        base = spec.reference(**case.kwargs())[name]
-    mask = case.masks[name]
-    return 2 * numerics.ulp_error(base, ref, fmt)[mask].max() + 1, ref, mask
+from tests.casetools import bound_and_ref, check_generator
 
 
 def one_hot_layer(d=4):
@@ -196,13 +187,7 @@ def test_ring_slot_off_by_one_exceeds_bound(cid, shift):
 
 
 def test_generator_deterministic_ids_unique_and_pitfalls_named():
-    a, b = cases.generate(), cases.generate()
-    assert fingerprint(a) == fingerprint(b)
-    ids = [c.id for c in a]
-    assert len(ids) == len(set(ids)) and 10 <= len(ids) <= 60
-    for c in a:
-        for pitfall in ("k_bf16_before_norm", "v_fp16_without_bf16", "ring_slot"):
-            assert (pitfall in c.flags) == (f"/{pitfall}__" in c.id), c.id
+    a = check_generator(cases.generate, ("k_bf16_before_norm", "v_fp16_without_bf16", "ring_slot"))
     starts = {c.params["start"] for c in a}
     assert any(s < 2**31 <= s + 10 for s in starts) and any(s < 2**32 <= s + 10 for s in starts)
     ref = {c.id: ckv.context_kv(**c.kwargs())["v_cache"] for c in a}

@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance.cases.speculative_accept import SAMPLING, accept_inputs, force, generate
-from reference.rng import Purpose, uniform
+from reference.rng import Purpose
 from reference.speculative_accept import speculative_accept
 from reference.target_distribution import target_distribution
+from tests.casetools import U, race
 
 F32_EPS = 2.0**-24
 PITFALLS = ("rng_batch_row", "accept_p_q_swapped", "history_not_updated", "bonus_from_wrong_row", "residual_no_clamp")
@@ -23,9 +24,6 @@ PITFALLS = ("rng_batch_row", "accept_p_q_swapped", "history_not_updated", "bonus
 def run(inputs, params, **kw):
     return speculative_accept(**inputs, **params, **kw)
 
-
-def U(seed, pos, purpose, index=0) -> float:
-    return float(uniform(np.uint64(seed), pos, purpose, index))
 
 
 def logits_of(p):
@@ -39,16 +37,6 @@ def softmax32(z):
     e = np.exp(z - z.max())
     return e / e.sum()
 
-
-def race(weights, seed, pos, purpose):
-    """The C3 race as written: argmax r(v) / E_v, E_v = -ln U_v, lowest index on ties."""
-    best, score = None, -1.0
-    for v, w in enumerate(weights):
-        if w > 0:
-            s = w / -math.log(U(seed, pos, purpose, v))
-            if s > score:
-                best, score = v, s
-    return best
 
 
 # --- hand-derived scans --------------------------------------------------------------------

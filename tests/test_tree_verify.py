@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 import reference.tree_verify as tv
 from conformance.cases.speculative_accept import accept_inputs
 from conformance.cases.tree_verify import generate, lattice, tv_inputs
-from reference.rng import Purpose, uniform
+from reference.rng import Purpose
 from reference.speculative_accept import speculative_accept
+from tests.casetools import U, race
 from tests.test_acceptance_statistics import ALPHA, chi2_sf, gof
 
 
@@ -23,18 +24,6 @@ def run(inputs, params):
     return tv.tree_verify(**inputs, **params)
 
 
-def U(seed, pos, purpose, index=0) -> float:
-    return float(uniform(np.uint64(seed), pos, purpose, index))
-
-
-def race(weights, seed, pos, purpose):
-    best, score = None, -1.0
-    for v, w in enumerate(weights):
-        if w > 0:
-            s = w / -math.log(U(seed, pos, purpose, v))
-            if s > score:
-                best, score = v, s
-    return best
 
 
 # --- by hand -------------------------------------------------------------------------------
