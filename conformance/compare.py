@@ -62,6 +62,13 @@ class CaseResult:
     worst_norm: float | None = None  # largest normwise error over represented outputs, with its bound
     norm_bound: float | None = None
     seconds: float = 0.0
+    # C2 v2: why an ACCEPTABLE is acceptable ("precision": outside the tight bound, inside the
+    # accuracy envelope; "ambiguous": a near-tied decision followed by teacher forcing)
+    acceptable_flags: tuple = ()
+    # worst error over represented outputs as a fraction of the tight bound (1.0 = at the bound)
+    tight_frac: float | None = None
+    # worst scaled error over represented outputs as a fraction of the accuracy envelope
+    envelope_frac: float | None = None
 
 
 @dataclass
