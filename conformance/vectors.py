@@ -144,7 +144,7 @@ def vector_from(tensors: dict[str, np.ndarray], meta: dict[str, str], where: str
         raise InputError(f"{where}: header metadata lacks {', '.join(missing)}")
     try:
         fields = {k: json.loads(meta[k]) for k in ("params", "flags", "classes", "bounds")}
-        outputs = {n: Output(n, c["cls"], c.get("fmt")) for n, c in fields["classes"].items()}
+        outputs = {n: Output(n, c["cls"], c.get("fmt"), c.get("values")) for n, c in fields["classes"].items()}
     except (ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{where}: bad header metadata ({exc})") from None
     inputs, expected, masks = {}, {}, {}
