@@ -1,0 +1,318 @@
+"""Fast mode of the CUDA backend (issue 12): ``FastCudaBackend``.
+
+The exact mode (kernels_cu.backend.CudaBackend) rounds where the reference rounds and
+accumulates the decisive dot products in double; it is PASS everywhere and slow. The fast mode
+is a production-style engine judged by the suite like any third-party one (CONTRACTS C2:
+0 FAIL, its ACCEPTABLE count stated). What changes, Op by Op (every other Op is the exact
+mode's, inherited):
+
+- candidate_topk: one BF16 GEMM over the whole head for all B*K hidden rows (cuBLAS gemmEx,
+  BF16 inputs, FP32 output, CUBLAS_COMPUTE_32F: FP32 accumulation on the tensor cores), then a
+  split stable top-k per row (kernels_cu/fast_select.cu; C4 order, exact on the fp32 logits).
+  The exact mode re-reads the 2.5 GB head once per hidden row with a double-precision dot.
+- proposal_head: the same GEMM and the same selection with k = 1 (argmax, lowest row on ties).
+- target_distribution: the exact kernel's numbers, but top-k and top-p thresholds found by
+  filtering (a histogram pass and a few radix passes, kernels_cu/fast_target.cu) instead of a
+  64-step bisection over the key space per filter.
+- context_kv: one BF16 GEMM through [W_k; W_v] (prepared once), then one fused kernel: head
+  RMSNorm, RoPE, BF16/FP16 rounding and the cache write, in place into the caller's caches
+  (the C9 outputs are those same arrays; no cache copies). K accumulates in FP32 here, not in
+  double: at deep RoPE cancellations the v1 tight bound can FAIL it (docs/PERFORMANCE.md).
+
+Weights are made resident once: ``prepare(name=array, ...)`` (or the first call that sees an
+array) uploads/keeps the BF16 bits on the device, keyed by the array object, and derived
+weights (the [W_k; W_v] concatenation) are cached the same way, so a repeated call with the
+same weight arrays moves no weight bytes except the GEMM's one read.
+
+Compile options: the loader's NVRTC options (kernels_cu/loader.py; CuPy appends -ftz=true, FMA
+contraction on), recorded by ``environment()`` together with the GEMM path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from kernels_cu.backend import CudaBackend
+from kernels_cu.loader import load_module
+from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32, inv_freq
+from kernels_cu.ops_select import _per_row, _sampling_args
+
+_NULL = np.uint64(0)
+_TOPK_MAX = 64  # fast_select.cu FT_KMAX
+_FT_THREADS = 256
+_FTD_THREADS = 512
+_TARGET_BLOCKS = 4 * 132  # partial top-k blocks to aim for (a few waves on an H200's 132 SMs)
+
+# cuBLAS / CUDA enums (stable ABI values)
+_OP_N, _OP_T = 0, 1
+_CUDA_R_32F, _CUDA_R_16BF = 0, 14
+_CUBLAS_COMPUTE_32F = 68
+_CUBLAS_GEMM_DEFAULT = -1
+_POINTER_MODE_HOST = 0
+
+
+def cp():
+    import cupy
+
+    return cupy
+
+
+def _fn(module: str, name: str):
+    return load_module(module).get_function(name)
+
+
+def _key(a) -> tuple:
+    """Identity of a weight array: the object, its data pointer, shape, strides and dtype."""
+    if isinstance(a, np.ndarray):
+        ptr = a.__array_interface__["data"][0]
+    else:
+        ptr = a.data.ptr
+    return (id(a), ptr, tuple(a.shape), tuple(a.strides), str(a.dtype))
+
+
+class ResidentWeights:
+    """Device-resident BF16 weights keyed by the source array (held, so its id and pointer
+    cannot be reused while the entry lives). LRU over at most ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 48 << 30):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple, tuple] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple, sources: tuple, build):
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return hit[1]
+        self.misses += 1
+        value = build()
+        self._entries[key] = (sources, value)
+        while len(self._entries) > 1 and sum(v[1].nbytes for v in self._entries.values()) > self.max_bytes:
+            self._entries.popitem(last=False)
+        return value
+
+    def clear(self):
+        self._entries.clear()
+
+
+def gemm_path() -> str:
+    try:
+        from cupy_backends.cuda.libs import cublas  # noqa: F401
+
+        return "cublas gemmEx (A, B CUDA_R_16BF; C CUDA_R_32F; CUBLAS_COMPUTE_32F; CUBLAS_GEMM_DEFAULT)"
+    except Exception as exc:  # noqa: BLE001
+        return f"fp32 cupy.matmul fallback ({type(exc).__name__})"
+
+
+def gemm_bf16(x, w, out=None):
+    """x [M, K] BF16 bits @ w [N, K] BF16 bits .T -> fp32 [M, N]; FP32 accumulation (cuBLAS
+    gemmEx, CUBLAS_COMPUTE_32F). Row-major C [M, N] is column-major C^T = w (op T) * x."""
+    c = cp()
+    x = c.ascontiguousarray(x)
+    w = c.ascontiguousarray(w)
+    M, K = x.shape
+    N = w.shape[0]
+    if w.shape[1] != K:
+        raise ValueError(f"gemm_bf16: inner dimensions differ: {x.shape} and {w.shape}")
+    if out is None:
+        out = c.empty((M, N), dtype=np.float32)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        out.fill(0)
+        return out
+    from cupy_backends.cuda.libs import cublas
+
+    handle = c.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, _POINTER_MODE_HOST)
+    alpha = np.ones(1, dtype=np.float32)
+    beta = np.zeros(1, dtype=np.float32)
+    cublas.gemmEx(handle, _OP_T, _OP_N, N, M, K, alpha.ctypes.data, w.data.ptr, _CUDA_R_16BF, K, x.data.ptr,
+                  _CUDA_R_16BF, K, beta.ctypes.data, out.data.ptr, _CUDA_R_32F, N, _CUBLAS_COMPUTE_32F,
+                  _CUBLAS_GEMM_DEFAULT)
+    return out
+
+
+class FastCudaBackend(CudaBackend):
+    """CONTRACTS C9 implementation object, fast mode. Ops not listed in the module docstring
+    are the exact mode's."""
+
+    name = "kernels_cu-fast"
+    mode = "fast"
+
+    def __init__(self, max_resident_bytes: int = 48 << 30):
+        self.resident = ResidentWeights(max_resident_bytes)
+        self._freqs: dict = {}
+
+    # --- weights ---------------------------------------------------------------------------
+
+    def _bits(self, a):
+        """Resident BF16 bits of a weight (uploaded/converted once per source array)."""
+        if not isinstance(a, np.ndarray) and getattr(a, "dtype", None) == np.uint16 and a.flags.c_contiguous:
+            return a  # already device-resident BF16 bits
+        return self.resident.get(("bits", _key(a)), (a,), lambda: bf16_bits(a))
+
+    def _kv_weight(self, wk, wv):
+        def build():
+            return cp().ascontiguousarray(cp().concatenate([bf16_bits(wk), bf16_bits(wv)], axis=0))
+
+        return self.resident.get(("kv", _key(wk), _key(wv)), (wk, wv), build)
+
+    def _f32(self, a):
+        return self.resident.get(("f32", _key(a)), (a,), lambda: f32(a))
+
+    def _inv_freq(self, head_dim: int, theta: float):
+        k = (int(head_dim), float(theta))
+        if k not in self._freqs:
+            self._freqs[k] = inv_freq(head_dim, theta)
+        return self._freqs[k]
+
+    def prepare(self, **weights):
+        """Make weights resident now (BF16 bits on the device), so that the first timed call
+        does no upload. Names are free; returns the resident arrays under the same names.
+        Pass wk= and wv= together to also prepare context_kv's concatenated projection."""
+        out = {name: self._bits(w) for name, w in weights.items()}
+        if "wk" in weights and "wv" in weights and np.ndim(weights["wk"]) == 2:
+            out["wkv"] = self._kv_weight(weights["wk"], weights["wv"])
+        return out
+
+    def environment(self) -> dict:
+        rec = super().environment()
+        rec.update(backend=self.name, mode=self.mode, gemm=gemm_path(),
+                   fast_kernels="fast_select.cu, fast_target.cu, fast_context.cu (loader NVRTC options)",
+                   resident_weights="BF16 bits cached per source array (FastCudaBackend.prepare)")
+        try:
+            from cupy_backends.cuda.libs import cublas
+
+            rec["cublas_version"] = cublas.getVersion(cp().cuda.device.get_cublas_handle())
+        except Exception as exc:  # noqa: BLE001
+            rec["cublas_version"] = f"unknown ({type(exc).__name__})"
+        return rec
+
+    # --- selection ---------------------------------------------------------------------------
+
+    def _topk_rows(self, logits, sl, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
+        c = cp()
+        M, Vr = logits.shape
+        S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
+        chunk = -(-Vr // S)
+        S = -(-Vr // chunk)
+        partial = c.empty((M, S, k), dtype=np.uint64)
+        scores = c.empty((M, k), dtype=np.float32) if want_scores else None
+        ids = c.empty((M, k), dtype=np.int32)
+        if M:
+            _fn("fast_select", "fast_topk_partial")(
+                (S, M), (_FT_THREADS,),
+                (logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k),
+                 np.int32(chunk), partial))
+            _fn("fast_select", "fast_topk_merge")(
+                (M,), (_FT_THREADS,),
+                (partial, logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(S), np.int32(k),
+                 np.float32(multiplier), np.float32(softcap), _NULL if scores is None else scores, ids))
+        return scores, ids
+
+    def candidate_topk(self, *, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0,
+                       shortlist=None):
+        hb = bf16_bits(hidden)
+        head_b = self._bits(head)
+        *lead, H = hb.shape
+        Vr = head_b.shape[0]
+        k = int(top_k)
+        if not 0 < k <= _TOPK_MAX:
+            raise ValueError(f"candidate_topk: top_k = {k} outside 1..{_TOPK_MAX}")
+        if shortlist is None:
+            n_eligible, sl = min(Vr, max(int(vocab_size), 0)), None
+        else:
+            sl = device(shortlist).astype(np.int32, copy=False)
+            if sl.shape != (Vr,):
+                raise ValueError(f"candidate_topk: shortlist has shape {sl.shape}, head has {Vr} rows")
+            n_eligible = int(((sl >= 0) & (sl < int(vocab_size))).sum())
+        if n_eligible < k:
+            raise ValueError(f"candidate_topk: {n_eligible} eligible rows, top_k = {k}")
+        M = int(np.prod(lead)) if lead else 1
+        logits = gemm_bf16(hb.reshape(M, H), head_b)
+        scores, ids = self._topk_rows(logits, sl, int(vocab_size), k, float(output_multiplier), float(softcap))
+        return {"scores": scores.reshape(*lead, k), "ids": ids.reshape(*lead, k)}
+
+    def proposal_head(self, *, hidden, head, vocab_size, shortlist=None):
+        hb = bf16_bits(hidden)
+        head_b = self._bits(head)
+        *lead, H = hb.shape
+        Vr = head_b.shape[0]
+        if shortlist is None:
+            sl = None
+            if min(Vr, int(vocab_size)) <= 0:
+                raise ValueError("proposal_head: no head row has a global id below vocab_size")
+        else:
+            sl = device(shortlist).astype(np.int32, copy=False)
+            if not bool(((sl >= 0) & (sl < int(vocab_size))).any()):
+                raise ValueError("proposal_head: no head row has a global id below vocab_size")
+        M = int(np.prod(lead)) if lead else 1
+        logits = gemm_bf16(hb.reshape(M, H), head_b)
+        _, ids = self._topk_rows(logits, sl, int(vocab_size), 1, want_scores=False)
+        return {"tokens": ids.reshape(*lead)}
+
+    def target_distribution(self, *, logits, prompt_mask, output_counts, temperature, top_p, min_p,
+                            repetition_penalty, frequency_penalty, presence_penalty, top_k, vocab_size):
+        c = cp()
+        logits = device(logits).astype(np.float32, copy=False)
+        N, Vr = logits.shape
+        prompt = device(prompt_mask).astype(np.uint8, copy=False)
+        counts = device(output_counts).astype(np.int32, copy=False)
+        if prompt.shape != (N, Vr) or counts.shape != (N, Vr):
+            raise ValueError(f"target_distribution: prompt_mask {prompt.shape} / output_counts {counts.shape}")
+        kw = {"temperature": temperature, "top_p": top_p, "min_p": min_p, "repetition_penalty": repetition_penalty,
+              "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty, "top_k": top_k}
+        probs = c.empty((N, Vr), dtype=np.float32)
+        if N and Vr:
+            scratch = c.empty((N, Vr), dtype=np.float32)
+            _fn("fast_target", "fast_target_distribution_rows")(
+                (N,), (_FTD_THREADS,),
+                (logits, prompt, counts, *_sampling_args(N, kw), np.int32(N), np.int32(Vr), np.int32(vocab_size),
+                 scratch, probs))
+        return {"probs": probs}
+
+    # --- context -----------------------------------------------------------------------------
+
+    def context_kv(self, *, context, k_cache, v_cache, wk, wv, k_norm, start, eps, theta, head_dim,
+                   storage="ring", page_size=None, page_table=None):
+        cb = bf16_bits(context)
+        t = cb.shape[0]
+        start = int(start)
+        if start < 0:
+            raise ValueError(f"context_kv: start {start} < 0")
+        kc = bf16_bits(k_cache)  # the caller's device arrays, written in place (returned as the outputs)
+        vc = f16_bits(v_cache)
+        if storage == "ring":
+            capacity, hk = kc.shape[0], kc.shape[1]
+            first, paged, psize, table = max(0, t - capacity), 0, 1, _NULL  # C7: only the final C rows land
+        elif storage == "paged":
+            if page_size is None or page_table is None:
+                raise ValueError("context_kv: paged storage needs page_size and page_table")
+            psize, hk, capacity = int(page_size), kc.shape[2], 0
+            if kc.shape[1] != psize:
+                raise ValueError(f"context_kv: cache pages hold {kc.shape[1]} rows, page_size is {psize}")
+            table = device(page_table).astype(np.int32, copy=False)
+            if t and (start + t - 1) // psize >= table.size:
+                raise ValueError(f"context_kv: positions up to {start + t - 1} exceed the page table ({table.size})")
+            first, paged = 0, 1
+        else:
+            raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
+        head_dim = int(head_dim)
+        if t > first:
+            wkv = self._kv_weight(wk, wv)
+            if wkv.shape[0] != 2 * hk * head_dim:
+                raise ValueError(f"context_kv: wk/wv give {wkv.shape[0]} rows, cache needs 2 * {hk} * {head_dim}")
+            kv = gemm_bf16(cb[first:], wkv)
+            _fn("fast_context", "fast_context_kv_write")(
+                ((t - first) * hk,), (32 * math.ceil(head_dim / 32),),
+                (kv, np.int32(kv.shape[1]), self._f32(k_norm), self._inv_freq(head_dim, theta), np.float32(eps),
+                 np.int64(start + first), np.int32(hk), np.int32(head_dim), np.int32(paged), np.int64(capacity),
+                 np.int32(psize), table, kc, vc),
+                shared_mem=4 * head_dim)
+        return {"k_cache": kc, "v_cache": vc.view(np.float16), "frontier": cp().asarray(start + t, dtype=np.int64)}

@@ -1,0 +1,129 @@
+// Fast mode (kernels_cu/fast.py): stable top-k / argmax over fp32 logit rows that one BF16
+// GEMM (cuBLAS, FP32 accumulation) produced for every hidden row at once. CONTRACTS C4: value
+// descending, ties to the lower head row; rows whose global id (row, or shortlist[row]) is
+// outside [0, vocab_size) never compete. Selection is exact on the given fp32 logits; only the
+// logits themselves round differently from the exact mode (FP32 tensor-core accumulation
+// instead of one rounding from a double sum), which the suite judges like any engine's.
+//
+// Two launches: fast_topk_partial splits each row over S blocks (each keeps its chunk's
+// best k), fast_topk_merge takes the S*k survivors of a row to the final sorted k and applies
+// u = c * tanh(m * z / c) to the selected raw logits (in double, as the exact kernel).
+#include "philox.cuh"
+
+using dflash::u32;
+using dflash::u64;
+
+#define FT_THREADS 256
+#define FT_WARPS (FT_THREADS / 32)
+#define FT_KMAX 64
+
+namespace {
+
+// Distinct 64-bit key: ordered float in the high word (-0 folded onto +0), ~row in the low
+// word, so a larger key is a better candidate. Key 0 is never a real key.
+__device__ __forceinline__ u64 fk_key(float z, int row) {
+    if (z == 0.0f) z = 0.0f;
+    const u32 b = __float_as_uint(z);
+    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)row);
+}
+
+__device__ __forceinline__ int fk_row(u64 key) { return (int)(0xffffffffu - (u32)(key & 0xffffffffull)); }
+
+__device__ __forceinline__ u64 warp_max_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = t > v ? t : v;
+    }
+    return v;
+}
+
+// Insert into a thread's descending list of at most k keys.
+__device__ __forceinline__ void list_insert(u64* list, int& cnt, int k, u64 key) {
+    if (cnt == k && key <= list[k - 1]) return;
+    int pos = cnt < k ? cnt++ : k - 1;
+    while (pos > 0 && list[pos - 1] < key) {
+        list[pos] = list[pos - 1];
+        --pos;
+    }
+    list[pos] = key;
+}
+
+// k rounds of a block max over the threads' sorted lists -> out[0..k) descending (0 = none).
+__device__ __forceinline__ void block_merge(const u64* list, int cnt, int k, u64* warp_best, u64* out) {
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    int head = 0;
+    for (int r = 0; r < k; ++r) {
+        u64 mine = head < cnt ? list[head] : 0ull;
+        mine = warp_max_u64(mine);
+        if (lane == 0) warp_best[wid] = mine;
+        __syncthreads();
+        u64 best = 0ull;
+#pragma unroll
+        for (int w = 0; w < FT_WARPS; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+        if (best && head < cnt && list[head] == best) ++head;  // keys are distinct: one owner
+        if (tid == 0) out[r] = best;
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
+// Grid (S, M): block (s, m) scans columns [s * chunk, min(Vr, (s + 1) * chunk)) of row m and
+// writes its best k keys (descending, 0-padded) to partial[(m * S + s) * k ...].
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
+fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shortlist, int M, int Vr,
+                  int vocab_size, int k, int chunk, u64* __restrict__ partial) {
+    __shared__ u64 warp_best[FT_WARPS];
+    __shared__ u64 chosen[FT_KMAX];
+    const int s = blockIdx.x, S = gridDim.x, m = blockIdx.y;
+    if (m >= M) return;
+    const float* z = logits + (size_t)m * Vr;
+    const int v0 = s * chunk;
+    const int v1 = min(Vr, v0 + chunk);
+    u64 list[FT_KMAX];
+    int cnt = 0;
+    for (int v = v0 + threadIdx.x; v < v1; v += FT_THREADS) {
+        const int gid = shortlist ? shortlist[v] : v;
+        if (gid < 0 || gid >= vocab_size) continue;
+        list_insert(list, cnt, k, fk_key(__ldg(z + v), v));
+    }
+    block_merge(list, cnt, k, warp_best, chosen);
+    if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
+}
+
+// Grid M: the S * k partial keys of row m -> the final top-k. scores/ids may be null (argmax
+// only needs ids). ids are global ids (shortlist remap); -1 and -inf pad missing candidates.
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
+fast_topk_merge(const u64* __restrict__ partial, const float* __restrict__ logits, const int* __restrict__ shortlist,
+                int M, int Vr, int S, int k, float multiplier, float softcap, float* __restrict__ scores,
+                int* __restrict__ ids) {
+    __shared__ u64 warp_best[FT_WARPS];
+    __shared__ u64 chosen[FT_KMAX];
+    const int m = blockIdx.x;
+    if (m >= M) return;
+    const u64* p = partial + (size_t)m * S * k;
+    u64 list[FT_KMAX];
+    int cnt = 0;
+    for (int i = threadIdx.x; i < S * k; i += FT_THREADS) {
+        const u64 key = p[i];
+        if (key) list_insert(list, cnt, k, key);
+    }
+    block_merge(list, cnt, k, warp_best, chosen);
+    if (threadIdx.x < k) {
+        const u64 key = chosen[threadIdx.x];
+        float u = __int_as_float(0xff800000);
+        int id = -1;
+        if (key) {
+            const int row = fk_row(key);
+            id = shortlist ? shortlist[row] : row;
+            double x = dflash::f32_to_f64(logits[(size_t)m * Vr + row]);
+            if (multiplier > 0.0f) x *= (double)multiplier;
+            if (softcap > 0.0f) x = (double)softcap * tanh(x / (double)softcap);
+            u = dflash::f64_to_f32_rn(x);
+        }
+        if (scores) scores[(size_t)m * k + threadIdx.x] = u;
+        ids[(size_t)m * k + threadIdx.x] = id;
+    }
+}

@@ -1,0 +1,401 @@
+// Fast mode target distribution (C5): the same numbers as the exact kernel (accept.cu
+// row_distribution: penalties and temperature in fp32 with explicit _rn intrinsics, exp and
+// sums in double from those fp32 values, probabilities rounded once to fp32), but the top-k
+// and top-p thresholds are found by filtering, not by a 64-step bisection over the key
+// space (which reads the row 64 times per filter).
+//
+// Selection by filtering: every token has a distinct 64-bit order key (value descending,
+// then lower id, C4). A threshold is found in a few passes over the row:
+//   pass 0: a 2048-bin histogram of (zmax - z) * 64 (monotone in the key, spread where the
+//           probability mass is), counts for top-k, kept mass for top-p;
+//   then 11-bit radix passes over the key, restricted to the chosen bin, until the bucket
+//   that crosses the target is taken whole (top-k) or holds one token (top-p); one more
+//   pass reads the smallest key of that bucket: the threshold.
+// Mass histograms are summed with shared-memory atomics, so the order of the additions (and
+// the last bits of a bin's mass) may vary from run to run; the probabilities themselves are
+// summed in the exact kernel's fixed tree order.
+#include "philox.cuh"
+
+using dflash::u32;
+using dflash::u64;
+
+#define FTD_THREADS 512
+#define FTD_WARPS (FTD_THREADS / 32)
+#define FTD_BINS 2048
+#define FTD_BIN_SCALE 64.0f
+
+namespace {
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ u64 order_key(float z, int v) {
+    if (z == 0.0f) z = 0.0f;
+    const u32 b = __float_as_uint(z);
+    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)v);
+}
+
+__device__ __forceinline__ int key_id(u64 key) { return (int)(0xffffffffu - (u32)(key & 0xffffffffull)); }
+
+__device__ u64 block_max_u64(u64 v) {
+    __shared__ u64 sh[FTD_WARPS];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = t > v ? t : v;
+    }
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    u64 r = sh[0];
+    for (int w = 1; w < FTD_WARPS; ++w) r = sh[w] > r ? sh[w] : r;
+    return r;
+}
+
+__device__ u64 block_min_u64(u64 v) {
+    __shared__ u64 sh[FTD_WARPS];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = t < v ? t : v;
+    }
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    u64 r = sh[0];
+    for (int w = 1; w < FTD_WARPS; ++w) r = sh[w] < r ? sh[w] : r;
+    return r;
+}
+
+__device__ int block_sum_int(int v) {
+    __shared__ int sh[FTD_WARPS];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    int r = 0;
+    for (int w = 0; w < FTD_WARPS; ++w) r += sh[w];
+    return r;
+}
+
+// The exact kernel's fixed reduction tree (accept.cu block_sum_f64), so the normaliser is
+// the same double as there.
+__device__ double block_sum_f64(double v) {
+    __shared__ double sh[FTD_WARPS];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    double r = 0.0;
+    for (int w = 0; w < FTD_WARPS; ++w) r = __dadd_rn(r, sh[w]);
+    return r;
+}
+
+struct RowParams {
+    float temperature, top_p, min_p, rho, freq, pres;
+    int top_k;
+};
+
+struct Keep {
+    u64 threshold;
+    double min_e;
+    double zmax;
+};
+
+__device__ __forceinline__ double weight_of(float z, double zmax) { return exp(dflash::f32_to_f64(z) - zmax); }
+
+__device__ __forceinline__ bool kept(float z, int v, const Keep& k, double* e) {
+    if (!isfinite(z)) return false;
+    if (order_key(z, v) < k.threshold) return false;
+    *e = weight_of(z, k.zmax);
+    return !(*e < k.min_e);
+}
+
+// Pass-0 bin: monotone non-increasing in the key. Keys above the best finite key (+inf,
+// positive NaN) go to bin 0, keys below every finite one (-inf, negative NaN) to the last.
+__device__ __forceinline__ int bin0(float z, u64 key, float zmaxf, u64 best_finite) {
+    if (key > best_finite) return 0;
+    if (!isfinite(z)) return FTD_BINS - 1;
+    const float d = __fmul_rn(__fsub_rn(zmaxf, z), FTD_BIN_SCALE);
+    return d >= (float)(FTD_BINS - 1) ? FTD_BINS - 1 : (int)d;  // d >= 0 here
+}
+
+struct Hist {
+    int cnt[FTD_BINS];
+    double mass[FTD_BINS];
+};
+
+// Scan bins in order idx = 0.. (bin = desc ? nb-1-idx : idx) and find the first whose
+// cumulative count (mass mode: (above + cumulative mass) / total) reaches the target.
+// Returns the bin (or the last non-empty one if rounding left the target unreached) and sets
+// *before to the count / mass in earlier bins. Every thread gets the answer.
+__device__ int find_crossing(const Hist& h, int nb, bool desc, bool mass_mode, int need, double above,
+                             double total, double top_p, int* before_cnt, double* before_mass) {
+    __shared__ int s_cnt[FTD_WARPS];
+    __shared__ double s_mass[FTD_WARPS];
+    __shared__ int r_bin, r_cnt;
+    __shared__ double r_mass;
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int per = (nb + FTD_THREADS - 1) / FTD_THREADS;
+    const int i0 = tid * per;
+    int c = 0;
+    double m = 0.0;
+    for (int j = 0; j < per; ++j) {
+        const int i = i0 + j;
+        if (i < nb) {
+            const int b = desc ? nb - 1 - i : i;
+            c += h.cnt[b];
+            m = __dadd_rn(m, h.mass[b]);
+        }
+    }
+    // inclusive scan over the block (warp shuffles, then the warp totals)
+    int ci = c;
+    double mi = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int tc = __shfl_up_sync(0xffffffffu, ci, o);
+        const double tm = __shfl_up_sync(0xffffffffu, mi, o);
+        if (lane >= o) {
+            ci += tc;
+            mi = __dadd_rn(mi, tm);
+        }
+    }
+    if (tid == 0) {
+        r_bin = -1;
+        r_cnt = 0;
+        r_mass = 0.0;
+    }
+    if (lane == 31) {
+        s_cnt[wid] = ci;
+        s_mass[wid] = mi;
+    }
+    __syncthreads();
+    int wc = 0;
+    double wm = 0.0;
+    for (int w = 0; w < wid; ++w) {
+        wc += s_cnt[w];
+        wm = __dadd_rn(wm, s_mass[w]);
+    }
+    int ex_c = __shfl_up_sync(0xffffffffu, ci, 1);
+    double ex_m = __shfl_up_sync(0xffffffffu, mi, 1);
+    if (lane == 0) {
+        ex_c = 0;
+        ex_m = 0.0;
+    }
+    int cum_c = wc + ex_c;  // exclusive prefix of this thread's bins
+    double cum_m = __dadd_rn(wm, ex_m);
+    // does the target fall in this thread's bins?
+    for (int j = 0; j < per; ++j) {
+        const int i = i0 + j;
+        if (i >= nb) break;
+        const int b = desc ? nb - 1 - i : i;
+        const int nc = cum_c + h.cnt[b];
+        const double nm = __dadd_rn(cum_m, h.mass[b]);
+        const bool hit = mass_mode ? (h.cnt[b] > 0 && __dadd_rn(above, nm) / total >= top_p) : (nc >= need);
+        const bool was = mass_mode ? (cum_c > 0 && __dadd_rn(above, cum_m) / total >= top_p) : (cum_c >= need);
+        if (hit && !was) {
+            r_bin = b;
+            r_cnt = cum_c;
+            r_mass = cum_m;
+        }
+        cum_c = nc;
+        cum_m = nm;
+    }
+    __syncthreads();
+    if (r_bin < 0) {  // mass mode only, by rounding: take everything (the last non-empty bin)
+        if (tid == 0) {
+            int cc = 0;
+            double mm = 0.0;
+            for (int i = 0; i < nb; ++i) {
+                const int b = desc ? nb - 1 - i : i;
+                if (h.cnt[b] > 0) {
+                    r_bin = b;
+                    r_cnt = cc;
+                    r_mass = mm;
+                }
+                cc += h.cnt[b];
+                mm = __dadd_rn(mm, h.mass[b]);
+            }
+        }
+        __syncthreads();
+    }
+    const int bin = r_bin;  // -1: nothing to select (mass mode with no kept token)
+    *before_cnt = r_cnt;
+    *before_mass = r_mass;
+    __syncthreads();
+    return bin;
+}
+
+// Threshold search. mass_mode = false: the k-th largest key over all Vr keys (need = k).
+// mass_mode = true: the key of the token where the kept mass, walked in key order, first
+// reaches top_p of total (kept = finite and key >= base.threshold); the exact kernel's
+// "largest t with S(t) / total >= top_p" selects the same set.
+__device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int need, const Keep& base, double total,
+                                double top_p, u64 best_finite, Hist& h) {
+    const float zmaxf = dflash::f64_to_f32_rn(base.zmax);  // exact: zmax is an fp32 value
+    // pass 0
+    for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
+        h.cnt[i] = 0;
+        h.mass[i] = 0.0;
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
+        const float z = zs[v];
+        const u64 key = order_key(z, v);
+        if (mass_mode) {
+            double e;
+            if (!kept(z, v, base, &e)) continue;
+            const int b = bin0(z, key, zmaxf, best_finite);
+            atomicAdd(&h.cnt[b], 1);
+            atomicAdd(&h.mass[b], e);
+        } else {
+            atomicAdd(&h.cnt[bin0(z, key, zmaxf, best_finite)], 1);
+        }
+    }
+    __syncthreads();
+    int bc;
+    double bm;
+    const int b0 = find_crossing(h, FTD_BINS, false, mass_mode, need, 0.0, total, top_p, &bc, &bm);
+    if (b0 < 0) return base.threshold;  // as the exact search with lo > hi: t = lo
+    double above = bm;
+    need -= bc;
+    int taken = h.cnt[b0];  // tokens in the current candidate set
+    __syncthreads();
+    // radix passes over the key inside bin b0
+    u64 prefix = 0;
+    int hi = 64;
+    bool whole = mass_mode ? taken == 1 : taken == need;
+    while (!whole && hi > 0) {
+        const int w = hi >= 11 ? 11 : hi;
+        const int lo = hi - w;
+        const int nb = 1 << w;
+        for (int i = threadIdx.x; i < nb; i += FTD_THREADS) {
+            h.cnt[i] = 0;
+            h.mass[i] = 0.0;
+        }
+        __syncthreads();
+        for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
+            const float z = zs[v];
+            const u64 key = order_key(z, v);
+            if (hi < 64 && (key >> hi) != prefix) continue;
+            double e = 0.0;
+            if (mass_mode && !kept(z, v, base, &e)) continue;
+            if (bin0(z, key, zmaxf, best_finite) != b0) continue;
+            const int d = (int)((key >> lo) & (u64)(nb - 1));
+            atomicAdd(&h.cnt[d], 1);
+            if (mass_mode) atomicAdd(&h.mass[d], e);
+        }
+        __syncthreads();
+        const int d = find_crossing(h, nb, true, mass_mode, need, above, total, top_p, &bc, &bm);
+        if (d < 0) return base.threshold;  // unreachable: bin b0 holds the crossing token
+        above = __dadd_rn(above, bm);
+        need -= bc;
+        taken = h.cnt[d];
+        __syncthreads();
+        prefix = (prefix << w) | (u64)d;
+        hi = lo;
+        whole = mass_mode ? taken == 1 : taken == need;
+    }
+    if (hi == 0) return prefix;  // every bit known: the key itself
+    // the smallest key of the chosen bucket
+    u64 mn = ~0ull;
+    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
+        const float z = zs[v];
+        const u64 key = order_key(z, v);
+        if (hi < 64 && (key >> hi) != prefix) continue;
+        double e;
+        if (mass_mode && !kept(z, v, base, &e)) continue;
+        if (bin0(z, key, zmaxf, best_finite) != b0) continue;
+        mn = key < mn ? key : mn;
+    }
+    return block_min_u64(mn);
+}
+
+__device__ __forceinline__ RowParams row_params(int r, const float* temperature, const float* top_p,
+                                                const float* min_p, const float* rho, const float* freq,
+                                                const float* pres, const int* top_k) {
+    RowParams prm;
+    prm.temperature = temperature[r];
+    prm.top_p = top_p[r];
+    prm.min_p = min_p[r];
+    prm.rho = rho[r];
+    prm.freq = freq[r];
+    prm.pres = pres[r];
+    prm.top_k = top_k[r];
+    return prm;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(FTD_THREADS)
+fast_target_distribution_rows(const float* __restrict__ logits, const unsigned char* __restrict__ prompt_mask,
+                              const int* __restrict__ output_counts, const float* temperature, const float* top_p,
+                              const float* min_p, const float* rho, const float* freq, const float* pres,
+                              const int* top_k, int N, int Vr, int vocab_size, float* __restrict__ scratch,
+                              float* __restrict__ probs) {
+    __shared__ Hist h;
+    const int n = blockIdx.x;
+    if (n >= N) return;
+    const size_t off = (size_t)n * Vr;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    const float* lg = logits + off;
+    const unsigned char* prompt = prompt_mask + off;
+    const int* counts = output_counts + off;
+    float* zs = scratch + off;
+    float* p = probs + off;
+
+    const bool greedy = prm.temperature <= 0.0f;
+    u64 best = 0, best_finite = 0;
+    int finite = 0;
+    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
+        float z = v < vocab_size ? lg[v] : neg_inf();
+        const int cnt = counts[v];
+        const bool seen_out = cnt > 0;
+        if (prm.rho != 1.0f && (prompt[v] != 0 || seen_out))
+            z = z > 0.0f ? __fdiv_rn(z, prm.rho) : __fmul_rn(z, prm.rho);
+        const float pen = __fadd_rn(__fmul_rn(prm.freq, (float)cnt), __fmul_rn(prm.pres, seen_out ? 1.0f : 0.0f));
+        z = __fsub_rn(z, pen);
+        if (!greedy) z = __fdiv_rn(z, prm.temperature);
+        zs[v] = z;
+        const u64 key = order_key(z, v);
+        best = key > best ? key : best;
+        if (isfinite(z)) {
+            best_finite = key > best_finite ? key : best_finite;
+            ++finite;
+        }
+    }
+    best = block_max_u64(best);
+    best_finite = block_max_u64(best_finite);
+    finite = block_sum_int(finite);
+    const int top = key_id(best);
+    if (greedy || finite == 0) {
+        for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) p[v] = v == top ? 1.0f : 0.0f;
+        return;
+    }
+    Keep k;
+    k.threshold = 0;
+    k.min_e = 0.0;
+    k.zmax = dflash::f32_to_f64(zs[key_id(best_finite)]);
+    if (prm.top_k > 0 && prm.top_k < finite)
+        k.threshold = filter_threshold(zs, Vr, false, prm.top_k, k, 1.0, 1.0, best_finite, h);
+    if (prm.top_p < 1.0f) {
+        double s = 0.0, e;
+        for (int v = threadIdx.x; v < Vr; v += FTD_THREADS)
+            if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
+        const double total = block_sum_f64(s);
+        k.threshold = filter_threshold(zs, Vr, true, 0, k, total, dflash::f32_to_f64(prm.top_p), best_finite, h);
+    }
+    if (prm.min_p > 0.0f) k.min_e = dflash::f32_to_f64(prm.min_p);
+    double s = 0.0, e;
+    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS)
+        if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
+    const double total = block_sum_f64(s);
+    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS)
+        p[v] = kept(zs[v], v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
+}
