@@ -1,0 +1,333 @@
+"""GPU benchmark: each Op at the official geometries in the exact mode, the fast mode and the
+same math in PyTorch BF16 eager (issue 12).
+
+Method (/work/.library/device/METHOD.md): CUDA events around the call only, 3 warm-ups, the
+median of 25 timed calls, the L2 (60 MB on an H200) flushed before every call by writing a
+256 MB buffer; inputs are created once in PyTorch and shared with CuPy through DLPack (no
+copies), so the three versions read the same device memory. Reported with each Op: the floor
+(bytes that must move at the measured copy bandwidth), ours / floor and ours / torch.
+
+    python -m benchmarks.gpu_bench [--ops candidate_topk,proposal_head,...] [--quick] [--json out.json]
+
+Prints a table last; --json writes every number with the environment (versions, compile
+options). Needs CuPy and PyTorch on a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+WARMUP, REPS = 3, 25
+FLUSH_BYTES = 256 << 20
+
+
+def _imports():
+    import cupy
+    import torch
+
+    return cupy, torch
+
+
+class Timer:
+    def __init__(self, cp, torch):
+        self.cp, self.torch = cp, torch
+        self.flush = cp.empty(FLUSH_BYTES // 4, dtype=cp.float32)
+
+    def __call__(self, fn, warmup=WARMUP, reps=REPS) -> float:
+        """Median milliseconds of fn() over reps calls, L2 flushed before each."""
+        cp = self.cp
+        for _ in range(warmup):
+            fn()
+        cp.cuda.Device().synchronize()
+        times = []
+        for i in range(reps):
+            self.flush.fill(float(i))
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop))
+        return statistics.median(times)
+
+
+def bits(cp, torch_bf16):
+    """A CuPy uint16 view (BF16 bits) of a torch bfloat16 tensor, through DLPack (no copy)."""
+    return cp.from_dlpack(torch_bf16.contiguous().view(__import__("torch").int16)).view(cp.uint16)
+
+
+def measure_ceilings(cp, torch, timer) -> dict:
+    n = 1 << 30  # 1 GiB copy
+    a = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    t_copy = timer(lambda: b.copy_(a), reps=10)
+    bw = 2 * n / (t_copy * 1e-3)  # bytes read + written
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    y = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    t_mm = timer(lambda: x @ y, reps=10)
+    del a, b, x, y
+    return {"copy_bandwidth_TBps": bw / 1e12, "bf16_gemm_TFLOPs_8192": 2 * 8192**3 / (t_mm * 1e-3) / 1e12}
+
+
+def gemm_stream_rate(cp, torch, timer) -> dict:
+    """Our BF16 gemmEx at a weight-streaming shape (16 x 5120 @ 5120 x 17408) against copy speed."""
+    from kernels_cu.fast import gemm_bf16
+
+    x = torch.randn(16, 5120, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(17408, 5120, dtype=torch.bfloat16, device="cuda") * 0.01
+    xb, wb = bits(cp, x), bits(cp, w)
+    out = cp.empty((16, 17408), dtype=cp.float32)
+    t = timer(lambda: gemm_bf16(xb, wb, out))
+    tt = timer(lambda: x @ w.T)
+    return {"gemmEx_16x5120x17408_ms": t, "torch_16x5120x17408_ms": tt, "bytes": w.numel() * 2}
+
+
+# --- Ops -----------------------------------------------------------------------------------
+
+
+def bench_candidate_topk(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    for name, vr, h in [("27B", 248320, 5120)]:
+        head = torch.randn(vr, h, dtype=torch.bfloat16, device="cuda") * (h**-0.5)
+        hb = bits(cp, head)
+        fast.prepare(head=hb)
+        for b, w in shapes:
+            kd = w - 1
+            hid = torch.randn(b, kd, h, dtype=torch.bfloat16, device="cuda")
+            hidb = bits(cp, hid)
+            kw = dict(hidden=hidb, head=hb, vocab_size=vr - 192, top_k=16)
+
+            def tor():
+                z = (hid.reshape(-1, h) @ head.T).float()
+                z[:, vr - 192:] = -math.inf
+                return torch.topk(z, 16, dim=1)
+
+            t_exact = timer(lambda: exact.candidate_topk(**kw), warmup=1, reps=5) if exact else None
+            rows.append(row("candidate_topk", f"{name} B{b} K{kd}", t_exact, timer(lambda: fast.candidate_topk(**kw)),
+                            timer(tor), vr * h * 2 / floor_bw * 1e3))
+        del head
+
+
+def bench_proposal_head(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    for name, vr, h in [("35B", 248320, 2048)]:
+        head = torch.randn(vr, h, dtype=torch.bfloat16, device="cuda") * (h**-0.5)
+        hb = bits(cp, head)
+        fast.prepare(head=hb)
+        for b, w in shapes:
+            kd = w - 1
+            hid = torch.randn(b, kd, h, dtype=torch.bfloat16, device="cuda")
+            hidb = bits(cp, hid)
+            kw = dict(hidden=hidb, head=hb, vocab_size=vr - 192)
+
+            def tor():
+                z = (hid.reshape(-1, h) @ head.T).float()
+                z[:, vr - 192:] = -math.inf
+                return torch.argmax(z, dim=1)
+
+            rows.append(row("proposal_head", f"{name} B{b} K{kd}",
+                            timer(lambda: exact.proposal_head(**kw), warmup=1, reps=5) if exact else None,
+                            timer(lambda: fast.proposal_head(**kw)), timer(tor), vr * h * 2 / floor_bw * 1e3))
+        del head
+
+
+def bench_target_distribution(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    vr = 248320
+    for n in sorted({b * w for b, w in shapes}):
+        for label, top_k, top_p in [("top-p 0.9", 0, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9)]:
+            g = torch.Generator(device="cuda").manual_seed(n)
+            logits = torch.randn(n, vr, device="cuda", generator=g) * 3
+            prompt = (torch.rand(n, vr, device="cuda", generator=g) < 0.001).to(torch.uint8)
+            counts = (torch.rand(n, vr, device="cuda", generator=g) < 0.0005).to(torch.int32)
+            temp = torch.full((n,), 0.8, device="cuda")
+            kw = dict(logits=cp.from_dlpack(logits), prompt_mask=cp.from_dlpack(prompt),
+                      output_counts=cp.from_dlpack(counts), temperature=cp.from_dlpack(temp),
+                      top_p=cp.full(n, top_p, cp.float32), min_p=cp.zeros(n, cp.float32),
+                      repetition_penalty=cp.full(n, 1.1, cp.float32), frequency_penalty=cp.full(n, 0.1, cp.float32),
+                      presence_penalty=cp.full(n, 0.1, cp.float32), top_k=cp.full(n, top_k, cp.int32),
+                      vocab_size=vr - 192)
+
+            def tor():
+                z = logits.clone()
+                z[:, vr - 192:] = -math.inf
+                seen = counts > 0
+                pen = (prompt > 0) | seen
+                z = torch.where(pen, torch.where(z > 0, z / 1.1, z * 1.1), z)
+                z = z - 0.1 * counts - 0.1 * seen
+                z = z / temp[:, None]
+                if top_k > 0:  # top-k first, then top-p over the k survivors
+                    vals, idx = torch.topk(z, top_k, dim=1)
+                else:
+                    vals, idx = torch.sort(z, dim=1, descending=True)
+                p = torch.softmax(vals, dim=1)
+                cum = torch.cumsum(p, dim=1)
+                keep = (cum - p) < top_p
+                p = torch.where(keep, p, 0)
+                p = p / p.sum(dim=1, keepdim=True)
+                return torch.zeros_like(z).scatter_(1, idx, p)
+
+            floor = n * vr * (4 + 1 + 4 + 4) / floor_bw * 1e3
+            rows.append(row("target_distribution", f"N{n} V{vr} {label}",
+                            timer(lambda: exact.target_distribution(**kw), warmup=1, reps=5) if exact else None,
+                            timer(lambda: fast.target_distribution(**kw)), timer(tor), floor))
+
+
+def bench_context_kv(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    for name, h, cap in [("27B", 5120, 2048), ("35B", 2048, 4096)]:
+        t, hk, d = 4096, 8, 128
+        ctx = torch.randn(t, h, dtype=torch.bfloat16, device="cuda")
+        wk = torch.randn(hk * d, h, dtype=torch.bfloat16, device="cuda") * h**-0.5
+        wv = torch.randn(hk * d, h, dtype=torch.bfloat16, device="cuda") * h**-0.5
+        kn = torch.rand(d, device="cuda").to(torch.bfloat16) + 0.5
+        kc = torch.zeros(cap, hk, d, dtype=torch.bfloat16, device="cuda")
+        vc = torch.zeros(cap, hk, d, dtype=torch.float16, device="cuda")
+        kw = dict(context=bits(cp, ctx), wk=bits(cp, wk), wv=bits(cp, wv), k_norm=bits(cp, kn), start=5,
+                  eps=1e-6, theta=1e7, head_dim=d)
+        kcb, vcb = bits(cp, kc), cp.from_dlpack(vc)
+        fast.prepare(wk=kw["wk"], wv=kw["wv"])
+        first = max(0, t - cap)
+        pos = torch.arange(5 + first, 5 + t, device="cuda", dtype=torch.float64)
+        inv = 1e7 ** (-torch.arange(0, d // 2, device="cuda", dtype=torch.float64) * 2 / d)
+        ang = pos[:, None] * inv[None, :]
+        cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+        slots = (torch.arange(5 + first, 5 + t, device="cuda") % cap)
+        wkv = torch.cat([wk, wv], 0)
+
+        def tor():
+            kv = (ctx[first:] @ wkv.T).float()
+            k = kv[:, : hk * d].view(-1, hk, d)
+            v = kv[:, hk * d:].view(-1, hk, d)
+            k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * kn.float()
+            k1, k2 = k[..., : d // 2], k[..., d // 2:]
+            c, s = cos[:, None, :], sin[:, None, :]
+            k = torch.cat([k1 * c - k2 * s, k2 * c + k1 * s], -1)
+            kc.index_copy_(0, slots, k.to(torch.bfloat16))
+            vc.index_copy_(0, slots, v.to(torch.bfloat16).to(torch.float16))
+
+        floor = (t - first) * h * 2 + 2 * hk * d * h * 2 + (t - first) * hk * d * 4
+        rows.append(row("context_kv", f"{name} T{t} C{cap}",
+                        timer(lambda: exact.context_kv(k_cache=kcb, v_cache=vcb, **kw), warmup=1, reps=5)
+                        if exact else None,
+                        timer(lambda: fast.context_kv(k_cache=kcb, v_cache=vcb, **kw)), timer(tor),
+                        floor / floor_bw * 1e3))
+
+
+def bench_draft_attention(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    import torch.nn.functional as F
+
+    for name, cap, window in [("35B full", 4096, 0), ("27B local", 2048, 2048)]:
+        for b, w in shapes:
+            hq, hk, d, front = 32, 8, 128, 4096
+            q = torch.randn(b, w, hq, d, dtype=torch.bfloat16, device="cuda")
+            k = torch.randn(b, w, hk, d, dtype=torch.bfloat16, device="cuda")
+            v = torch.randn(b, w, hk, d, dtype=torch.bfloat16, device="cuda")
+            kc = torch.randn(b, cap, hk, d, dtype=torch.bfloat16, device="cuda")
+            vc = torch.randn(b, cap, hk, d, dtype=torch.bfloat16, device="cuda").to(torch.float16)
+            frontier = torch.full((b,), front, dtype=torch.int64, device="cuda")
+            live = torch.full((b,), w, dtype=torch.int32, device="cuda")
+            kw = dict(q=bits(cp, q), k=bits(cp, k), v=bits(cp, v), k_cache=bits(cp, kc), v_cache=cp.from_dlpack(vc),
+                      frontier=cp.from_dlpack(frontier), live=cp.from_dlpack(live), window=window)
+            # positions of the ring slots and of the block; the mask as the spec's |pk - pq| < S
+            slot = torch.arange(cap, device="cuda")
+            lo = max(0, front - cap)
+            pos_c = slot + ((lo - slot + cap - 1) // cap) * cap  # the position p >= lo with p mod C = slot
+            pos_q = front + torch.arange(w, device="cuda")
+            pk = torch.cat([pos_c, pos_q])
+            valid = torch.cat([pos_c < front, torch.ones(w, dtype=torch.bool, device="cuda")])
+            mask = valid[None, :] & ((pk[None, :] - pos_q[:, None]).abs() < window if window else True)
+            mask = mask[None, None].expand(b, 1, w, cap + w)
+
+            def tor():
+                kk = torch.cat([kc, k], 1).transpose(1, 2)
+                vv = torch.cat([vc.to(torch.bfloat16), v], 1).transpose(1, 2)
+                return F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask, enable_gqa=True)
+
+            floor = b * cap * hk * d * 4 + 2 * b * w * hq * d * 2 + 2 * b * w * hk * d * 2
+            t_exact = timer(lambda: exact.draft_attention(**kw)) if exact else None
+            t_fast = timer(lambda: fast.draft_attention(**kw))
+            rows.append(row("draft_attention", f"{name} B{b} W{w} F{front}", t_exact, t_fast, timer(tor),
+                            floor / floor_bw * 1e3))
+
+
+BENCHES = {
+    "candidate_topk": bench_candidate_topk,
+    "proposal_head": bench_proposal_head,
+    "target_distribution": bench_target_distribution,
+    "context_kv": bench_context_kv,
+    "draft_attention": bench_draft_attention,
+}
+
+
+def row(op, shape, exact_ms, fast_ms, torch_ms, floor_ms):
+    r = {"op": op, "shape": shape, "exact_ms": exact_ms, "fast_ms": fast_ms, "torch_ms": torch_ms,
+         "floor_ms": floor_ms}
+    print(json.dumps(r), flush=True)
+    return r
+
+
+def _fmt(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table(rows) -> str:
+    head = "| Op | shape | exact ms | fast ms | torch ms | floor ms | fast/floor | fast/torch |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {_fmt(r['exact_ms'])} | {_fmt(r['fast_ms'])} | {_fmt(r['torch_ms'])} | "
+            f"{_fmt(r['floor_ms'])} | {r['fast_ms'] / r['floor_ms']:.1f}x | {r['fast_ms'] / r['torch_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default=",".join(BENCHES))
+    ap.add_argument("--quick", action="store_true", help="B8 W16 only")
+    ap.add_argument("--no-exact", action="store_true", help="skip the exact mode (slow at full width)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    cp, torch = _imports()
+    from kernels_cu.backend import CudaBackend
+    from kernels_cu.fast import FastCudaBackend
+
+    timer = Timer(cp, torch)
+    exact = None if args.no_exact else CudaBackend()
+    fast = FastCudaBackend()
+    env = {k: str(v) for k, v in fast.environment().items()}
+    env.update(torch=torch.__version__, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               command=" ".join([sys.executable.split("/")[-1], "-m", "benchmarks.gpu_bench", *(argv or sys.argv[1:])]),
+               host=platform.node(), method=f"CUDA events, {WARMUP} warm-ups, median of {REPS} "
+               f"(exact mode at full width: 1 warm-up, median of 5), L2 flushed by a {FLUSH_BYTES >> 20} MB write")
+    t0 = time.time()
+    ceil = measure_ceilings(cp, torch, timer)
+    ceil.update(gemm_stream_rate(cp, torch, timer))
+    print(json.dumps(ceil), flush=True)
+    floor_bw = ceil["copy_bandwidth_TBps"] * 1e12
+    shapes = [(8, 16)] if args.quick else [(1, 8), (8, 16)]
+    rows = []
+    for op in args.ops.split(","):
+        try:
+            BENCHES[op](cp, torch, timer, exact, fast, shapes, rows, floor_bw)
+        except Exception as exc:  # noqa: BLE001 - one Op's failure must not lose the others' numbers
+            print(f"{op}: {type(exc).__name__}: {exc}", flush=True)
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "ceilings": ceil, "rows": rows, "seconds": time.time() - t0}, f, indent=1)
+    print(f"\ncopy {ceil['copy_bandwidth_TBps']:.2f} TB/s, bf16 GEMM {ceil['bf16_gemm_TFLOPs_8192']:.0f} TFLOP/s, "
+          f"gemmEx 16x5120x17408 {ceil['gemmEx_16x5120x17408_ms'] * 1e3:.1f} us "
+          f"(torch {ceil['torch_16x5120x17408_ms'] * 1e3:.1f} us); floor = bytes at the measured copy bandwidth")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
