@@ -17,10 +17,15 @@ bounds stored in the vector's ``bounds`` header:
   are always acceptable.
 - exact: no bound.
 
-Stored numbers are rounded *up* to 3 significant digits, so that last-bit
-differences of BLAS summation order between machines do not change the bytes.
+Stored numbers are rounded outward to two significant bits (``round_out``: up for
+bounds and magnitudes, down for margins), so that what a BLAS or libm may change in the
+last bits of a float64 (or of the float32 baseline, which ``reference.precision`` keeps
+platform-independent anyway) cannot change the bytes (CONTRACTS C8).
 An infinite bound (the baseline overflows or turns NaN where the reference is
 finite) is refused: it would make the output uncheckable.
+
+C2 v2 adds, per represented output, the accuracy ``envelope`` {k, n} of its registry
+entry, and per decision with a ``.scale`` the ``envelope_k`` of its ambiguity band.
 """
 
 from __future__ import annotations
@@ -38,18 +43,24 @@ class BoundError(ValueError):
     pass
 
 
-def ceil_sig(x: float, digits: int = 3) -> float:
-    """x rounded up to ``digits`` significant decimal digits."""
-    x = float(x)
-    if x <= 0 or not math.isfinite(x):
-        return x
-    s = float(f"{x:.{digits - 1}e}")
-    if s < x:
-        s = float(f"{s + 10.0 ** (math.floor(math.log10(s)) - (digits - 1)):.{digits - 1}e}")
-    return s
+def round_out(x, up: bool = True, bits: int = 2):
+    """x (scalar or array, >= 0) rounded to ``bits`` significant bits: up (bounds,
+    magnitudes) or down (margins). 0, inf and NaN stay as they are."""
+    a = np.asarray(x, np.float64)
+    mant, exp = np.frexp(a)  # a = mant * 2**exp, mant in [0.5, 1)
+    scaled = mant * 2.0**bits
+    q = np.ceil(scaled) if up else np.floor(scaled)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.where(np.isfinite(a) & (a > 0), np.ldexp(q, exp - bits), a)
+    return float(r) if np.ndim(x) == 0 and not isinstance(x, np.ndarray) else r
 
 
-def derive(outputs, ref, base, masks, force=None, kwargs=None, independent=()) -> dict:
+def ceil_sig(x: float) -> float:
+    return float(round_out(float(x), up=True))
+
+
+def derive(outputs, ref, base, masks, force=None, kwargs=None, independent=(), envelope=None,
+           decision_k: float = 0.0) -> dict:
     """Bounds per represented and decision output, from reference and baseline outputs."""
     ref, masks, _ = align(outputs, ref, base, masks, force, kwargs, independent=independent)
     bounds = {}
@@ -63,6 +74,9 @@ def derive(outputs, ref, base, masks, force=None, kwargs=None, independent=()) -
             unit = 2.0 ** -numerics.get_format(o.fmt).precision
             bounds[name] = {"baseline_ulp": bl_ulp, "bound_ulp": 2 * bl_ulp + 1,
                             "baseline_norm": bl_norm, "bound_norm": ceil_sig(2 * bl_norm + unit)}
+            env = (envelope or {}).get(name)
+            if env is not None:
+                bounds[name]["envelope"] = {"k": env.k, "n": env.n}
         elif o.cls == DECISION:
             m = np.asarray(ref[f"{name}.margin"], np.float64)
             mb = np.asarray(base[f"{name}.margin"], np.float64)
@@ -71,6 +85,9 @@ def derive(outputs, ref, base, masks, force=None, kwargs=None, independent=()) -
                 err = np.where(same, np.abs(mb - m), m + mb)[mask & np.isfinite(m) & np.isfinite(mb)]
             floor_of = f"{name}.scale" if f"{name}.scale" in ref else f"|{name}.margin|"
             bounds[name] = {"margin_err": ceil_sig(err.max() if err.size else 0.0), "floor": f"fp32 spacing at {floor_of}"}
+            if f"{name}.scale" in ref:
+                bounds[name]["floor"] = f"envelope_k * 2^-24 * {name}.scale"
+                bounds[name]["envelope_k"] = decision_k
         else:
             continue
         infinite = [k for k, v in bounds[name].items() if isinstance(v, float) and not math.isfinite(v)]

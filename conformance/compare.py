@@ -32,6 +32,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from conformance import registry
 from conformance.registry import DECISION, EXACT, REPRESENTED, Output
 from reference import numerics
 
@@ -76,6 +77,7 @@ class _Verdict:
     result: Result = Result.PASS
     detail: str = ""
     numbers: dict = field(default_factory=dict)
+    flags: tuple = ()
 
 
 def _at(index) -> str:
@@ -93,9 +95,17 @@ def full_masks(outputs: Mapping[str, Output], ref: Mapping, masks: Mapping) -> d
 
 
 def tolerance(name: str, bound: Mapping, ref: Mapping) -> np.ndarray:
+    """The ambiguity band of a decision: twice the float32 baseline's margin error plus, where
+    the reference gives the magnitude of the competing scores (``<name>.scale``, FP32 units),
+    the envelope of those scores (C2 v2: ``decision_k`` * 2^-24 * scale); else one FP32
+    spacing at the margin."""
     scale = ref.get(f"{name}.scale")
-    floor_at = np.abs(np.asarray(ref[f"{name}.margin"] if scale is None else scale, np.float64))
-    return 2.0 * float(bound["margin_err"]) + numerics.quantum(floor_at, "fp32")
+    if scale is None:
+        floor = numerics.quantum(np.abs(np.asarray(ref[f"{name}.margin"], np.float64)), "fp32")
+    else:
+        k = float(bound.get("envelope_k", 1.0))
+        floor = k * 2.0**-24 * np.abs(np.asarray(scale, np.float64))
+    return 2.0 * float(bound["margin_err"]) + floor
 
 
 def first_divergences(outputs, ref, impl, masks) -> list[tuple[str, tuple]]:
@@ -168,7 +178,24 @@ def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | 
     return ref, masks, f"not compared downstream of {first[0]} {_at(first[1])} (the Op has no force)"
 
 
-def _represented(o: Output, ref, out, mask, bound) -> _Verdict:
+def unit(fmt: str) -> float:
+    return 2.0 ** -numerics.get_format(fmt).precision
+
+
+def bias(x: np.ndarray, r: np.ndarray, mask: np.ndarray, fmt: str) -> tuple[float, float, int]:
+    """(mean, standard error, count) of sign(ref) (out - ref) / quantum(ref), clipped (C2 v2)."""
+    use = mask & np.isfinite(r) & np.isfinite(x) & (r != 0)
+    n = int(use.sum())
+    if n == 0:
+        return 0.0, 0.0, 0
+    d = np.sign(r[use]) * (x[use] - r[use]) / numerics.quantum(r[use], fmt)
+    d = np.clip(d, -registry.BIAS_CLIP, registry.BIAS_CLIP)
+    return float(d.mean()), float(d.std() / np.sqrt(n)), n
+
+
+def _represented(o: Output, ref, out, mask, bound, scale) -> _Verdict:
+    """PASS inside the tight bound; ACCEPTABLE (precision) inside the envelope; FAIL outside it,
+    on a non-finite mismatch, or on a systematic bias (CONTRACTS C2 v2)."""
     r = np.asarray(ref, np.float64)
     x = np.asarray(out, np.float64)
     err = np.where(mask, numerics.ulp_error(x, r, o.fmt), 0.0)
@@ -176,11 +203,56 @@ def _represented(o: Output, ref, out, mask, bound) -> _Verdict:
     at = np.unravel_index(int(np.argmax(err)), err.shape) if err.size else ()
     norm = numerics.normwise_error(x[mask], r[mask])
     bu, bn = float(bound["bound_ulp"]), float(bound["bound_norm"])
-    result = Result.FAIL if worst > bu or norm > bn else Result.PASS
-    detail = f"{o.name}: max {worst:.1f} ulp (bound {bu:.1f}) at {_at(at)}; normwise {norm:.2g} (bound {bn:.2g})"
-    if result.failed and not np.isfinite(worst):
-        detail += f" [got {float(x[at])!r}, expected {float(r[at])!r}]"
-    return _Verdict(result, detail, {"ulp": worst, "ulp_bound": bu, "norm": norm, "norm_bound": bn})
+    numbers = {"ulp": worst, "ulp_bound": bu, "norm": norm, "norm_bound": bn,
+               "tight_frac": max(worst / bu if bu > 0 else (0.0 if worst == 0 else np.inf),
+                                 norm / bn if bn > 0 else (0.0 if norm == 0 else np.inf))}
+    tight = f"{o.name}: max {worst:.1f} ulp (bound {bu:.1f}) at {_at(at)}; normwise {norm:.2g} (bound {bn:.2g})"
+    nonfinite = mask & ~(np.isfinite(x) & np.isfinite(r)) & ~((x == r) | (np.isnan(x) & np.isnan(r)))
+    if nonfinite.any():
+        at = tuple(np.argwhere(nonfinite)[0])
+        numbers["envelope_frac"] = np.inf
+        return _Verdict(Result.FAIL, f"{o.name}: {int(nonfinite.sum())} non-finite mismatch(es), first at {_at(at)} "
+                        f"[got {float(x[at])!r}, expected {float(r[at])!r}]", numbers)
+    env = bound.get("envelope")
+    mean, se, count = bias(x, r, mask, o.fmt)
+    if env is not None and o.value_fmt in registry.BIAS_FORMATS and count >= registry.BIAS_MIN_ELEMENTS and abs(mean) > registry.BIAS_LIMIT \
+            and abs(mean) > registry.BIAS_Z * se:
+        numbers["envelope_frac"] = None
+        return _Verdict(Result.FAIL, f"{o.name}: systematic bias: mean signed error {mean:+.3f} ulp toward "
+                        f"{'zero' if mean < 0 else 'infinity'} over {count} elements (limit {registry.BIAS_LIMIT}; "
+                        "truncation or a one-sided double rounding); " + tight, numbers)
+    if worst <= bu and norm <= bn:
+        if env is not None:
+            numbers["envelope_frac"] = _envelope_frac(x, r, mask, scale, env, o)[0]
+        return _Verdict(Result.PASS, tight, numbers)
+    if env is None or scale is None:
+        return _Verdict(Result.FAIL, tight, numbers)
+    frac, at, e, enorm = _envelope_frac(x, r, mask, scale, env, o)
+    numbers["envelope_frac"] = frac
+    k, n = float(env["k"]), float(env["n"])
+    where = f"max {e:.3g} u*s (envelope {k:g}) at {_at(at)}; normwise {enorm:.3g} u*||s|| (envelope {n:g})"
+    if frac <= 1.0:
+        return _Verdict(Result.ACCEPTABLE, f"{o.name}: precision: outside the tight bound ({tight.split(': ', 1)[1]}), "
+                        f"inside the envelope ({where})", numbers, ("precision",))
+    return _Verdict(Result.FAIL, f"{o.name}: outside the envelope: {where} [got {float(x[at])!r}, expected "
+                    f"{float(r[at])!r}, s {float(np.asarray(scale)[at]):.3g}]; {tight.split(': ', 1)[1]}", numbers)
+
+
+def _envelope_frac(x, r, mask, scale, env, o: Output):
+    """(fraction of the envelope, worst index, worst componentwise u*s multiple, normwise multiple)."""
+    u = unit(o.value_fmt)
+    s = np.asarray(scale, np.float64) + registry.FTZ_FLOOR / u
+    with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity: masked as equal below
+        diff = np.where(mask & (x != r), np.abs(x - r), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(diff == 0, 0.0, diff / (u * s))
+    e = np.where(np.isnan(e), np.inf, e)
+    at = np.unravel_index(int(np.argmax(e)), e.shape) if e.size else ()
+    worst = float(e.max()) if e.size else 0.0
+    snorm = float(np.sqrt(np.sum(np.where(mask, s, 0.0) ** 2)))
+    dnorm = float(np.sqrt(np.sum(diff**2)))
+    enorm = 0.0 if dnorm == 0 else (np.inf if snorm == 0 else dnorm / (u * snorm))
+    return max(worst / float(env["k"]), enorm / float(env["n"])), at, worst, enorm
 
 
 def _exact(o: Output, ref, out, mask) -> _Verdict:
@@ -216,31 +288,58 @@ def _decision(o: Output, ref, out, mask, bound) -> _Verdict:
             why = f"its choice scores {regret[at]:.3g} below the best, tol {tol[at]:.3g}"
         return _Verdict(Result.FAIL, f"{o.name}: differs at {_at(at)} (got {x[at]}, expected {r[at]}; {why})")
     at = tuple(np.argwhere(ok)[0])
-    return _Verdict(Result.ACCEPTABLE, f"{o.name}: {int(ok.sum())} acceptable divergence(s), first at {_at(at)} "
-                    f"(got {x[at]}, expected {r[at]}; margin {margin[at]:.3g} <= tol {tol[at]:.3g})")
+    return _Verdict(Result.ACCEPTABLE, f"{o.name}: ambiguous: {int(ok.sum())} acceptable divergence(s), first at "
+                    f"{_at(at)} (got {x[at]}, expected {r[at]}; margin {margin[at]:.3g} <= tol {tol[at]:.3g})",
+                    flags=("ambiguous",))
+
+
+def _with_scales(spec, kwargs, ref: Mapping) -> dict:
+    """A recomputed reference with its magnitudes (C2 v2), as generation stored them."""
+    ref = dict(ref)
+    if spec is not None and spec.scales is not None:
+        for name, s in spec.scales(kwargs(), ref).items():
+            ref[name if "." in name else f"{name}.scale"] = s
+    return ref
 
 
 def compare(outputs: Mapping[str, Output], ref: Mapping, impl: Mapping, masks: Mapping, bounds: Mapping,
-            force: Callable | None = None, kwargs: Callable | None = None, independent=()) -> _Verdict:
+            force: Callable | None = None, kwargs: Callable | None = None, independent=(), spec=None) -> _Verdict:
     """Compare normalised implementation outputs (NumPy) with the reference.
 
-    ``kwargs()`` gives fresh keyword arguments for ``force``. Returns the worst
-    verdict over outputs, its detail naming each output that did not PASS.
+    ``kwargs()`` gives fresh keyword arguments for ``force``. ``spec`` (the Op's registry
+    entry) supplies ``follow`` and ``scales``: with a followed intermediate (e.g. the conv's
+    finish delta), that output is judged against the stored reference and every other one
+    against the reference recomputed from the implementation's value of it. Returns the
+    worst verdict over outputs, its detail naming each output that did not PASS.
     """
     masks = full_masks(outputs, ref, masks)
+    verdicts = []
+    if spec is not None and spec.follow is not None and kwargs is not None:
+        followed = {n: _represented(outputs[n], ref[n], impl[n], masks[n], bounds[n], ref.get(f"{n}.scale"))
+                    for n in spec.followed}
+        verdicts += followed.values()
+        if all(not v.result.failed for v in followed.values()):
+            try:
+                fresh = _with_scales(spec, kwargs, spec.follow(kwargs(), impl))
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                return _Verdict(Result.ERROR, f"following the implementation failed: {type(exc).__name__}: {exc}"
+                                .splitlines()[0])
+            ref = {**ref, **{k: v for k, v in fresh.items() if k.split(".")[0] not in spec.followed}}
+        outputs = {n: o for n, o in outputs.items() if n not in spec.followed}
 
     def acceptable(name, idx):
         m = float(np.asarray(ref[f"{name}.margin"])[idx])
         return 0 < m <= float(tolerance(name, bounds[name], ref)[idx])
 
     try:
-        ref, masks, note = align(outputs, ref, impl, masks, force, kwargs, acceptable, independent)
+        forced_ref, masks, note = align(outputs, ref, impl, masks, force, kwargs, acceptable, independent)
+        if forced_ref is not ref:
+            ref = {**ref, **_with_scales(spec, kwargs, forced_ref)}
     except Exception as exc:  # noqa: BLE001 - any failure to follow the implementation is reported, not raised
         return _Verdict(Result.ERROR, f"teacher forcing failed: {type(exc).__name__}: {exc}".splitlines()[0])
-    verdicts = []
     for name, o in outputs.items():
         if o.cls == REPRESENTED:
-            verdicts.append(_represented(o, ref[name], impl[name], masks[name], bounds[name]))
+            verdicts.append(_represented(o, ref[name], impl[name], masks[name], bounds[name], ref.get(f"{name}.scale")))
         elif o.cls == EXACT:
             verdicts.append(_exact(o, ref[name], impl[name], masks[name]))
         else:
@@ -256,5 +355,8 @@ def compare(outputs: Mapping[str, Output], ref: Mapping, impl: Mapping, masks: M
         u = max(rep, key=lambda n: n["ulp"])
         w = max(rep, key=lambda n: n["norm"])
         numbers = {"worst_ulp": u["ulp"], "ulp_bound": u["ulp_bound"], "worst_norm": w["norm"],
-                   "norm_bound": w["norm_bound"]}
-    return _Verdict(worst, "; ".join(shown + ([note] if note else [])), numbers)
+                   "norm_bound": w["norm_bound"], "tight_frac": max(n["tight_frac"] for n in rep)}
+        env = [n["envelope_frac"] for n in rep if n.get("envelope_frac") is not None]
+        numbers["envelope_frac"] = max(env) if env else None
+    flags = tuple(sorted({f for v in verdicts if v.result == Result.ACCEPTABLE for f in v.flags}))
+    return _Verdict(worst, "; ".join(shown + ([note] if note else [])), numbers, flags)

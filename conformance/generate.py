@@ -44,6 +44,9 @@ def _check_case(spec: OpSpec, case: Case) -> None:
 
 def _reference(spec: OpSpec, case: Case) -> dict:
     ref = dict(spec.reference(**copy.deepcopy(case.kwargs())))
+    if spec.scales is not None:  # C2 v2: s of every represented output, .scale of decisions
+        for name, s in spec.scales(copy.deepcopy(case.kwargs()), ref).items():
+            ref[name if "." in name else f"{name}.scale"] = s
     for o in spec.outputs:
         if o.name not in ref or (o.cls == DECISION and f"{o.name}.margin" not in ref):
             raise GenerationError(f"{case.id}: the reference returned no {o.name if o.name not in ref else o.name + '.margin'}")
@@ -76,22 +79,28 @@ def case_tensors(spec: OpSpec, case: Case) -> tuple[dict[str, np.ndarray], dict[
     masks = full_masks(outputs, ref, case.masks)
     try:
         bnd = bounds.derive(outputs, ref, base, masks, spec.force, lambda: copy.deepcopy(case.kwargs()),
-                            spec.independent)
+                            spec.independent, spec.envelope, spec.decision_k)
     except bounds.BoundError as exc:
         raise GenerationError(f"{case.id}: {exc}") from None
     tensors = {f"in.{k}": np.asarray(v) for k, v in case.inputs.items()}
     for name, arr in storage_outputs(spec, ref).items():
         tensors[f"out.{name}"] = arr
-        for extra in ("margin", "scale"):
-            if outputs[name].cls == DECISION and f"{name}.{extra}" in ref:
-                tensors[f"{extra}.{name}"] = np.broadcast_to(np.asarray(ref[f"{name}.{extra}"], np.float64), arr.shape)
+        # Derived floats are stored at two significant bits (C8): margins rounded down, magnitudes up
+        if outputs[name].cls == DECISION:
+            m = np.broadcast_to(np.asarray(ref[f"{name}.margin"], np.float64), arr.shape)
+            tensors[f"margin.{name}"] = bounds.round_out(m, up=False)
+        if f"{name}.scale" in ref:
+            dtype = np.float32 if outputs[name].cls == REPRESENTED else np.float64
+            sc = np.broadcast_to(np.asarray(ref[f"{name}.scale"], np.float64), arr.shape)
+            tensors[f"scale.{name}"] = bounds.round_out(sc, up=True).astype(dtype)
     for name in case.masks:
         tensors[f"mask.{name}"] = masks[name].astype(np.uint8)
     meta = {
         "op": spec.name, "case": case.id, "contract_version": CONTRACT_VERSION,
         "generator_version": GENERATOR_VERSION, "params": vectors.dumps(dict(case.params)),
         "flags": vectors.dumps(list(case.flags)),
-        "classes": vectors.dumps({o.name: {"cls": o.cls, "fmt": o.fmt} for o in spec.outputs}),
+        "classes": vectors.dumps({o.name: {"cls": o.cls, "fmt": o.fmt, **({"values": o.values} if o.values else {})}
+                                  for o in spec.outputs}),
         "bounds": vectors.dumps(bnd),
     }
     return tensors, meta

@@ -40,12 +40,58 @@ class Output:
     name: str
     cls: str
     fmt: str | None = None
+    # the format the values must be exact in when it is narrower than the storage format
+    # (context V: stored FP16, values FP16_RNE(BF16(v)), i.e. BF16 values; CONTRACTS C1)
+    values: str | None = None
+
+    @property
+    def value_fmt(self) -> str | None:
+        return self.values or self.fmt
 
     def __post_init__(self):
         if self.cls not in CLASSES:
             raise ValueError(f"output {self.name}: class must be one of {CLASSES}, got {self.cls!r}")
         if self.cls == REPRESENTED and self.fmt not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"output {self.name}: represented outputs need fmt bf16/fp16/fp32")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The accuracy envelope of one represented output (CONTRACTS C2 v2): ACCEPTABLE while
+    |out_i - ref_i| <= k * u * s_i for every element and ||out - ref|| <= n * u * ||s||, u the
+    unit roundoff of the output's value format, s from ``OpSpec.scales``. ``why`` is the
+    reasoning that sets k (the number of roundings a legitimate chain may stack on one term of s)."""
+
+    k: float
+    n: float
+    why: str
+
+
+# Bias (C2 v2): over at least BIAS_MIN_ELEMENTS compared, finite, nonzero reference elements,
+# the mean of sign(ref) * (out - ref) / quantum(ref), each clipped to +-2, beyond BIAS_LIMIT in
+# magnitude and BIAS_Z standard errors from zero FAILs. Round-to-nearest of any legitimate chain
+# is symmetric (mean 0); truncation toward zero gives -0.5; a systematic double rounding a
+# one-sided fraction of an ulp.
+BIAS_MIN_ELEMENTS = 64
+# Only for outputs narrower than FP32: there an element's error is its own rounding (FP32 work
+# below is far inside one quantum), so signs are independent. FP32 outputs here are normalized
+# rows (softmax) whose errors share one factor per row (the sum), which no mean can test.
+BIAS_FORMATS = ("bf16", "fp16")
+# Flushing FP32/BF16 subnormals to zero is legitimate (CuPy compiles every kernel with -ftz=true,
+# as --use_fast_math does): every envelope admits an absolute error of the smallest normal, 2^-126.
+# FP16 subnormals (context V, C1) are far above it and stay checked.
+FTZ_FLOOR = 2.0**-126
+# The envelopes the Ops share; an Op with another chain writes its own.
+BF16_CHAIN = Envelope(8, 4, "s sums one rounding per term, but a legitimate chain may round three times where the "
+                      "reference's term stands (the kernel's FP32 result, a BF16 store between kernels, the next "
+                      "kernel's BF16 operand): 3, doubled for second-order terms and ties of rounding, rounded up "
+                      "to 8; normwise, independent roundings add in quadrature: half of it")
+FP32_OUTPUT = Envelope(8, 4, "s counts each FP32 operation once (a sum log2(n) times, exp's argument by its "
+                       "magnitude, which covers fast-math __expf's 2 + 1.17|x| ulp); a libm within 2 ulp doubles "
+                       "a term: 2, times 2 for the order of the sum and 2 to spare")
+BIAS_LIMIT = 0.25
+BIAS_Z = 4.0
+BIAS_CLIP = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +137,17 @@ class OpSpec:
     # Outputs that no decision influences (e.g. a tree's shape built before verification):
     # never hidden downstream of a divergence when the Op has no force.
     independent: tuple[str, ...] = ()
+    # C2 v2: per represented output its Envelope; ``scales(kwargs, ref_outputs)`` gives s per
+    # represented output (and ``<decision>.scale``, the magnitude of a decision's competing
+    # scores, in FP32 units, whose ambiguity band is ``decision_k`` * 2^-24 * scale).
+    envelope: Mapping[str, Envelope] = field(default_factory=dict)
+    scales: Callable[..., Mapping[str, np.ndarray]] | None = None
+    decision_k: float = 0.0
+    # Represented intermediates an implementation hands on inside the Op (the conv's finish
+    # delta, the selector's g): ``follow(kwargs, impl)`` recomputes the reference from the
+    # implementation's values of them, so that downstream outputs are judged on their own chain.
+    follow: Callable[..., Mapping[str, np.ndarray]] | None = None
+    followed: tuple[str, ...] = ()
     doc: str = ""
 
     def output(self, name: str) -> Output:

@@ -192,7 +192,11 @@ def read_manifest(root: Path) -> dict:
 
 
 def manifest_bytes(files: list[dict]) -> bytes:
+    import platform
+
+    # the platform is recorded, never part of a case file: regenerating elsewhere gives the same case bytes (C8)
     body = {"contract_version": CONTRACT_VERSION, "generator_version": GENERATOR_VERSION,
+            "generated_on": {"platform": platform.platform(), "machine": platform.machine(), "numpy": np.__version__},
             "files": sorted(files, key=lambda e: e["path"])}
     return (json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
 

@@ -18,6 +18,7 @@ The batch row never enters the key: a request gets the same walk in any row.
 Margins (C2): greedy, E of the winner minus the best other E (0: an exact tie decided
 by rank); sampled, the race's log-ratio of winner to runner-up; inf with one contender.
 
+``forced_g`` [B,K,R]: the walk on an implementation's g instead of the reference's.
 ``forced_path`` [B,K] (teacher forcing): step i takes forced_path[:, i-1] as its
 predecessor instead of its own j_(i-1), while still reporting its own choice, margin
 and q at step i.
@@ -29,6 +30,7 @@ import numpy as np
 
 from reference.precision import represent, work
 from reference.rng import Purpose, exponential_race, uniform
+from reference import precision as P
 
 
 def _greedy(e) -> tuple[int, float]:
@@ -38,16 +40,17 @@ def _greedy(e) -> tuple[int, float]:
 
 
 def _softmax(x) -> np.ndarray:
-    x = np.exp(x - x.max())
+    x = P.exp(x - x.max())
     return x / x.sum()
 
 
 def candidate_selector(
-    hidden, scores, ids, anchor, w_hidden, w_pred, w_succ, temperature, seed, frontier, forced_path=None
+    hidden, scores, ids, anchor, w_hidden, w_pred, w_succ, temperature, seed, frontier, forced_path=None, forced_g=None
 ) -> dict[str, np.ndarray]:
     """hidden [B,K,H], scores/ids [B,K,k], anchor/temperature/seed/frontier [B], w_hidden [R,H],
     w_pred/w_succ [V,R] -> g [B,K,R] BF16, path/tokens [B,K] int32, q [B,K,k] FP32."""
-    g = represent(work(hidden) @ work(w_hidden).T, "bf16")
+    g = represent(P.matmul(work(hidden), work(w_hidden).T), "bf16") if forced_g is None else \
+        work(np.asarray(forced_g, np.float64))  # following an implementation's own g (C2 v2)
     u = work(scores)
     ids = np.asarray(ids, dtype=np.int64)
     w_pred, w_succ = work(w_pred), work(w_succ)
@@ -60,7 +63,7 @@ def candidate_selector(
         t = float(np.asarray(temperature)[b])
         pred_token = int(anchor[b])
         for i in range(nk):
-            e = u[b, i] + w_succ[ids[b, i]] @ (w_pred[pred_token] * g[b, i])
+            e = u[b, i] + P.matmul(w_succ[ids[b, i]], w_pred[pred_token] * g[b, i])
             p = None if forced_path is None else int(forced_path[b, i])
             if t <= 0:
                 j, m = _greedy(e)
@@ -96,4 +99,4 @@ def _race_scores(q, seed, position) -> np.ndarray:
     q = np.asarray(q, dtype=np.float64)
     u = uniform(seed, position, Purpose.DFLASH2_PROPOSAL, np.arange(q.size))
     with np.errstate(divide="ignore"):
-        return np.where(q > 0, np.log(q) - np.log(-np.log(u)), -np.inf)
+        return np.where(q > 0, P.log(q) - P.log(-P.log(u)), -np.inf)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import inter, represent, work
+from reference import precision as P
 
 
 def _global_ids(n_rows: int, shortlist) -> np.ndarray:
@@ -41,7 +42,7 @@ def _transform(z, output_multiplier: float, softcap: float) -> np.ndarray:
         z = z * one(output_multiplier)
     if softcap > 0:
         c = one(softcap)
-        z = c * np.tanh(z / c)
+        z = c * P.tanh(z / c)
     return z
 
 
@@ -65,7 +66,7 @@ def candidate_topk(
     forced_ids=None,
 ) -> dict[str, np.ndarray]:
     """hidden [B,K,H], head [Vr,H], shortlist [Vr] -> scores [B,K,k] FP32, ids [B,K,k] int32."""
-    z = inter(work(hidden) @ work(head).T, "logits")  # [B,K,Vr]
+    z = inter(P.matmul(work(hidden), work(head).T), "logits")  # [B,K,Vr]
     gid = _global_ids(z.shape[-1], shortlist)
     eligible = (gid >= 0) & (gid < vocab_size)
     n_eligible = int(eligible.sum())

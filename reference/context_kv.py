@@ -22,6 +22,7 @@ import numpy as np
 
 from reference.norms import plain_head_rmsnorm, rope_1d
 from reference.precision import represent, work
+from reference import precision as P
 
 
 def chunk_rows(rows: int, capacity: int | None) -> np.ndarray:
@@ -57,9 +58,9 @@ def context_kv(
     c = work(context)
     start, rows = int(start), c.shape[0]
     positions = start + np.arange(rows, dtype=np.int64)
-    k_raw = (c @ work(wk).T).reshape(rows, -1, int(head_dim))  # [T, Hk, D] even when Hk = 1
+    k_raw = P.matmul(c, work(wk).T).reshape(rows, -1, int(head_dim))  # [T, Hk, D] even when Hk = 1
     k = represent(rope_1d(plain_head_rmsnorm(k_raw, k_norm, eps, int(head_dim)), positions, theta), "bf16")
-    v_raw = (c @ work(wv).T).reshape(k.shape)
+    v_raw = P.matmul(c, work(wv).T).reshape(k.shape)
     v = represent(represent(v_raw, "bf16"), "fp16")
 
     k_out, v_out = work(k_cache).copy(), work(v_cache).copy()

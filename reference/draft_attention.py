@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import inter, represent, work
+from reference import precision as P
 
 
 def key_positions(frontier, live, capacity: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,15 +60,15 @@ def attend(q, k, v, k_cache, v_cache, frontier, live, window: int) -> np.ndarray
     vals = np.concatenate([work(v_cache), v], axis=1)
     keys, vals = np.repeat(keys, hq // hk, axis=2), np.repeat(vals, hq // hk, axis=2)
     mask = allowed(frontier, live, k_cache.shape[1], w, window)[:, None]  # [B, 1, W, C+W]
-    s = np.einsum("bihd,bkhd->bhik", q, keys, optimize=True) * q.dtype.type(1.0 / np.sqrt(d))
+    s = P.einsum("bihd,bkhd->bhik", q, keys) * q.dtype.type(1.0 / np.sqrt(d))
     s = np.where(mask, s, -np.inf)
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
-    p = np.where(mask, np.exp(s - m), 0)
+    p = np.where(mask, P.exp(s - m), 0)
     row_sum = np.sum(p, axis=-1)  # [B, Hq, W], from the unrounded P as a flash kernel keeps it
     p = inter(p, "probs")
     finite = np.isfinite(vals)
-    pv = np.einsum("bhik,bkhd->bihd", p, np.where(finite, vals, 0), optimize=True)
+    pv = P.einsum("bhik,bkhd->bihd", p, np.where(finite, vals, 0))
     # A non-finite V (FP16 overflow is kept, C1) counts only where it is attended: a key
     # outside the window or the populated bounds must not turn 0 * inf into NaN.
     for b, key, h, j in np.argwhere(~finite):

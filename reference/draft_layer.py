@@ -36,6 +36,7 @@ from reference import grouped_conv
 from reference.draft_attention import attend
 from reference.norms import plain_head_rmsnorm, plain_rmsnorm, rope_1d, silu
 from reference.precision import inter, represent, work
+from reference import precision as P
 
 BF16_INTERMEDIATES = frozenset(
     {"n", "q_proj", "k_proj", "v_proj", "q", "k", "probs", "attn", "o_proj", "y", "m", "gate", "up", "act", "down",
@@ -44,7 +45,7 @@ BF16_INTERMEDIATES = frozenset(
 
 
 def _proj(x, w, name: str) -> np.ndarray:
-    return inter(x @ work(w).T, name)
+    return inter(P.matmul(x, work(w).T), name)
 
 
 def forward(

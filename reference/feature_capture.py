@@ -19,6 +19,7 @@ import numpy as np
 
 from reference.norms import plain_rmsnorm
 from reference.precision import inter, represent, work
+from reference import precision as P
 
 
 def feature_capture(block_outputs, fc_weight, hidden_norm, target_layer_ids, eps) -> dict[str, np.ndarray]:
@@ -27,5 +28,5 @@ def feature_capture(block_outputs, fc_weight, hidden_norm, target_layer_ids, eps
     if any(not 0 <= i < r.shape[0] for i in ids):
         raise ValueError(f"feature_capture: block ids {ids} outside 0..{r.shape[0] - 1}")
     s = np.concatenate([r[i] for i in ids], axis=-1)
-    projected = inter(s @ work(fc_weight).T, "projected")
+    projected = inter(P.matmul(s, work(fc_weight).T), "projected")
     return {"context": represent(plain_rmsnorm(projected, hidden_norm, eps), "bf16")}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import inter, represent, work
+from reference import precision as P
 
 GROUP = 16
 
@@ -45,7 +46,7 @@ def project_delta(x, proj) -> np.ndarray:
     """W_delta X reshaped to [B, W, 2 sides, 2 taps, G]."""
     x = work(x)
     b, w, h = x.shape
-    return (x @ work(proj).T).reshape(b, w, 2, 2, _groups(h))
+    return P.matmul(x, work(proj).T).reshape(b, w, 2, 2, _groups(h))
 
 
 def prepare(x, base, proj) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import work
+from reference import precision as P
 
 
 def plain_rmsnorm(x, weight, eps: float) -> np.ndarray:
@@ -57,4 +58,4 @@ def rope_1d(x, positions, theta: float) -> np.ndarray:
 
 def silu(x) -> np.ndarray:
     x = work(x)
-    return x / (1 + np.exp(-x))
+    return x / (1 + P.exp(-x))

@@ -10,6 +10,14 @@ Reference functions call ``work(x)`` on their inputs (cast to the working
 float type) and ``inter(x, name)`` at each named intermediate (identity in
 float64; BF16 rounding in the baseline when ``name`` is allowed).
 Represented outputs are always rounded with ``reference.numerics``.
+
+The baseline is the same on every platform (CONTRACTS C8): its dot products
+(``matmul``, ``einsum``) and transcendental functions (``exp``, ``log``, ``tanh``,
+``cos``, ``sin``) are evaluated in float64 and rounded once to float32, so that
+neither the local BLAS's summation order nor the SIMD libm that NumPy dispatches
+to can move a bound derived from it. It models an FP32 kernel with correctly
+rounded arithmetic; the envelope (C2 v2, ``reference.magnitude``) is what
+admits the other legitimate orders and libms.
 """
 
 from __future__ import annotations
@@ -63,3 +71,32 @@ def inter(x, name: str) -> np.ndarray:
 def represent(x, fmt: str) -> np.ndarray:
     """A represented point of the spec (always rounded, in either precision)."""
     return numerics.round_to(x, fmt).astype(current().dtype)
+
+
+def _f64_then_round(fn):
+    def wrapped(*args, **kwargs):
+        dtype = current().dtype
+        if dtype == np.float64:
+            return fn(*args, **kwargs)
+        cast = [np.asarray(a, np.float64) if isinstance(a, np.ndarray) or np.isscalar(a) and not isinstance(a, str)
+                else a for a in args]
+        return np.asarray(fn(*cast, **kwargs)).astype(dtype)
+
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = f"numpy.{fn.__name__} in the working precision (baseline: float64, rounded once to float32)."
+    return wrapped
+
+
+def _matmul(a, b):
+    return np.asarray(a) @ np.asarray(b)
+
+
+_matmul.__name__ = "matmul"
+matmul = _f64_then_round(_matmul)
+einsum = _f64_then_round(lambda spec, *ops: np.einsum(spec, *ops, optimize=True))
+einsum.__name__ = "einsum"
+exp = _f64_then_round(np.exp)
+log = _f64_then_round(np.log)
+tanh = _f64_then_round(np.tanh)
+cos = _f64_then_round(np.cos)
+sin = _f64_then_round(np.sin)

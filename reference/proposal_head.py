@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import work
+from reference import precision as P
 
 
 def proposal_head(hidden, head, vocab_size, shortlist=None, forced_tokens=None) -> dict[str, np.ndarray]:
-    logits = work(hidden) @ work(head).T
+    logits = P.matmul(work(hidden), work(head).T)
     rows = head.shape[0]
     ids = np.arange(rows, dtype=np.int64) if shortlist is None else np.asarray(shortlist, dtype=np.int64)
     eligible = (ids >= 0) & (ids < int(vocab_size))  # negative shortlist entries are padding, as in candidate_topk

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.precision import represent, work
+from reference import precision as P
 
 
 def penalized_logits(
@@ -59,7 +60,7 @@ def argmax_with_gap(z) -> tuple[int, float]:
 
 def _softmax_kept(z, keep) -> np.ndarray:
     zk = np.where(keep, z, -np.inf)
-    e = np.exp(zk - zk[keep].max())
+    e = P.exp(zk - zk[keep].max())
     return e / e.sum()
 
 

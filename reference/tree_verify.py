@@ -57,6 +57,7 @@ import numpy as np
 from reference.precision import represent, work
 from reference.rng import Purpose, exponential_race, uniform
 from reference.target_distribution import argmax_with_gap
+from reference import precision as P
 
 INF = float("inf")
 MAX_NODES = 64
@@ -64,7 +65,7 @@ FLOOR = -80.0  # path scores below this involve a q within a few binades of FP32
 
 
 def _softmax(x) -> np.ndarray:
-    e = np.exp(x - x.max())
+    e = P.exp(x - x.max())
     return e / e.sum()
 
 

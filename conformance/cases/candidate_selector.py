@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import DECISION, REPRESENTED, Case, OpSpec, Output, case_rng, register
-from reference import precision
+from conformance.registry import BF16_CHAIN, DECISION, FP32_OUTPUT, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import precision, scales
 from reference.candidate_selector import candidate_selector
 from reference.numerics import storage
 
@@ -241,7 +241,12 @@ def generate() -> list[Case]:
 
 def force(kwargs, impl):
     """Teacher forcing (C2): each step reads the implementation's previous choice."""
-    return candidate_selector(**kwargs, forced_path=np.asarray(impl["path"]))
+    return candidate_selector(**kwargs, forced_path=np.asarray(impl["path"]), forced_g=impl["g"])
+
+
+def follow(kwargs, impl):
+    """The walk on the implementation's own g (a represented output the energies read)."""
+    return candidate_selector(**kwargs, forced_g=impl["g"])
 
 
 SPEC = register(
@@ -257,6 +262,10 @@ SPEC = register(
         ),
         generate=generate,
         force=force,
+        envelope={"g": BF16_CHAIN, "q": FP32_OUTPUT},
+        scales=scales.candidate_selector,
+        follow=follow,
+        followed=("g",),
         doc="DFlash2 conditional walk over top-k candidates: greedy lowest rank or keyed exponential race, FP32 q",
     )
 )

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import DECISION, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import DECISION, FP32_OUTPUT, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import scales
 from reference.candidate_topk import candidate_topk
 from reference.numerics import storage
 
@@ -275,6 +276,9 @@ SPEC = register(
         outputs=(Output("scores", REPRESENTED, "fp32"), Output("ids", DECISION)),
         generate=generate,
         force=force,
+        envelope={"scores": FP32_OUTPUT},
+        scales=scales.candidate_topk,
+        decision_k=FP32_OUTPUT.k,
         doc="DFlash2 unary candidates: stable top-k of raw head logits, then multiplier/softcap in FP32",
     )
 )

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import EXACT, REPRESENTED, Case, OpSpec, Output, case_rng, register
-from reference import numerics
+from conformance.registry import BF16_CHAIN, EXACT, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import numerics, scales
 from reference.context_kv import context_kv, live_mask
 from reference.norms import rope_angles
 
@@ -168,9 +168,11 @@ SPEC = register(
         reference=context_kv,
         inputs=("context", "k_cache", "v_cache", "wk", "wv", "k_norm", "page_table"),
         params=("start", "eps", "theta", "head_dim", "storage", "page_size"),
-        outputs=(Output("k_cache", REPRESENTED, "bf16"), Output("v_cache", REPRESENTED, "fp16"),
+        outputs=(Output("k_cache", REPRESENTED, "bf16"), Output("v_cache", REPRESENTED, "fp16", values="bf16"),
                  Output("frontier", EXACT)),
         generate=generate,
+        envelope={"k_cache": BF16_CHAIN, "v_cache": BF16_CHAIN},
+        scales=scales.context_kv,
         bf16_intermediates=frozenset(),
         doc="context K/V: BF16 K after head norm + RoPE, FP16_RNE(BF16(v)) V, ring (slot p mod C) or paged write",
     )

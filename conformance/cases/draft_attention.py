@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import BF16_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import scales
 from reference.draft_attention import draft_attention, key_positions
 from reference.numerics import storage
 
@@ -144,6 +145,8 @@ SPEC = register(
         params=("window",),
         outputs=(Output("out", REPRESENTED, "bf16"),),
         generate=generate,
+        envelope={"out": BF16_CHAIN},
+        scales=scales.draft_attention,
         bf16_intermediates=frozenset({"probs"}),
         doc="non-causal draft attention over the context ring and the live block rows (local |dp| < S, or full)",
     )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import BF16_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import scales
 from reference.feature_capture import feature_capture
 from reference.numerics import storage
 
@@ -68,6 +69,8 @@ SPEC = register(
         params=("target_layer_ids", "eps"),
         outputs=(Output("context", REPRESENTED, "bf16"),),
         generate=generate,
+        envelope={"context": BF16_CHAIN},
+        scales=scales.feature_capture,
         bf16_intermediates=frozenset({"projected"}),
         doc="context features c_t = plain_rmsnorm(fc concat(block outputs at target block ids))",
     )

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import REPRESENTED, Case, OpSpec, Output, case_rng, register
-from reference.grouped_conv import GROUP, grouped_conv
+from conformance.registry import BF16_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import scales
+from reference.grouped_conv import GROUP, finish, grouped_conv
 from reference.numerics import storage
 
 OP = "grouped_conv"
@@ -132,6 +133,16 @@ def generate() -> list[Case]:
     return cases
 
 
+def follow(kwargs, impl):
+    """``finished`` from the implementation's own finish delta (a represented output it hands
+    from prepare to finish): a legitimate one-ulp difference there is not finish's error."""
+    delta = np.asarray(impl["finish_delta"], np.float64)
+    out = dict(grouped_conv(**kwargs))
+    out["finish_delta"] = delta
+    out["finished"] = finish(kwargs["z"], kwargs["base"], delta)
+    return out
+
+
 SPEC = register(
     OpSpec(
         name=OP,
@@ -146,6 +157,10 @@ SPEC = register(
         # the side-0 coefficients are a private intermediate of the fused prepare:
         # a kernel may hold them in BF16 (spec: "projected coefficients are private")
         bf16_intermediates=frozenset({"delta"}),
+        envelope={"prepared": BF16_CHAIN, "finish_delta": BF16_CHAIN, "finished": BF16_CHAIN},
+        scales=scales.grouped_conv,
+        follow=follow,
+        followed=("finish_delta",),
         doc="DFlash2 dynamic grouped conv: prepare (BF16 prepared, BF16 finish delta) and finish",
     )
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import DECISION, Case, OpSpec, Output, case_rng, register
+from conformance.registry import DECISION, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
+from reference import scales
 from reference.numerics import storage
 from reference.proposal_head import proposal_head
 
@@ -89,6 +90,8 @@ SPEC = register(
         generate=generate,
         bf16_intermediates=frozenset(),
         force=force,
+        scales=scales.proposal_head,
+        decision_k=FP32_OUTPUT.k,
         doc="DFlash per-column argmax over public head rows (lowest row wins ties), indexed head remapped",
     )
 )

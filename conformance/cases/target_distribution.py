@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import FP32_OUTPUT, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from reference import scales
 from reference.target_distribution import _softmax_kept, c4_order, penalized_logits, target_distribution
 
 OP = "target_distribution"
@@ -228,6 +229,8 @@ register(
         params=("vocab_size",),
         outputs=(Output("probs", REPRESENTED, "fp32"),),
         generate=generate,
+        envelope={"probs": FP32_OUTPUT},
+        scales=scales.target_distribution,
         doc="Target distribution p: vocab mask, penalties, temperature, top-k, top-p, min-p, softmax (C5)",
     )
 )

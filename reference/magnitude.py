@@ -1,0 +1,197 @@
+"""Running error magnitudes: the ``s`` of the accuracy envelope (CONTRACTS C2 v2).
+
+A represented output is ACCEPTABLE when |out_i - ref_i| <= K * u * s_i. This module
+computes s_i next to the value by forward running-error analysis: every tracked value
+carries ``s``, the magnitude of the error that the rounding points a legitimate
+implementation may place upstream of it can cause in this element, in units of one
+rounding at the chain's unit roundoff. Each operation combines its *local*
+term (the magnitude of the value rounded there) with the *upstream* terms carried
+through its first-order effect, as a root sum of squares (``rss``): round-to-nearest
+errors of distinct rounding points are independent with mean zero, so they add in
+quadrature. (The linear worst case, |W| s_x through a GEMM of width n, grows sqrt(n)-fold
+per layer and, measured, reached 10^4 |ref| after one draft layer: an envelope that wide
+passes real bugs.) Each term is the largest error of its rounding (u |v|), so s is about
+sqrt(3) standard deviations of a chain that rounds once at every point; K then allows a
+chain that rounds up to three times where the analysis counts once, at the maximum over
+a tensor (``conformance.registry.Envelope``).
+
+Rules, each one line of the analysis (every "+" between terms below is rss):
+
+- an exact input (a BF16 weight, a given cache) carries s = 0: it is not rounded again;
+- a dot product or GEMM y = W x with FP32 accumulation in any order (tree, split-K,
+  sequential, tensor-core tiles) and its output possibly stored BF16:
+  s_y = rss_j(w_j s_xj) + |y| + ACC sum_j |w_j x_j|, ACC the FP32 accumulation term in
+  units of UNIT (4 * 2^-24 / UNIT: a sequential FP32 sum's typical error is about one
+  rounding of sum |w x|);
+- a sum a + b:     s = s_a + s_b + |a + b|            (one rounding of the result)
+- a product a b:   s = |b| s_a + |a| s_b + |a b|
+- RMSNorm y = w x / r:  s_y = |w| / r (s_x + |x| rss_j(x_j s_xj) / (n r^2)) + |y|
+- RoPE (split half):  lo' = lo cos - hi sin  gets  |cos| s_lo + |sin| s_hi + |lo cos| +
+  |hi sin| (a BF16 or FP32 table, a rotation in BF16) + |hi'| da, where da is the angle
+  error budget of FP32 angle formation from an FP32 position: 4 |angle| 2^-24 (in units
+  of UNIT) for positions below 2^24, and 0 above (an FP32 position there is not exact:
+  not legitimate, so it contributes nothing and shows);
+- SiLU: |f'(x)| s_x + |f(x)| (a libm or intrinsic within its documented error);
+- attention out = sum_k w_k V_k (w = softmax of scores): s = w_k s_Vk + w_k V_k (P
+  rounded to BF16 for the PV product) + w_k S_k |V_k| + w_k S_k |out| + |out|, each over
+  k, with S_k = rss_d(s_qd k_d, q_d s_kd) / sqrt(D) the score's magnitude from BF16 q and
+  k; scores and row sums stay FP32 (no term of their own);
+- the grouped conv (base + delta) x: the coefficient rounds once, s_coef = s_delta +
+  |base + delta|; never |base x| + |delta x| (the separately rounded products are the
+  z-lab bug, which must stay visible).
+
+UNIT is the BF16 unit roundoff 2^-8: chains whose outputs are BF16 count in it. Ops with
+FP32 outputs (scores, probabilities) count in FP32 units and write their own terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference.norms import rope_angles
+
+UNIT = 2.0**-8
+FP32_EXACT_POSITIONS = 2**24
+ANGLE_ULPS = 4.0  # inverse frequency (pow, rounding) and the product p * f, each an FP32 rounding or two
+ACC = 4.0 * 2.0**-24 / UNIT  # FP32 accumulation of a dot product, per unit of sum |w x|
+
+
+def rss(*terms) -> np.ndarray:
+    return np.sqrt(sum(np.square(t) for t in terms))
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A float64 value and its running error magnitude (same shape)."""
+
+    v: np.ndarray
+    s: np.ndarray
+
+    def reshape(self, *shape) -> Tracked:
+        return Tracked(self.v.reshape(*shape), self.s.reshape(*shape))
+
+    def __getitem__(self, idx) -> Tracked:
+        return Tracked(self.v[idx], self.s[idx])
+
+
+def exact(x) -> Tracked:
+    v = np.asarray(x, np.float64)
+    return Tracked(v, np.zeros_like(v))
+
+
+def rounded(x) -> Tracked:
+    """A value stored at a legitimate rounding point of its own (s = |x|)."""
+    v = np.asarray(x, np.float64)
+    return Tracked(v, np.abs(v))
+
+
+def linear(x: Tracked, w) -> Tracked:
+    """y = x @ w.T (a projection or GEMM)."""
+    w = np.asarray(w, np.float64)
+    y = x.v @ w.T
+    upstream = np.sqrt(np.square(x.s) @ np.square(w).T)
+    return Tracked(y, rss(upstream, np.abs(y), ACC * (np.abs(x.v) @ np.abs(w).T)))
+
+
+def add(a: Tracked, b: Tracked) -> Tracked:
+    v = a.v + b.v
+    return Tracked(v, rss(a.s, b.s, v))
+
+
+def mul(a: Tracked, b: Tracked) -> Tracked:
+    v = a.v * b.v
+    return Tracked(v, rss(b.v * a.s, a.v * b.s, v))
+
+
+def rmsnorm(x: Tracked, weight, eps: float) -> Tracked:
+    w = np.asarray(weight, np.float64)
+    n = x.v.shape[-1]
+    r = np.sqrt(np.mean(x.v * x.v, axis=-1, keepdims=True) + float(eps))
+    v = w * (x.v / r)
+    coupling = np.sqrt(np.sum(np.square(x.v * x.s), axis=-1, keepdims=True)) / (n * r * r)
+    return Tracked(v, rss(w / r * rss(x.s, x.v * coupling), v))
+
+
+def angle_budget(positions, head_dim: int, theta: float) -> np.ndarray:
+    """[..., D/2]: the legitimate angle error of FP32 angle formation, in units of UNIT."""
+    ang = np.abs(rope_angles(positions, head_dim, theta))
+    pos = np.asarray(positions, dtype=np.int64)[..., None]
+    return np.where(np.abs(pos) < FP32_EXACT_POSITIONS, ANGLE_ULPS * ang * 2.0**-24 / UNIT, 0.0)
+
+
+def rope(x: Tracked, positions, theta: float) -> Tracked:
+    """x [..., heads, D] at positions [...] (broadcast over heads), as norms.rope_1d."""
+    d = x.v.shape[-1]
+    ang = rope_angles(positions, d, theta)[..., None, :]
+    da = angle_budget(positions, d, theta)[..., None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    lo, hi = x.v[..., : d // 2], x.v[..., d // 2:]
+    slo, shi = x.s[..., : d // 2], x.s[..., d // 2:]
+    vlo, vhi = lo * c - hi * s, hi * c + lo * s
+    ac, as_ = np.abs(c), np.abs(s)
+    mlo = rss(ac * slo, as_ * shi, lo * c, hi * s, vhi * da)
+    mhi = rss(ac * shi, as_ * slo, hi * c, lo * s, vlo * da)
+    return Tracked(np.concatenate([vlo, vhi], -1), np.concatenate([mlo, mhi], -1))
+
+
+def silu(x: Tracked) -> Tracked:
+    with np.errstate(over="ignore"):
+        sig = 1.0 / (1.0 + np.exp(-x.v))
+    v = x.v * sig
+    slope = np.abs(sig * (1.0 + x.v * (1.0 - sig)))
+    return Tracked(v, rss(slope * x.s, v))
+
+
+def attention(q: Tracked, k: Tracked, v: Tracked, k_cache, v_cache, mask) -> Tracked:
+    """q [B,W,Hq,D]; k, v [B,W,Hk,D]; caches exact [B,C,Hk,D]; mask [B,1,W,C+W] -> [B,W,Hq,D]."""
+    b, w, hq, d = q.v.shape
+    rep = hq // k.v.shape[2]
+
+    def keys_of(block: Tracked, cache) -> Tracked:
+        cache = np.asarray(cache, np.float64)
+        val = np.repeat(np.concatenate([cache, block.v], axis=1), rep, axis=2)
+        mag = np.repeat(np.concatenate([np.zeros_like(cache), block.s], axis=1), rep, axis=2)
+        return Tracked(val, mag)
+
+    keys, vals = keys_of(k, k_cache), keys_of(v, v_cache)
+    scale = 1.0 / np.sqrt(d)
+    sc = np.einsum("bihd,bkhd->bhik", q.v, keys.v, optimize=True) * scale
+    sc = np.where(mask, sc, -np.inf)
+    m = np.max(sc, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    p = np.where(mask, np.exp(sc - m), 0)
+    total = np.sum(p, axis=-1, keepdims=True)
+    wts = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
+    finite = np.isfinite(vals.v)
+    av = np.where(finite, np.abs(vals.v), 0.0)
+    out = np.einsum("bhik,bkhd->bihd", wts, np.where(finite, vals.v, 0.0), optimize=True)
+    kv = np.where(np.isfinite(keys.v), keys.v, 0.0)
+    score_mag = np.sqrt(np.einsum("bihd,bkhd->bhik", np.square(q.s), np.square(kv), optimize=True)
+                        + np.einsum("bihd,bkhd->bhik", np.square(q.v), np.square(keys.s), optimize=True)) * scale
+    w2, ws2 = np.square(wts), np.square(wts * score_mag)
+    # rss_k(w S (|V| + |out|)) <= rss_k(w S |V|) + |out| rss_k(w S): the bound keeps [B,W,H,D] sized
+    mag = np.sqrt(np.einsum("bhik,bkhd->bihd", w2, np.square(vals.s) + np.square(av), optimize=True)
+                  + np.einsum("bhik,bkhd->bihd", ws2, 2 * np.square(av), optimize=True)
+                  + 2 * np.transpose(np.sum(ws2, axis=-1), (0, 2, 1))[..., None] * np.square(out) + np.square(out))
+    # a non-finite V that is attended makes the output non-finite: no envelope there (compared exactly)
+    hit = np.einsum("bhik,bkhd->bihd", (wts > 0).astype(np.float64), (~finite).astype(np.float64), optimize=True) > 0
+    return Tracked(np.where(hit, np.nan, out), np.where(hit, np.inf, mag))
+
+
+def conv(x: Tracked, base_side, delta: Tracked, group: int) -> Tracked:
+    """x [B,W,H]; base_side [2 taps, H] exact; delta [B,W,2 taps,G] -> [B,W,H] (grouped_conv._conv)."""
+    bsz, w, h = x.v.shape
+    g = h // group
+    base = np.asarray(base_side, np.float64).reshape(1, 1, 2, g, group)
+    coef_v = base + delta.v[..., None]
+    coef_s = rss(delta.s[..., None], coef_v)  # (base + delta) rounded once
+    xv, xs = x.v.reshape(bsz, w, g, group), x.s.reshape(bsz, w, g, group)
+    t0 = mul(Tracked(coef_v[:, :, 0], coef_s[:, :, 0]), Tracked(xv, xs))
+    out_v, out_s = t0.v.copy(), t0.s.copy()
+    if w > 1:
+        t1 = mul(Tracked(coef_v[:, 1:, 1], coef_s[:, 1:, 1]), Tracked(xv[:, :-1], xs[:, :-1]))
+        out_v[:, 1:] += t1.v
+        out_s[:, 1:] = rss(out_s[:, 1:], t1.s, out_v[:, 1:])
+    return Tracked(out_v.reshape(bsz, w, h), out_s.reshape(bsz, w, h))

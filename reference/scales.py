@@ -1,0 +1,229 @@
+"""The magnitude s of every represented output, per Op (CONTRACTS C2 v2).
+
+Each function takes the Op's keyword arguments and the reference's outputs (for the
+decisions that select what is gathered) and returns {output: s}, s shaped as the
+output. BF16 chains count in ``magnitude.UNIT`` (the rules are in reference.magnitude);
+Ops with FP32 outputs count in FP32 units (2^-24) with the terms written below. Where an
+Op is given an implementation's represented intermediate (``follow``: the conv's finish
+delta, the selector's g) the caller passes it in place of the reference's, and the
+downstream magnitudes are those of that chain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference import magnitude as mg
+from reference.context_kv import paged_rows, ring_slots
+from reference.draft_attention import allowed
+from reference.grouped_conv import GROUP
+from reference.masked_block import CONV_WEIGHTS, LAYER_WEIGHTS, block_tokens
+from reference.target_distribution import penalized_logits
+
+SOFTMAX_TERMS = 3.0  # exp's own rounding, the division by the sum, the stored FP32 value
+
+
+def _abs64(x) -> np.ndarray:
+    return np.abs(np.asarray(x, np.float64))
+
+
+# --- BF16 chains -----------------------------------------------------------------------------
+
+
+def feature_capture(kw, out) -> dict:
+    r = np.asarray(kw["block_outputs"], np.float64)
+    s = np.concatenate([r[int(i)] for i in kw["target_layer_ids"]], axis=-1)
+    c = mg.rmsnorm(mg.linear(mg.exact(s), kw["fc_weight"]), kw["hidden_norm"], kw["eps"])
+    return {"context": c.s}
+
+
+def context_kv(kw, out) -> dict:
+    c = mg.exact(kw["context"])
+    rows, d = c.v.shape[0], int(kw["head_dim"])
+    positions = int(kw["start"]) + np.arange(rows, dtype=np.int64)
+    k = mg.rope(mg.rmsnorm(mg.linear(c, kw["wk"]).reshape(rows, -1, d), kw["k_norm"], kw["eps"]), positions,
+                kw["theta"])
+    v = mg.linear(c, kw["wv"]).reshape(k.s.shape)
+    ks, vs = np.zeros(np.shape(kw["k_cache"])), np.zeros(np.shape(kw["v_cache"]))  # untouched rows: copies
+    if kw["storage"] == "ring":
+        keep = np.arange(max(0, rows - ks.shape[0]), rows)
+        slots = ring_slots(positions[keep], ks.shape[0])
+        ks[slots], vs[slots] = k.s[keep], v.s[keep]
+    else:
+        page, row = paged_rows(positions, kw["page_table"], int(kw["page_size"]))
+        ks[page, row], vs[page, row] = k.s, v.s
+    return {"k_cache": ks, "v_cache": vs}
+
+
+def _mask(kw_frontier, live, capacity, width, window):
+    return allowed(kw_frontier, live, capacity, width, int(window))[:, None]
+
+
+def draft_attention(kw, out) -> dict:
+    q, k, v = mg.exact(kw["q"]), mg.exact(kw["k"]), mg.exact(kw["v"])
+    mask = _mask(kw["frontier"], kw["live"], np.shape(kw["k_cache"])[1], q.v.shape[1], kw["window"])
+    return {"out": mg.attention(q, k, v, kw["k_cache"], kw["v_cache"], mask).s}
+
+
+def prepare(x: mg.Tracked, base, proj) -> tuple[mg.Tracked, mg.Tracked]:
+    """grouped_conv.prepare tracked: (prepared, finish delta)."""
+    b, w, h = x.v.shape
+    delta = mg.linear(x, proj).reshape(b, w, 2, 2, h // GROUP)
+    return mg.conv(x, np.asarray(base, np.float64)[0], delta[:, :, 0], GROUP), delta[:, :, 1]
+
+
+def grouped_conv(kw, out) -> dict:
+    """``out`` must hold the finish delta the implementation used (follow): finished reads it."""
+    prepared, delta = prepare(mg.exact(kw["x"]), kw["base"], kw["proj"])
+    finish = mg.conv(mg.exact(kw["z"]), np.asarray(kw["base"], np.float64)[1], mg.exact(out["finish_delta"]), GROUP)
+    return {"prepared": prepared.s, "finish_delta": delta.s, "finished": finish.s}
+
+
+def layer(x: mg.Tracked, k_cache, v_cache, frontier, live, input_norm, wq, wk, wv, q_norm, k_norm, wo, post_norm,
+          w_gate, w_up, w_down, eps, theta, head_dim, window, variant, attn_conv_base=None, mlp_conv_base=None,
+          attn_conv_proj=None, mlp_conv_proj=None) -> mg.Tracked:
+    """draft_layer.forward, tracked."""
+    conv = variant == "dflash2"
+    b, w, _ = x.v.shape
+    positions = np.asarray(frontier, dtype=np.int64)[:, None] + np.arange(w, dtype=np.int64)
+    n = mg.rmsnorm(x, input_norm, eps)
+    if conv:
+        n, finish_a = prepare(n, attn_conv_base, attn_conv_proj)
+
+    def head(wt, norm):
+        return mg.rope(mg.rmsnorm(mg.linear(n, wt).reshape(b, w, -1, head_dim), norm, eps), positions, theta)
+
+    q, k = head(wq, q_norm), head(wk, k_norm)
+    v = mg.linear(n, wv).reshape(b, w, -1, head_dim)
+    mask = _mask(frontier, live, np.shape(k_cache)[1], w, window)
+    a = mg.attention(q, k, v, k_cache, v_cache, mask).reshape(b, w, -1)
+    o = mg.linear(a, wo)
+    if conv:
+        o = mg.conv(o, np.asarray(attn_conv_base, np.float64)[1], finish_a, GROUP)
+    y = mg.add(x, o)
+    m = mg.rmsnorm(y, post_norm, eps)
+    if conv:
+        m, finish_m = prepare(m, mlp_conv_base, mlp_conv_proj)
+    z = mg.linear(mg.mul(mg.silu(mg.linear(m, w_gate)), mg.linear(m, w_up)), w_down)
+    if conv:
+        z = mg.conv(z, np.asarray(mlp_conv_base, np.float64)[1], finish_m, GROUP)
+    return mg.add(y, z)
+
+
+def draft_layer(kw, out) -> dict:
+    kw = dict(kw)
+    x = mg.exact(kw.pop("x"))
+    return {"x_next": layer(x, **kw).s}
+
+
+def masked_block(kw, out) -> dict:
+    stacked = {name: kw[name] for name in LAYER_WEIGHTS}
+    if kw["variant"] == "dflash2":
+        stacked.update({name: kw[name] for name in CONV_WEIGHTS})
+    x = mg.exact(np.asarray(kw["embed"], np.float64)[block_tokens(kw["anchor"], kw["mask_token_id"],
+                                                                   int(kw["num_drafts"]))])
+    width = x.v.shape[1]
+    live = np.asarray(kw["live"]) if kw["variant"] == "dflash" else np.full(x.v.shape[0], width)
+    for i, window in enumerate(kw["windows"]):
+        x = layer(x, kw["context_k"][i], kw["context_v"][i], kw["frontier"], live, eps=kw["eps"], theta=kw["theta"],
+                  head_dim=kw["head_dim"], window=int(window), variant=kw["variant"],
+                  **{name: w[i] for name, w in stacked.items()})
+    return {"hidden": mg.rmsnorm(x, kw["final_norm"], kw["eps"]).s[:, 1:]}
+
+
+# --- FP32 outputs (units of 2^-24) --------------------------------------------------------------
+
+
+def logit_magnitude(hidden, head) -> np.ndarray:
+    """sum_r |h_r| |w_r| per logit: the FP32 accumulation term of any order."""
+    return _abs64(hidden) @ _abs64(head).T
+
+
+def softmax_scale(p, y, sy, keep) -> np.ndarray:
+    """s of p = softmax(y) over ``keep`` (p the reference's, float64), given s of y: the argument
+    y - max carries sy + sy(max) + |y - max|, exp and the division are relative; the sum adds
+    log2(n) roundings (a tree; the relative error of a positive sum)."""
+    p = np.asarray(p, np.float64)
+    if not keep.any():
+        return np.zeros_like(p)
+    top = int(np.argmax(np.where(keep, y, -np.inf)))
+    arg = np.where(keep, sy + sy[top] + np.abs(y - y[top]), 0.0)
+    terms = max(1.0, float(np.log2(max(2, int(keep.sum())))))
+    rel = arg + float(np.sum(p * arg)) + terms + SOFTMAX_TERMS
+    return np.where(keep, p * rel, 0.0)
+
+
+def candidate_topk(kw, out) -> dict:
+    sz = logit_magnitude(kw["hidden"], kw["head"])
+    z = np.asarray(kw["hidden"], np.float64) @ np.asarray(kw["head"], np.float64).T
+    m, c = float(kw.get("output_multiplier", 0.0)), float(kw.get("softcap", 0.0))
+    if m > 0:
+        z, sz = z * m, m * sz + np.abs(z * m)
+    if c > 0:
+        t = np.tanh(z / c)
+        sz = (1 - t * t) * (sz + np.abs(z)) + 2 * np.abs(c * t)
+    gid = np.arange(sz.shape[-1]) if kw.get("shortlist") is None else np.asarray(kw["shortlist"])
+    row_of = {}
+    for r in range(gid.size)[::-1]:
+        row_of[int(gid[r])] = r
+    rows = np.vectorize(lambda v: row_of.get(int(v), 0), otypes=[np.int64])(np.asarray(out["ids"]))
+    eligible = (gid >= 0) & (gid < int(kw["vocab_size"]))
+    raw = np.where(eligible, logit_magnitude(kw["hidden"], kw["head"]), 0.0).max(axis=-1, keepdims=True)
+    return {"scores": np.take_along_axis(sz, rows, axis=-1),
+            "ids.scale": np.broadcast_to(2 * raw, np.shape(out["ids"]))}
+
+
+def proposal_head(kw, out) -> dict:
+    head = kw["head"]
+    ids = np.arange(head.shape[0]) if kw.get("shortlist") is None else np.asarray(kw["shortlist"])
+    eligible = (ids >= 0) & (ids < int(kw["vocab_size"]))
+    raw = np.where(eligible, logit_magnitude(kw["hidden"], head), 0.0).max(axis=-1)
+    return {"tokens.scale": 2 * raw}
+
+
+def target_distribution(kw, out) -> dict:
+    probs = np.asarray(out["probs"], np.float64)
+    s = np.zeros_like(probs)
+    for n in range(probs.shape[0]):
+        t = float(kw["temperature"][n])
+        if t <= 0:
+            continue  # greedy: one-hot, exact
+        z = penalized_logits(kw["logits"][n], kw["prompt_mask"][n], kw["output_counts"][n], kw["vocab_size"],
+                             kw["repetition_penalty"][n], kw["frequency_penalty"][n], kw["presence_penalty"][n])
+        counts = np.asarray(kw["output_counts"][n], np.float64)
+        rho, f, r = (float(kw[k][n]) for k in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+        seen = (np.asarray(kw["prompt_mask"][n]) != 0) | (counts > 0)
+        fin = np.isfinite(z)
+        sz = np.where(seen & (rho != 1), np.abs(np.where(fin, z, 0)), 0.0)  # the penalty's rounding
+        if f or r:
+            sz = sz + np.abs(f * counts) + np.abs(r) * (counts > 0) + np.abs(np.where(fin, z, 0))
+        y = np.where(fin, z / t, -np.inf)
+        sy = sz / t + np.abs(np.where(fin, y, 0))
+        keep = probs[n] > 0
+        s[n] = softmax_scale(probs[n], np.where(fin, y, 0), sy, keep)
+    return {"probs": s}
+
+
+def candidate_selector(kw, out) -> dict:
+    """g: its GEMM; q (sampled rows): the softmax of E / T along the walk ``out["path"]`` took, E
+    formed from ``out["g"]`` (the implementation's g when followed)."""
+    sg = logit_magnitude(kw["hidden"], kw["w_hidden"])
+    g = np.asarray(out["g"], np.float64)
+    u = np.asarray(kw["scores"], np.float64)
+    ids = np.asarray(kw["ids"], np.int64)
+    w_pred, w_succ = np.asarray(kw["w_pred"], np.float64), np.asarray(kw["w_succ"], np.float64)
+    path = np.asarray(out["path"], np.int64)
+    q = np.asarray(out["q"], np.float64)
+    sq = np.zeros_like(q)
+    for b in range(ids.shape[0]):
+        t = float(np.asarray(kw["temperature"])[b])
+        pred = int(kw["anchor"][b])
+        for i in range(ids.shape[1]):
+            if t > 0:
+                prod = w_pred[pred] * g[b, i]
+                e = u[b, i] + w_succ[ids[b, i]] @ prod
+                se = np.abs(u[b, i]) + np.abs(w_succ[ids[b, i]]) @ np.abs(prod) + np.abs(e)
+                y = e / t
+                sq[b, i] = softmax_scale(q[b, i], y, se / t + np.abs(y), np.ones(y.shape, bool))
+            pred = int(ids[b, i, min(max(path[b, i], 0), ids.shape[2] - 1)])
+    return {"g": sg, "q": sq}
