@@ -5,18 +5,24 @@
     verify    check the vectors: sha256 against the manifest, missing or extra files,
               and that regenerating each case gives the same bytes
     run       run an implementation over the vectors and report
+    dump      run one case and write its inputs, expected and actual outputs and errors as .npy
     geometry  run an implementation at the spec's two official geometries, full width
 
-Exit status: 0 success; 1 a FAIL or ERROR (run), a bad vector file (verify) or a case
-that cannot be generated (generate); 2 bad usage or bad input, reported as one line
-on stderr naming the field or file.
+Exit status: 0 success; 1 a FAIL or ERROR (run, dump; with --require a required Op
+NOT_IMPLEMENTED; with --strict also an ACCEPTABLE or an expected failure that passes),
+a bad vector file (verify) or a case that cannot be generated (generate); 2 bad usage
+or bad input, reported as one line on stderr naming the field or file; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shlex
+import signal
 import sys
+import time
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -29,7 +35,18 @@ CUDA_IMPL = "kernels_cu.backend:CudaBackend"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage dump (the CLI's bad-usage rule)
-        raise InputError(f"{self.prog}: {message}")
+        raise InputError(f"{self.prog}: {message}".splitlines()[0])
+
+    def exit(self, status=0, message=None):  # --help: print and stop, without SystemExit reaching a caller
+        if message:
+            print(message, file=sys.stderr, end="")
+        raise _Exit(status)
+
+
+class _Exit(Exception):
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
 
 
 def _console(stderr=False):
@@ -37,7 +54,7 @@ def _console(stderr=False):
 
     con = Console(stderr=stderr)
     if not con.is_terminal:  # logs and pipes: wide enough for the table, no wrapping of one-line details
-        con = Console(stderr=stderr, width=max(con.width, 140))
+        con = Console(stderr=stderr, width=max(con.width, 160))
     return con
 
 
@@ -48,6 +65,7 @@ class _Bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         con = _console(stderr=True)
+        self.is_terminal = con.is_terminal
         self._p = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                            TextColumn("{task.description}"), console=con, transient=True,
                            disable=not con.is_terminal)
@@ -65,6 +83,53 @@ class _Bar:
             self._task = self._p.add_task(what, total=total)
         self._p.update(self._task, completed=done, description=what)
 
+    def print(self, line: str) -> None:
+        if self.is_terminal:
+            self._p.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, flush=True)
+
+
+class _Live:
+    """Progress while a run goes: every FAIL/ERROR as it happens (a detail shared by many
+    cases is shown three times, then counted) and, when stdout is not a terminal (CI
+    logs), one line per finished Op."""
+
+    PER_DETAIL = 3
+
+    def __init__(self, bar: _Bar, total: int):
+        self.bar, self.total = bar, total
+        self.done = 0
+        self.op, self.op_results, self.op_start = None, [], time.monotonic()
+        self.seen = Counter()
+        self.plain = not sys.stdout.isatty()
+
+    def result(self, r) -> None:
+        from conformance import report
+
+        if self.op is not None and r.op != self.op:
+            self.finish_op()
+        if self.op is None:
+            self.op, self.op_start = r.op, time.monotonic()
+        self.op_results.append(r)
+        self.done += 1
+        if r.result.failed:
+            key = (r.result, r.detail)
+            self.seen[key] += 1
+            if self.seen[key] <= self.PER_DETAIL:
+                self.bar.print(report.failure_line(r))
+            elif self.seen[key] == self.PER_DETAIL + 1:
+                self.bar.print(f"(more {r.result.name} with this detail are counted, not printed: {r.detail})")
+
+    def finish_op(self) -> None:
+        from conformance import report
+
+        if self.op is not None and self.plain:
+            parts = [p for p in report.totals_parts(self.op_results) if not p.startswith("0 ")]
+            print(f"[{self.done}/{self.total}] {self.op}: {len(self.op_results)} cases: {', '.join(parts)} "
+                  f"({time.monotonic() - self.op_start:.1f} s)", flush=True)
+        self.op, self.op_results = None, []
+
 
 def _specs(args):
     return args.specs if args.specs is not None else registry.ops()
@@ -73,9 +138,13 @@ def _specs(args):
 def _cmd_list(args) -> int:
     specs = _specs(args)
     root = Path(args.vectors) if args.vectors else vectors.default_dir()
+    if args.vectors and not root.is_dir():  # as run and verify: a named directory that is absent is bad input
+        raise InputError(f"--vectors: no directory {root}")
     if (root / vectors.MANIFEST).is_file():
         counts = Counter(e["op"] for e in vectors.read_manifest(root)["files"])
         print(f"case counts from {root / vectors.MANIFEST}")
+    elif args.vectors:
+        raise InputError(f"--vectors: no {vectors.MANIFEST} in {root} (run dflash-conformance generate)")
     else:
         from conformance.generate import cases_of
 
@@ -105,13 +174,72 @@ def _cmd_generate(args) -> int:
     return 0
 
 
-def _cmd_verify(args) -> int:
+def _unreadable(root: Path, entries: list[dict]) -> dict[str, str]:
+    """case id -> why, for listed files that cannot be read or parsed although their sha256
+    matches (an edited manifest): generate.verify stops at such a file, so they are found first."""
+    bad = {}
+    for e in entries:
+        path = root / e["path"]
+        if not path.exists():
+            continue  # verify reports it as missing
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            bad[e["case"]] = f"{path}: cannot be read: {exc.strerror or exc}"
+            continue
+        if vectors.sha256(data) != e["sha256"]:
+            continue  # verify reports the sha256
+        try:
+            vec = vectors.parse_vector(data, str(path))
+            import json
+
+            if not isinstance(vec.bounds, dict) or not all(isinstance(v, dict) for v in vec.bounds.values()):
+                raise InputError(f"{path}: bad header metadata (bounds)")
+            json.loads(vectors.decode(data, str(path))[1]["bounds"])
+        except InputError as exc:
+            bad[e["case"]] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever else a damaged file does, it is that file's problem
+            bad[e["case"]] = f"{path}: not a readable vector ({type(exc).__name__}: {exc})".splitlines()[0]
+    return bad
+
+
+def _verify_all(root: Path, specs, pattern, bar, strict: bool, notes: list) -> list[str]:
+    """generate.verify, but every problem is listed: unreadable files are found first and the
+    rest is verified without them."""
     from conformance.generate import verify
 
+    manifest = vectors.read_manifest(root)
+    entries = manifest["files"]
+    if pattern is not None:
+        chosen = set(vectors.select(pattern, [e["case"] for e in entries], str(root / vectors.MANIFEST)))
+        entries = [e for e in entries if e["case"] in chosen]
+    bad = _unreadable(root, entries)
+    problems = list(bad.values())
+    good = [e["case"] for e in entries if e["case"] not in bad]
+    if bad:
+        listed = {(root / e["path"]).resolve() for e in manifest["files"]}
+        if pattern is None:
+            problems += [f"{p}: not listed in {vectors.MANIFEST}" for p in sorted(root.rglob(f"*{vectors.SUFFIX}"))
+                         if p.resolve() not in listed]
+        pattern = ",".join(good)
+        if not good:
+            return problems
+    try:
+        problems += verify(root, specs, pattern, bar, strict=strict, notes=notes)
+    except InputError as exc:
+        problems.append(str(exc))
+    except OSError as exc:
+        problems.append(f"{exc.filename or root}: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - one more line, never a traceback
+        problems.append(f"{root}: verify stopped: {type(exc).__name__}: {exc}".splitlines()[0])
+    return problems
+
+
+def _cmd_verify(args) -> int:
     root = Path(args.vectors) if args.vectors else vectors.default_dir()
     notes: list[str] = []
     with _Bar("verify") as bar:
-        problems = verify(root, _specs(args), args.ops, bar, strict=args.strict, notes=notes)
+        problems = _verify_all(root, _specs(args), args.ops, bar, args.strict, notes)
     for line in problems:
         print(line)
     if problems:
@@ -129,47 +257,183 @@ def _cmd_verify(args) -> int:
 
 def _default_impl(specs):
     """(implementation, why): the CUDA backend where CuPy and a GPU are present, else the baseline."""
-    from conformance.baseline import Float32Baseline
+    from conformance.worker import default_impl
 
+    return default_impl(specs)
+
+
+def _seconds(opt: str, value: float | None) -> float | None:
+    """A positive number of seconds; inf means no limit (None)."""
+    if value is None:
+        return None
+    if not value > 0:
+        raise InputError(f"{opt}: must be a positive number of seconds (or inf), got {value}")
+    return None if math.isinf(value) else value
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    i, sep, n = text.partition("/")
     try:
-        import cupy
+        i, n = int(i), int(n)
+    except ValueError:
+        i = n = 0
+    if not sep or not 1 <= i <= n:
+        raise InputError(f"--shard: expected i/n with 1 <= i <= n (e.g. 2/4), got {text!r}")
+    return i, n
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-        from conformance.runner import load_impl
 
-        return load_impl(CUDA_IMPL), f"no --impl: CuPy and a GPU are present, so {CUDA_IMPL}"
-    except Exception as exc:  # noqa: BLE001 - any reason the GPU path is unusable selects the baseline, and is said
-        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        return Float32Baseline(specs), f"no --impl and the CUDA backend is unavailable ({why}), so the float32 baseline"
+def _rerun(args, case_id: str, command: str = "run") -> str:
+    parts = ["dflash-conformance", command]
+    if getattr(args, "impl", None):
+        parts += ["--impl", args.impl]
+    if getattr(args, "vectors", None):
+        parts += ["--vectors", args.vectors]
+    if getattr(args, "in_process", False):
+        parts.append("--in-process")
+    if getattr(args, "timeout", 60.0) not in (60.0, None):
+        parts += ["--timeout", f"{args.timeout:g}"]
+    parts += ["--ops", case_id]
+    return shlex.join(parts)
+
+
+def _open_impl(args, ops=()):
+    """(handle, display name), printing which implementation and why. In a worker process
+    unless --in-process."""
+    from conformance import runner
+
+    isolate = not getattr(args, "in_process", False)
+    handle = runner.open_impl(args.impl, isolate, args.specs, ops=ops)
+    name = handle.name if isolate else runner.impl_name(handle.impl, args.impl)
+    where = "" if isolate else ", in-process"
+    if args.impl:
+        print(f"implementation: {name} ({args.impl}{where})", flush=True)
+    else:
+        print(f"implementation: {name} [{handle.why}{where}]", flush=True)
+    return handle, name
+
+
+def _require(args, manifest) -> list[str]:
+    globs = vectors.split_globs(args.require)
+    if args.require is not None and not globs:
+        raise InputError("--require: empty; name the Ops that must be implemented (comma-separated globs)")
+    ops = sorted({e["op"] for e in manifest["files"]})
+    import fnmatch
+
+    for g in globs:
+        if not any(fnmatch.fnmatchcase(op, g) for op in ops):
+            raise InputError(f"--require: {g!r} matches no Op in the vectors ({', '.join(ops)})")
+    return globs
 
 
 def _cmd_run(args) -> int:
-    from conformance import report, runner
+    import fnmatch
 
-    if args.timeout is not None and not args.timeout > 0:
-        raise InputError(f"--timeout: must be a positive number of seconds, got {args.timeout}")
+    from conformance import expect, report, runner
+    from conformance.compare import Result
+
+    timeout = _seconds("--timeout", args.timeout)
+    deadline = _seconds("--deadline", args.deadline)
+    shard = _shard(args.shard)
     root = Path(args.vectors) if args.vectors else vectors.default_dir()
-    manifest, _ = runner.load_selection(root, args.ops)  # bad vectors or selection: exit 2 before anything runs
+    manifest, entries = runner.load_selection(root, args.ops)  # bad vectors or selection: exit 2 before anything runs
+    required = _require(args, manifest)
+    expectations = expect.load(args.expect) if args.expect else []
+    if shard:
+        entries = runner.shard(entries, *shard)
     written_by = (manifest.get("generator_version"), manifest.get("contract_version"))
     if written_by != (GENERATOR_VERSION, CONTRACT_VERSION):
         print(f"warning: {root / vectors.MANIFEST} was written by generator/contract {written_by[0]}/{written_by[1]}, "
               f"this package is {GENERATOR_VERSION}/{CONTRACT_VERSION}", file=sys.stderr)
-    impl, name = _choose_impl(args)
-    with _Bar("run") as bar:
-        results = runner.run_suite(impl, root, args.ops, bar, args.timeout, args.specs)
-    if args.json:
+    command = "dflash-conformance " + " ".join(shlex.quote(a) for a in args.argv)
+    try:
         sha = vectors.sha256((root / vectors.MANIFEST).read_bytes())
-        command = "dflash-conformance " + " ".join(args.argv)
-        report.write_json(Path(args.json), results, name, report.environment(impl, command), root, manifest, sha)
-    if args.junit:
-        report.write_junit(Path(args.junit), results, name)
-    report.print_table(results, name, _console())
-    return 1 if report.failed(results) else 0
+    except OSError as exc:
+        raise InputError(f"{root / vectors.MANIFEST}: {exc.strerror or exc}") from None
+    run_info = {"isolated": not args.in_process, "timeout": timeout, "deadline": deadline,
+                "shard": args.shard, "ops": args.ops, "require": required, "expect": args.expect,
+                "strict": args.strict}
+    sink = report.Reports(args.json, args.junit, "", report.environment(None, command), root, manifest, sha,
+                          len(entries), run_info, args.strict)
+    sink.check()  # before any case: a report path that cannot be written is found now
+    handle, name = _open_impl(args, ops=sorted({e["op"] for e in entries}))
+    sink.implementation = name
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    complete = False
+    results = []
+    try:
+        sink.env = report.environment(None, command, handle.environment())
+        sink.write(False)
+        with _Bar("run") as bar:
+            live = _Live(bar, len(entries))
+
+            def on_result(r):
+                if r.result == Result.NOT_IMPLEMENTED and any(fnmatch.fnmatchcase(r.op, g) for g in required):
+                    r.result, r.detail = Result.ERROR, f"required (--require) but NOT_IMPLEMENTED: {r.detail}"
+                r.expected_failure = expect.reason_for(expectations, r.case) if expectations else None
+                if r.result.failed:
+                    r.rerun = _rerun(args, r.case)
+                results.append(r)
+                sink.add(r)
+                live.result(r)
+
+            runner.run_suite(handle, root, progress=bar, timeout=timeout, specs=args.specs, deadline_s=deadline,
+                             on_result=on_result, entries=entries)
+            live.finish_op()
+        complete = not any(r.detail.startswith("not run: the overall deadline") for r in results)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        handle.close()
+        try:
+            sink.close(complete)
+        except OSError as exc:
+            print(f"error: cannot write a report: {exc.strerror or exc}", file=sys.stderr)
+    notes = _run_notes(results, expectations, manifest, args, deadline)
+    report.print_table(results, name, _console(), strict=args.strict, notes=notes)
+    return 1 if report.failed(results, args.strict) else 0
+
+
+def _run_notes(results, expectations, manifest, args, deadline) -> list[str]:
+    from conformance import expect
+    from conformance.compare import Result
+
+    notes = []
+    if expectations:
+        xfail = [r for r in results if r.expected_failure and r.result.failed]
+        xpass = [r for r in results if r.expected_failure and r.result in (Result.PASS, Result.ACCEPTABLE)]
+        notes.append(f"expectations ({args.expect}): {len(xfail)} expected failure(s), {len(xpass)} unexpected "
+                     f"pass(es){' (--strict: the run fails)' if xpass and args.strict else ''}")
+        notes += [f"UNEXPECTED PASS {r.case} (listed: {r.expected_failure}): remove it from {args.expect}"
+                  for r in xpass]
+        notes += [f"stale expectation {args.expect}:{e.line}: {e.pattern!r} matches no case in the vectors"
+                  for e in expect.stale(expectations, [e["case"] for e in manifest["files"]])]
+    missing = Counter(r.op for r in results if r.detail.startswith("required (--require)"))
+    notes += [f"REQUIRED {op}: NOT_IMPLEMENTED in {n} case(s) (--require {args.require})" for op, n in missing.items()]
+    skipped = sum(r.detail.startswith("not run: the overall deadline") for r in results)
+    if skipped:
+        notes.append(f"DEADLINE: {skipped} case(s) not run: --deadline {deadline:g} s reached; the reports are "
+                     "marked incomplete")
+    if args.strict:
+        acc = sum(r.result == Result.ACCEPTABLE for r in results)
+        if acc:
+            notes.append(f"--strict: {acc} ACCEPTABLE case(s) fail the run")
+    return notes
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _choose_impl(args):
-    """(implementation, display name) for --impl or the default, printing which and why."""
+    """(implementation, display name) for --impl or the default, in this process (geometry)."""
     from conformance import runner
 
     if args.impl:
@@ -179,6 +443,35 @@ def _choose_impl(args):
     impl, why = _default_impl(args.specs)
     print(f"implementation: {runner.impl_name(impl)} [{why}]")
     return impl, runner.impl_name(impl)
+
+
+def _cmd_dump(args) -> int:
+    from conformance import dump, runner
+
+    timeout = _seconds("--timeout", args.timeout)
+    root = Path(args.vectors) if args.vectors else vectors.default_dir()
+    manifest = vectors.read_manifest(root)
+    by_case = {e["case"]: e for e in manifest["files"]}
+    if args.case not in by_case:
+        near = [c for c in by_case if c.startswith(args.case.split("/")[0] + "/")][:5]
+        hint = f"; cases of that Op include {', '.join(near)}" if near else ""
+        raise InputError(f"dump: no case {args.case!r} in {root / vectors.MANIFEST}{hint}")
+    vec = runner.read_entry(root, by_case[args.case])
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out: cannot create {out}: {exc.strerror or exc}") from None
+    handle, name = _open_impl(args, ops=[vec.op])
+    try:
+        res, lines = dump.dump(handle, vec, out, timeout, _specs(args).get(vec.op))
+    finally:
+        handle.close()
+    for line in lines:
+        print(line)
+    print(f"{res.result.name} {vec.case}: {res.detail}")
+    print(f"wrote {out}")
+    return 1 if res.result.failed else 0
 
 
 def _cmd_geometry(args) -> int:
@@ -196,12 +489,21 @@ def _cmd_geometry(args) -> int:
 
     def save(results):  # after every case, so a run cut short still leaves its report
         if args.json:
-            report.write_json(Path(args.json), results, name, env, where, {}, "")
+            report.write_json(Path(args.json), results, name, env, where, {}, "", complete=False)
 
     results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
                            log=lambda line: print(line, flush=True), on_result=save, ops=args.ops)
+    if args.json:
+        report.write_json(Path(args.json), results, name, env, where, {}, "", complete=True)
     report.print_table(results, name, _console())
     return 1 if report.failed(results) else 0
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     vec_help = "vectors directory (default: $DFLASH_VECTORS, ./vectors with a manifest, else the checkout's vectors/)"
     ops_help = "comma-separated fnmatch globs, each matched against the Op name and the case id"
+    impl_help = (f"implementation object, class or factory (default: {CUDA_IMPL} with a GPU, else the float32 "
+                 "baseline)")
     s = sub.add_parser("list", help="list the registered Ops and their case counts")
     s.add_argument("--vectors", help=vec_help)
     s.set_defaults(func=_cmd_list)
@@ -224,15 +528,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "in derived bounds and float64 margins")
     s.set_defaults(func=_cmd_verify)
     s = sub.add_parser("run", help="run an implementation over the vectors")
-    s.add_argument("--impl", metavar="package.module:attribute",
-                   help=f"implementation object, class or factory (default: {CUDA_IMPL} with a GPU, "
-                        "else the float32 baseline)")
+    s.add_argument("--impl", metavar="package.module:attribute", help=impl_help)
     s.add_argument("--vectors", help=vec_help)
     s.add_argument("--ops", metavar="PATTERN", help=ops_help)
-    s.add_argument("--json", metavar="FILE", help="write a JSON report")
-    s.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
-    s.add_argument("--timeout", metavar="S", type=float, default=60.0, help="per-case timeout in seconds (60)")
+    s.add_argument("--json", metavar="FILE", help="write a JSON report (rewritten as results arrive)")
+    s.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (rewritten as results arrive)")
+    s.add_argument("--timeout", metavar="S", type=_float, default=60.0,
+                   help="per-case limit in seconds (60; inf: none); the worker is killed when it passes")
+    s.add_argument("--deadline", metavar="S", type=_float, default=None,
+                   help="overall limit in seconds; cases not run by then are ERRORs and the reports incomplete")
+    s.add_argument("--in-process", action="store_true",
+                   help="call the implementation in this process (no worker: faster to start, but a crash or "
+                        "exit ends the run and a hang in C code cannot be stopped)")
+    s.add_argument("--require", metavar="OPS",
+                   help="comma-separated globs of Op names that must be implemented (NOT_IMPLEMENTED fails the run)")
+    s.add_argument("--expect", metavar="FILE", help="known failures: lines of '<case id or glob> <reason>'")
+    s.add_argument("--strict", action="store_true",
+                   help="also fail on ACCEPTABLE and on an expected failure that now passes")
+    s.add_argument("--shard", metavar="I/N", help="run shard I of N (a deterministic split by case id)")
     s.set_defaults(func=_cmd_run)
+    s = sub.add_parser("dump", help="run one case and write inputs, expected, actual and per-element error as .npy")
+    s.add_argument("case", help="the case id, e.g. draft_attention/window_le_S")
+    s.add_argument("--impl", metavar="package.module:attribute", help=impl_help)
+    s.add_argument("--vectors", help=vec_help)
+    s.add_argument("--out", required=True, metavar="DIR", help="directory to write (created)")
+    s.add_argument("--timeout", metavar="S", type=_float, default=60.0, help="per-case limit in seconds (60)")
+    s.add_argument("--in-process", action="store_true", help="as for run")
+    s.set_defaults(func=_cmd_dump)
     s = sub.add_parser("geometry", help="run an implementation at the spec's official geometries, full width")
     s.add_argument("--impl", metavar="package.module:attribute", help="as for run")
     s.add_argument("--geometry", nargs="+", default=["dflash-35b-a3b", "dflash2-27b"],
@@ -255,17 +577,29 @@ def main(argv=None, specs=None) -> int:
         args.specs = specs
         args.argv = list(sys.argv[1:] if argv is None else argv)
         return args.func(args)
+    except _Exit as exc:
+        return exc.status
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else 'bad input'}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted (the reports written so far are marked incomplete)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed (| head): nothing more to say
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush is quiet
+        except OSError:
+            pass
+        return 1
+    except OSError as exc:  # a file the command needed: bad input, not a harness bug
+        where = exc.filename or "a file"
+        print(f"error: {where}: {exc.strerror or exc}".splitlines()[0], file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback unless asked
         if os.environ.get("DFLASH_TRACEBACK"):
             traceback.print_exc()
-        print(f"error: internal: {type(exc).__name__}: {exc} (DFLASH_TRACEBACK=1 shows the traceback)".splitlines()[0],
-              file=sys.stderr)
+        print(f"error: internal error (a bug of dflash-conformance, please report it): {type(exc).__name__}: {exc}"
+              .splitlines()[0] + " (DFLASH_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 2
 
 

@@ -5,7 +5,18 @@ pytest run; it does nothing unless ``--dflash-impl`` is given).
 
 adds one test item per selected case, node id ``dflash::<case id>`` (``dflash::grouped_conv/H16_W1_B1``).
 PASS and ACCEPTABLE pass (ACCEPTABLE with a report section saying why),
-NOT_IMPLEMENTED skips, FAIL and ERROR fail with the comparison's detail.
+NOT_IMPLEMENTED skips, FAIL and ERROR fail with the comparison's detail (and the
+implementation's traceback, and a command that reruns the case).
+
+The implementation runs in a worker process (one per pytest process, so one per
+pytest-xdist worker), as ``dflash-conformance run`` does: a crash, an exit or a hang
+past ``--dflash-timeout`` is an ERROR of that case and the session goes on.
+``--dflash-in-process`` calls it in the pytest process instead.
+
+Spread over cores with pytest-xdist (the items are the same in every xdist worker,
+built from the manifest in case-id order)::
+
+    pytest -n 4 --dflash-impl package.module:attribute
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ def pytest_addoption(parser):
     group.addoption("--dflash-ops", default=None, metavar="PATTERN",
                     help="comma-separated fnmatch globs over Op names and case ids")
     group.addoption("--dflash-timeout", default=60.0, type=float, metavar="S", help="per-case timeout (60 s)")
+    group.addoption("--dflash-in-process", action="store_true", default=False,
+                    help="call the implementation in the pytest process (default: in a worker process)")
 
 
 class _Run:
@@ -34,22 +47,30 @@ class _Run:
 
         self.target = config.getoption("dflash_impl")
         self.timeout = config.getoption("dflash_timeout")
+        self.isolate = not config.getoption("dflash_in_process")
         opt = config.getoption("dflash_vectors")
-        self.root = Path(opt) if opt else vectors.default_dir()
         try:
+            self.root = Path(opt) if opt else vectors.default_dir()
             _, self.entries = runner.load_selection(self.root, config.getoption("dflash_ops"))
-            self.impl = runner.load_impl(self.target)
+            self.impl = runner.open_impl(self.target, self.isolate, ops=sorted({e["op"] for e in self.entries}))
         except vectors.InputError as exc:
             msg = str(exc).replace("--impl:", "--dflash-impl:", 1).replace("--ops:", "--dflash-ops:", 1)
             raise pytest.UsageError(msg) from None
-        self._forces = None
+        config.add_cleanup(self.impl.close)
+        self._specs = None
 
-    def force(self, op):
+    def spec(self, op):
         from conformance import registry
 
-        if self._forces is None:
-            self._forces = {name: spec.force for name, spec in registry.ops().items()}
-        return self._forces.get(op)
+        if self._specs is None:
+            self._specs = registry.ops()
+        return self._specs.get(op)
+
+    def rerun(self, case_id: str) -> str:
+        import shlex
+
+        cmd = ["dflash-conformance", "run", "--impl", self.target, "--vectors", str(self.root), "--ops", case_id]
+        return shlex.join(cmd)
 
 
 class _Cases(pytest.Collector):
@@ -70,15 +91,28 @@ class CaseItem(pytest.Item):
         from conformance import runner
         from conformance.compare import Result
 
-        vec = runner.read_entry(self.run.root, self.entry)
-        res = runner.run_case(self.run.impl, vec, self.run.timeout, self.run.force(vec.op))
+        from conformance.vectors import InputError
+
+        try:
+            vec = runner.read_entry(self.run.root, self.entry)
+        except InputError as exc:
+            raise CaseFailed(f"ERROR: bad vector file: {exc}") from None
+        spec = self.run.spec(vec.op)
+        res = runner.run_case(self.run.impl, vec, self.run.timeout, spec.force if spec else None,
+                              spec.independent if spec else (), spec=spec)
         self.user_properties.append(("result", res.result.name))
+        if res.output:
+            self.add_report_section("call", "implementation output", res.output)
         if res.result == Result.NOT_IMPLEMENTED:
             pytest.skip(f"NOT_IMPLEMENTED: {res.detail}")
         if res.result.failed:
-            raise CaseFailed(f"{res.result.name}: {res.detail}")
+            text = f"{res.result.name}: {res.detail}"
+            if res.trace:
+                text += f"\n\n{res.trace.rstrip()}"
+            raise CaseFailed(f"{text}\n\nrerun: {self.run.rerun(vec.case)}")
         if res.result == Result.ACCEPTABLE:
-            self.add_report_section("call", "dflash", f"ACCEPTABLE: {res.detail}")
+            flags = ", ".join(res.acceptable_flags or ())
+            self.add_report_section("call", "dflash", f"ACCEPTABLE{f' ({flags})' if flags else ''}: {res.detail}")
 
     def repr_failure(self, excinfo):
         if isinstance(excinfo.value, CaseFailed):

@@ -94,6 +94,7 @@ class RunResult(CaseResult):
     trace: str = ""  # the implementation's traceback, or the worker's last output when it died
     output: str = ""  # what the implementation printed during the case (isolated runs)
     expected_failure: str | None = None  # --expect: the reason this case is known to fail
+    rerun: str = ""  # a command that reruns just this case (set by the CLI)
 
 
 def finite_timeout(seconds: float | None) -> float | None:
@@ -339,7 +340,9 @@ def host_outputs(raw, names) -> tuple[dict[str, np.ndarray], list[str]]:
         except Exception as exc:  # noqa: BLE001 - an unreadable output is the implementation's ERROR
             raise BadOutput(f"{name}: cannot read a {type(raw[name]).__name__} as an array ({_one_line(exc)})") \
                 from None
-        arrays[name] = np.array(arr, copy=True) if arr.dtype != object else arr
+        if arr.dtype == object:
+            raise BadOutput(f"{name}: a {type(raw[name]).__name__} of Python objects (dtype object), expected numbers")
+        arrays[name] = np.array(arr, copy=True)
     return arrays, keys
 
 
@@ -586,15 +589,27 @@ def judge(vec: Vector, outcome: Outcome, force: Callable | None = None, independ
         return {**{k: np.array(v, copy=True) for k, v in vec.inputs.items()}, **copy.deepcopy(vec.params)}
 
     try:
+        extra = {"spec": spec} if _compare_takes_spec() else {}
         verdict = compare.compare(vec.outputs, vec.expected, out, vec.masks, vec.bounds, force, fresh_kwargs,
-                                  independent)
+                                  independent, **extra)
     except Exception as exc:  # noqa: BLE001 - a vector the comparison cannot use (bounds, masks) is reported
         res.result, res.detail, res.trace = Result.ERROR, f"cannot compare: {_one_line(exc)}", _trace(exc)
         return res
     res.result, res.detail = verdict.result, verdict.detail
     for k, v in verdict.numbers.items():
         setattr(res, k, v)
+    flags = getattr(verdict, "flags", None)
+    if flags and not getattr(res, "acceptable_flags", ()):
+        res.acceptable_flags = tuple(flags)
     return res
+
+
+@functools.lru_cache(maxsize=1)
+def _compare_takes_spec() -> bool:
+    try:
+        return "spec" in inspect.signature(compare.compare).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def run_case(impl, vec: Vector, timeout: float | None = DEFAULT_TIMEOUT, force: Callable | None = None,

@@ -99,20 +99,40 @@ def decode(data: bytes, where: str) -> tuple[dict[str, np.ndarray], dict[str, st
         n = int.from_bytes(data[:8], "little")
         if len(data) < 8 or n > len(data) - 8:
             raise ValueError("truncated header")
-        header = json.loads(data[8:8 + n])
+        header = json.loads(bytes(data[8:8 + n]))
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
         meta = header.pop("__metadata__", {}) or {}
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise ValueError("__metadata__ must map strings to strings")
         body = memoryview(data)[8 + n:]
         tensors = {}
         for k, info in header.items():
-            dt = _NAMES[info["dtype"]]
-            lo, hi = info["data_offsets"]
-            shape = tuple(info["shape"])
-            if not 0 <= lo <= hi <= len(body) or hi - lo != dt.itemsize * int(np.prod(shape, dtype=np.int64)):
+            if not isinstance(info, dict):
+                raise ValueError(f"tensor {k}: its entry is not an object")
+            dt = _NAMES.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+            if dt is None:
+                raise ValueError(f"tensor {k}: unknown dtype {info.get('dtype')!r}")
+            offsets, shape = info.get("data_offsets"), info.get("shape")
+            if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x) for x in offsets)):
+                raise ValueError(f"tensor {k}: data_offsets must be two integers")
+            if not (isinstance(shape, list) and len(shape) <= 32 and all(_is_int(x) and x >= 0 for x in shape)):
+                raise ValueError(f"tensor {k}: shape must be a list of at most 32 non-negative integers")
+            lo, hi = offsets
+            size = 1
+            for x in shape:
+                size *= x  # Python integers: no overflow
+            if not 0 <= lo <= hi <= len(body) or hi - lo != dt.itemsize * size:
                 raise ValueError(f"tensor {k}: data offsets {lo}..{hi} do not fit shape {list(shape)}")
-            tensors[k] = np.frombuffer(body[lo:hi], dtype=dt).reshape(shape)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{where}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+            tensors[k] = np.frombuffer(body[lo:hi], dtype=dt).reshape(tuple(shape))
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+        raise InputError(f"{where}: not a readable safetensors file ({type(exc).__name__}: {exc})"
+                         .splitlines()[0][:400]) from None
     return tensors, meta
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass
@@ -144,9 +164,19 @@ def vector_from(tensors: dict[str, np.ndarray], meta: dict[str, str], where: str
         raise InputError(f"{where}: header metadata lacks {', '.join(missing)}")
     try:
         fields = {k: json.loads(meta[k]) for k in ("params", "flags", "classes", "bounds")}
-        outputs = {n: Output(n, c["cls"], c.get("fmt"), c.get("values")) for n, c in fields["classes"].items()}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{where}: bad header metadata ({exc})") from None
+        for k, kind in (("params", dict), ("flags", list), ("classes", dict), ("bounds", dict)):
+            if not isinstance(fields[k], kind):
+                raise TypeError(f"{k} is a JSON {type(fields[k]).__name__}, expected {kind.__name__}")
+        if not all(isinstance(v, dict) for v in fields["bounds"].values()):
+            raise TypeError("bounds must map each output to an object")
+        if not all(isinstance(f, str) for f in fields["flags"]):
+            raise TypeError("flags must be strings")
+        outputs = {n: _output(n, c) for n, c in fields["classes"].items()}
+        for k in ("op", "case"):
+            if not meta[k] or not meta[k].isprintable():
+                raise ValueError(f"{k} is empty or not printable")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise InputError(f"{where}: bad header metadata ({exc})".splitlines()[0][:400]) from None
     inputs, expected, masks = {}, {}, {}
     for key, arr in tensors.items():
         kind, _, name = key.partition(".")
@@ -161,8 +191,27 @@ def vector_from(tensors: dict[str, np.ndarray], meta: dict[str, str], where: str
     absent = [n for n in outputs if n not in expected]
     if absent:
         raise InputError(f"{where}: no out.{absent[0]} tensor for a declared output")
+    for name, o in outputs.items():
+        if o.cls == "decision" and f"{name}.margin" not in expected:
+            raise InputError(f"{where}: no margin.{name} tensor for a decision output")
+        if name in masks:
+            try:
+                np.broadcast_to(masks[name], np.shape(expected[name]))
+            except ValueError:
+                raise InputError(f"{where}: mask.{name} does not fit out.{name}") from None
     return Vector(meta["op"], meta["case"], fields["params"], fields["flags"], outputs, fields["bounds"],
                   inputs, expected, masks)
+
+
+def _output(name: str, c) -> Output:
+    """An output's class from the header (``values``: the format its values follow, when
+    narrower than the storage format)."""
+    if not isinstance(c, dict) or not isinstance(c.get("cls"), str):
+        raise TypeError(f"classes.{name} must be an object with a cls")
+    extra = {}
+    if c.get("values") is not None and "values" in getattr(Output, "__dataclass_fields__", {}):
+        extra["values"] = c["values"]
+    return Output(name, c["cls"], c.get("fmt"), **extra)
 
 
 def case_path(root: Path, case_id: str) -> Path:
@@ -181,12 +230,26 @@ def read_manifest(root: Path) -> dict:
     if not path.is_file():
         raise InputError(f"vectors: no {MANIFEST} in {root} (run dflash-conformance generate)")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes())
+        if not isinstance(manifest, dict):
+            raise TypeError(f"a JSON {type(manifest).__name__}, not an object")
         files = manifest["files"]
-        bad = [e for e in files if not all(k in e for k in ("path", "sha256", "op", "case"))]
+        if not isinstance(files, list):
+            raise TypeError("files is not a list")
+        bad = [e for e in files if not isinstance(e, dict)
+               or not all(isinstance(e.get(k), str) and e.get(k) for k in ("path", "sha256", "op", "case"))]
         if bad:
-            raise KeyError(f"entry {bad[0]} lacks path, sha256, op or case")
-    except (ValueError, KeyError, TypeError) as exc:
+            raise KeyError(f"entry {str(bad[0])[:200]} lacks path, sha256, op or case (strings)")
+        cases = [e["case"] for e in files]
+        if len(set(cases)) != len(cases):
+            raise ValueError("a case is listed twice")
+        odd = [e for e in files if not e["case"].startswith(e["op"] + "/") or Path(e["path"]).is_absolute()
+               or ".." in Path(e["path"]).parts]
+        if odd:
+            raise ValueError(f"entry {odd[0]['case']!r}: its case id, Op and path do not agree")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise InputError(f"{path}: not a dflash-conformance manifest ({type(exc).__name__}: {exc})") from None
     return manifest
 
@@ -216,8 +279,16 @@ def default_dir(for_writing: bool = False) -> Path:
     import conformance
 
     repo = Path(conformance.__file__).resolve().parents[1]
-    if for_writing and not (repo / "pyproject.toml").is_file():
+    checkout = (repo / "pyproject.toml").is_file()
+    if for_writing and not checkout:
         return local
+    bundled = Path(conformance.__file__).resolve().parent / "vectors"  # a wheel that ships them
+    if not checkout and (bundled / MANIFEST).is_file():
+        return bundled
+    if not checkout and not (repo / "vectors" / MANIFEST).is_file():
+        raise InputError("vectors: this installed package has no vectors; pass --vectors DIR or set DFLASH_VECTORS "
+                         "to a checkout's vectors/, or write them to ./vectors with `dflash-conformance generate` "
+                         "(the same bytes; `dflash-conformance verify` checks them)")
     return repo / "vectors"
 
 
@@ -235,6 +306,8 @@ def select(pattern: str | None, case_ids: list[str], where: str) -> list[str]:
     name and on the case id; None selects all). A glob that matches nothing is a typo,
     and an empty selection is an error, never a silent pass."""
     globs = split_globs(pattern)
+    if pattern is not None and not globs:
+        raise InputError(f"--ops: empty pattern {pattern!r}; leave --ops out to select every case")
     for g in globs:
         if not any(_matches([g], i) for i in case_ids):
             raise InputError(f"--ops: {g!r} matches no Op or case id in {where}")
