@@ -113,6 +113,18 @@ def bench_candidate_topk(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
             t_exact = timer(lambda: exact.candidate_topk(**kw), warmup=1, reps=5) if exact else None
             rows.append(row("candidate_topk", f"{name} B{b} K{kd}", t_exact, timer(lambda: fast.candidate_topk(**kw)),
                             timer(tor), vr * h * 2 / floor_bw * 1e3))
+            # the two parts of the fast mode, each against its torch counterpart
+            from kernels_cu.fast import gemm_bf16
+
+            m = b * kd
+            x2 = hidb.reshape(m, h)
+            logits = cp.empty((m, vr), dtype=cp.float32)
+            rows.append(row("candidate_topk[gemm]", f"{name} M{m}", None, timer(lambda: gemm_bf16(x2, hb, logits)),
+                            timer(lambda: hid.reshape(-1, h) @ head.T), vr * h * 2 / floor_bw * 1e3))
+            zt = torch.from_dlpack(logits)
+            rows.append(row("candidate_topk[select]", f"{name} M{m}", None,
+                            timer(lambda: fast._topk_rows(logits, None, vr - 192, 16)),
+                            timer(lambda: torch.topk(zt, 16, dim=1)), m * vr * 4 / floor_bw * 1e3))
         del head
 
 

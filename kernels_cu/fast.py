@@ -44,7 +44,7 @@ _NULL = np.uint64(0)
 _TOPK_MAX = 64  # fast_select.cu FT_KMAX
 _FT_THREADS = 256
 _FTD_THREADS = 512
-_TARGET_BLOCKS = 4 * 132  # partial top-k blocks to aim for (a few waves on an H200's 132 SMs)
+_TARGET_BLOCKS = 16 * 132  # partial top-k blocks to aim for (several waves on an H200's 132 SMs)
 
 # cuBLAS / CUDA enums (stable ABI values)
 _OP_N, _OP_T = 0, 1

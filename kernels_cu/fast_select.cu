@@ -84,10 +84,21 @@ fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shor
     const int v1 = min(Vr, v0 + chunk);
     u64 list[FT_KMAX];
     int cnt = 0;
-    for (int v = v0 + threadIdx.x; v < v1; v += FT_THREADS) {
-        const int gid = shortlist ? shortlist[v] : v;
-        if (gid < 0 || gid >= vocab_size) continue;
-        list_insert(list, cnt, k, fk_key(__ldg(z + v), v));
+    // eight loads in flight per thread before any insert (a load at a time is latency-bound)
+    for (int base = v0 + threadIdx.x; base < v1; base += 8 * FT_THREADS) {
+        float zv[8];
+        int gv[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int v = base + j * FT_THREADS;
+            zv[j] = v < v1 ? __ldg(z + v) : 0.0f;
+            gv[j] = v < v1 ? (shortlist ? __ldg(shortlist + v) : v) : -1;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (gv[j] < 0 || gv[j] >= vocab_size) continue;
+            list_insert(list, cnt, k, fk_key(zv[j], base + j * FT_THREADS));
+        }
     }
     block_merge(list, cnt, k, warp_best, chosen);
     if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];

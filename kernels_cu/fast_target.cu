@@ -97,6 +97,23 @@ __device__ double block_sum_f64(double v) {
     return r;
 }
 
+// Strided row scan with four independent loads in flight per thread (one load at a time left
+// each block latency-bound at a few GB/s). Each thread visits v = tid, tid + T, tid + 2T, ...
+// in the same order as a plain strided loop, so per-thread sums keep the exact kernel's order.
+template <class F>
+__device__ __forceinline__ void row_scan(const float* __restrict__ zs, int Vr, F&& f) {
+    const int T = FTD_THREADS;
+    int v = threadIdx.x;
+    for (; v + 3 * T < Vr; v += 4 * T) {
+        const float a = zs[v], b = zs[v + T], c = zs[v + 2 * T], d = zs[v + 3 * T];
+        f(a, v);
+        f(b, v + T);
+        f(c, v + 2 * T);
+        f(d, v + 3 * T);
+    }
+    for (; v < Vr; v += T) f(zs[v], v);
+}
+
 struct RowParams {
     float temperature, top_p, min_p, rho, freq, pres;
     int top_k;
@@ -245,19 +262,18 @@ __device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int nee
         h.mass[i] = 0.0;
     }
     __syncthreads();
-    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
-        const float z = zs[v];
+    row_scan(zs, Vr, [&](float z, int v) {
         const u64 key = order_key(z, v);
         if (mass_mode) {
             double e;
-            if (!kept(z, v, base, &e)) continue;
+            if (!kept(z, v, base, &e)) return;
             const int b = bin0(z, key, zmaxf, best_finite);
             atomicAdd(&h.cnt[b], 1);
             atomicAdd(&h.mass[b], e);
         } else {
             atomicAdd(&h.cnt[bin0(z, key, zmaxf, best_finite)], 1);
         }
-    }
+    });
     __syncthreads();
     int bc;
     double bm;
@@ -280,17 +296,16 @@ __device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int nee
             h.mass[i] = 0.0;
         }
         __syncthreads();
-        for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
-            const float z = zs[v];
+        row_scan(zs, Vr, [&](float z, int v) {
             const u64 key = order_key(z, v);
-            if (hi < 64 && (key >> hi) != prefix) continue;
+            if (hi < 64 && (key >> hi) != prefix) return;
             double e = 0.0;
-            if (mass_mode && !kept(z, v, base, &e)) continue;
-            if (bin0(z, key, zmaxf, best_finite) != b0) continue;
+            if (mass_mode && !kept(z, v, base, &e)) return;
+            if (bin0(z, key, zmaxf, best_finite) != b0) return;
             const int d = (int)((key >> lo) & (u64)(nb - 1));
             atomicAdd(&h.cnt[d], 1);
             if (mass_mode) atomicAdd(&h.mass[d], e);
-        }
+        });
         __syncthreads();
         const int d = find_crossing(h, nb, true, mass_mode, need, above, total, top_p, &bc, &bm);
         if (d < 0) return base.threshold;  // unreachable: bin b0 holds the crossing token
@@ -305,15 +320,14 @@ __device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int nee
     if (hi == 0) return prefix;  // every bit known: the key itself
     // the smallest key of the chosen bucket
     u64 mn = ~0ull;
-    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
-        const float z = zs[v];
+    row_scan(zs, Vr, [&](float z, int v) {
         const u64 key = order_key(z, v);
-        if (hi < 64 && (key >> hi) != prefix) continue;
+        if (hi < 64 && (key >> hi) != prefix) return;
         double e;
-        if (mass_mode && !kept(z, v, base, &e)) continue;
-        if (bin0(z, key, zmaxf, best_finite) != b0) continue;
+        if (mass_mode && !kept(z, v, base, &e)) return;
+        if (bin0(z, key, zmaxf, best_finite) != b0) return;
         mn = key < mn ? key : mn;
-    }
+    });
     return block_min_u64(mn);
 }
 
@@ -353,11 +367,10 @@ fast_target_distribution_rows(const float* __restrict__ logits, const unsigned c
     const bool greedy = prm.temperature <= 0.0f;
     u64 best = 0, best_finite = 0;
     int finite = 0;
-    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS) {
-        float z = v < vocab_size ? lg[v] : neg_inf();
-        const int cnt = counts[v];
+    auto process = [&](float z, int cnt, unsigned char pm, int v) {
+        if (v >= vocab_size) z = neg_inf();
         const bool seen_out = cnt > 0;
-        if (prm.rho != 1.0f && (prompt[v] != 0 || seen_out))
+        if (prm.rho != 1.0f && (pm != 0 || seen_out))
             z = z > 0.0f ? __fdiv_rn(z, prm.rho) : __fmul_rn(z, prm.rho);
         const float pen = __fadd_rn(__fmul_rn(prm.freq, (float)cnt), __fmul_rn(prm.pres, seen_out ? 1.0f : 0.0f));
         z = __fsub_rn(z, pen);
@@ -369,6 +382,24 @@ fast_target_distribution_rows(const float* __restrict__ logits, const unsigned c
             best_finite = key > best_finite ? key : best_finite;
             ++finite;
         }
+    };
+    {
+        const int T = FTD_THREADS;
+        int v = threadIdx.x;
+        for (; v + 3 * T < Vr; v += 4 * T) {  // four elements' loads in flight per thread
+            float z[4];
+            int c[4];
+            unsigned char m[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                z[j] = lg[v + j * T];
+                c[j] = counts[v + j * T];
+                m[j] = prompt[v + j * T];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) process(z[j], c[j], m[j], v + j * T);
+        }
+        for (; v < Vr; v += T) process(lg[v], counts[v], prompt[v], v);
     }
     best = block_max_u64(best);
     best_finite = block_max_u64(best_finite);
@@ -385,17 +416,23 @@ fast_target_distribution_rows(const float* __restrict__ logits, const unsigned c
     if (prm.top_k > 0 && prm.top_k < finite)
         k.threshold = filter_threshold(zs, Vr, false, prm.top_k, k, 1.0, 1.0, best_finite, h);
     if (prm.top_p < 1.0f) {
-        double s = 0.0, e;
-        for (int v = threadIdx.x; v < Vr; v += FTD_THREADS)
-            if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
+        double s = 0.0;
+        row_scan(zs, Vr, [&](float z, int v) {
+            double e;
+            if (kept(z, v, k, &e)) s = __dadd_rn(s, e);
+        });
         const double total = block_sum_f64(s);
         k.threshold = filter_threshold(zs, Vr, true, 0, k, total, dflash::f32_to_f64(prm.top_p), best_finite, h);
     }
     if (prm.min_p > 0.0f) k.min_e = dflash::f32_to_f64(prm.min_p);
-    double s = 0.0, e;
-    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS)
-        if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
+    double s = 0.0;
+    row_scan(zs, Vr, [&](float z, int v) {
+        double e;
+        if (kept(z, v, k, &e)) s = __dadd_rn(s, e);
+    });
     const double total = block_sum_f64(s);
-    for (int v = threadIdx.x; v < Vr; v += FTD_THREADS)
-        p[v] = kept(zs[v], v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
+    row_scan(zs, Vr, [&](float z, int v) {
+        double e;
+        p[v] = kept(z, v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
+    });
 }
