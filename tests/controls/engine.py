@@ -12,11 +12,13 @@ output a precision choice could move.
 Every option defaults to what the float32 baseline does (``Engine()`` is, up to the BLAS's own
 summation order, the baseline), so a variant names only what it changes. Options:
 
-accum           "blas" | "sequential" | "pairwise" | "split_k" | "tc_tiles": how every dot
-                product and reduction (GEMMs, attention, RMSNorm mean, softmax sums) accumulates in
-                FP32. tc_tiles models a tensor core (Fasi et al. 2021): products exact, each tile of
-                16 plus the accumulator aligned to the largest exponent and truncated to 24 bits,
-                the sum truncated to FP32.
+accum           "exact" | "blas" | "sequential" | "pairwise" | "split_k" | "tc_tiles": how every
+                dot product and reduction (GEMMs, attention, RMSNorm mean, softmax sums) accumulates.
+                exact (the baseline): dot products in float64 rounded once to FP32, other sums
+                NumPy's FP32 np.sum; blas: FP32 BLAS (the local library's order); the others FP32 in
+                that order. tc_tiles models a tensor core (Fasi et al. 2021): products exact, each
+                tile of 16 plus the accumulator aligned to the largest exponent and truncated to 24
+                bits, the sum truncated to FP32 (GEMMs only; other sums sequential).
 split           chunk length for split_k (and the scan block for cumulative sums)
 gemm_bf16       GEMM outputs stored BF16 between kernels (feature projection, Q/K/V/O, gate, up,
                 down). Never the context K projection (C1) nor the candidate logits (scores FP32).
@@ -47,9 +49,10 @@ bf16_delta      conv delta projection rounded BF16 before use on the input side;
 bf16_conv_coef  the conv coefficient (base + delta) rounded BF16 before the product
 conv_eager_bf16 eager model-dtype conv: coefficient, each tap's product and the tap sum BF16
 bf16_conv_out   finished conv branch rounded BF16 before the residual add (baseline)
-exp             "libm": NumPy float32 exp | "fast": CUDA __expf, ex2.approx(x * log2e) in FP32
+exp             "exact": float64 exp rounded once (the baseline) | "libm": NumPy's float32 (SIMD) exp |
+                "fast": CUDA __expf, ex2.approx(x * log2e) in FP32
 ftz             fast exp flushes subnormal results to zero (ex2.approx.ftz, as --use_fast_math)
-tanh            "libm": NumPy float32 tanh | "rational": Eigen/XLA's clamped 13/6 rational
+tanh            "exact" (the baseline) | "libm": NumPy float32 tanh | "rational": Eigen/XLA's clamped 13/6 rational
                 approximation in FP32 (a few ulps)
 """
 
@@ -68,7 +71,7 @@ F32 = np.float32
 TWO24 = 2**24
 
 DEFAULTS = {
-    "accum": "blas",
+    "accum": "exact",
     "split": 8,
     "gemm_bf16": True,
     "norm_style": "div",
@@ -90,18 +93,18 @@ DEFAULTS = {
     "bf16_conv_coef": False,
     "conv_eager_bf16": False,
     "bf16_conv_out": True,
-    "exp": "libm",
+    "exp": "exact",
     "ftz": False,
-    "tanh": "libm",
+    "tanh": "exact",
 }
 
 CHOICES = {
-    "accum": ("blas", "sequential", "pairwise", "split_k", "tc_tiles"),
+    "accum": ("exact", "blas", "sequential", "pairwise", "split_k", "tc_tiles"),
     "norm_style": ("div", "rsqrt", "hf"),
     "rope_table": ("fp32", "fp32_libm", "bf16_hf"),
     "softmax_mode": ("flash", "normalize_first", "online"),
-    "exp": ("libm", "fast"),
-    "tanh": ("libm", "rational"),
+    "exp": ("exact", "libm", "fast"),
+    "tanh": ("exact", "libm", "rational"),
 }
 
 GROUP = 16
@@ -213,6 +216,10 @@ class Engine:
         mode, n = self.opt["accum"], p.shape[-1]
         if mode == "tc_tiles" and not gemm:
             mode = "sequential"
+        if mode == "exact":
+            if gemm:
+                return np.sum(p.astype(np.float64), axis=-1).astype(np.float32)
+            mode = "blas"  # the baseline's other sums: NumPy's float32 np.sum
         if n == 0:
             return np.zeros(p.shape[:-1], np.float32)
         if mode == "blas":
@@ -253,6 +260,8 @@ class Engine:
     def _contract(self, a, b) -> np.ndarray:
         """a [..., M, K] . b [..., N, K] -> [..., M, N], FP32 accumulation in the configured order."""
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        if self.opt["accum"] == "exact":
+            return np.matmul(a.astype(np.float64), np.swapaxes(b, -1, -2).astype(np.float64)).astype(np.float32)
         if self.opt["accum"] == "blas":
             return np.matmul(a, np.swapaxes(b, -1, -2)).astype(np.float32)
         if self.opt["accum"] == "tc_tiles":  # products exact (BF16 x BF16 is exact in FP32 anyway)
@@ -264,6 +273,8 @@ class Engine:
     def _linear(self, x, w) -> np.ndarray:
         """x [..., K] @ w[N, K].T -> [..., N]."""
         x = np.asarray(x, np.float32)
+        if self.opt["accum"] == "exact":
+            return np.matmul(x.astype(np.float64), f32(w).T.astype(np.float64)).astype(np.float32)
         if self.opt["accum"] == "blas":  # one library call on the batched operand, as x @ W.T
             return np.matmul(x, f32(w).T).astype(np.float32)
         lead = x.shape[:-1]
@@ -275,9 +286,13 @@ class Engine:
         if self.opt["exp"] == "fast":
             return fast_exp(x, ftz=self.opt["ftz"])
         with np.errstate(over="ignore", under="ignore"):
+            if self.opt["exp"] == "exact":
+                return np.exp(x.astype(np.float64)).astype(np.float32)
             return np.exp(x).astype(np.float32)
 
     def _tanh(self, x) -> np.ndarray:
+        if self.opt["tanh"] == "exact":
+            return np.tanh(np.asarray(x, np.float64)).astype(np.float32)
         return rational_tanh(x) if self.opt["tanh"] == "rational" else np.tanh(np.asarray(x, np.float32))
 
     def _rmsnorm(self, x, w, eps) -> np.ndarray:

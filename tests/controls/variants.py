@@ -20,6 +20,10 @@ VARIANTS = [
     Engine("fp32_everywhere", "FP32 instead of BF16 intermediates anywhere: no BF16 between kernels at all",
            gemm_bf16=False, bf16_norm_out=False, bf16_qk=False, bf16_probs=False, bf16_attn_out=False,
            bf16_residual=False, bf16_act=False, bf16_delta=False, bf16_conv_out=False),
+    Engine("fp32_blas_accumulation", "any accumulation order: FP32 GEMMs by the local BLAS (OpenBLAS sgemm "
+           "blocking), NumPy's float32 einsum and matmul", accum="blas"),
+    Engine("numpy_float32_libm", "exp/tanh from a different libm: NumPy's float32 SIMD exp and tanh",
+           exp="libm", tanh="libm"),
     Engine("sequential_accumulation", "any accumulation order: every dot product and reduction left to right",
            accum="sequential"),
     Engine("pairwise_accumulation", "any accumulation order: pairwise (tree) sums", accum="pairwise"),
