@@ -62,17 +62,20 @@ def test_exact_outputs_must_be_equal():
 D = {"d": Output("d", DECISION)}
 
 
-def _d(got, margin, margin_err=0.0, scale=None):
+def _d(got, margin, margin_err=0.0, scale=None, envelope_k=None):
     ref = {"d": np.array([1, 2]), "d.margin": np.array(margin, float)}
     if scale is not None:
         ref["d.scale"] = np.array(scale, float)
-    return compare(D, ref, {"d": np.array(got)}, {}, {"d": {"margin_err": margin_err}})
+    bound = {"margin_err": margin_err, **({} if envelope_k is None else {"envelope_k": envelope_k})}
+    return compare(D, ref, {"d": np.array(got)}, {}, {"d": bound})
 
 
 def test_decision_divergence_inside_the_tolerance_is_acceptable():
     r = _d([1, 3], [5.0, 1e-3], margin_err=1e-3)
     assert r.result == Result.ACCEPTABLE
-    assert "d: 1 acceptable divergence(s), first at [1] (got 3, expected 2; margin 0.001 <= tol 0.002)" in r.detail
+    assert "d: ambiguous: 1 acceptable divergence(s), first at [1] (got 3, expected 2; margin 0.001 <= tol 0.002)" \
+        in r.detail
+    assert r.flags == ("ambiguous",)
 
 
 def test_decision_divergence_outside_the_tolerance_fails():
@@ -85,10 +88,14 @@ def test_exact_tie_is_decided_by_the_tie_rule_not_acceptable():
     assert r.result == Result.FAIL and "exact tie" in r.detail
 
 
-def test_tolerance_floor_is_fp32_spacing_at_the_scale():
-    # margin_err 0: the floor alone decides; FP32 spacing at 1024 is 2**-13
-    assert _d([1, 3], [5.0, 2.0**-13], scale=[1024.0, 1024.0]).result == Result.ACCEPTABLE
-    assert _d([1, 3], [5.0, 2.0**-12], scale=[1024.0, 1024.0]).result == Result.FAIL
+def test_tolerance_floor_is_the_envelope_of_the_scores():
+    # margin_err 0: the envelope of the competing scores alone decides (C2 v2):
+    # envelope_k * 2**-24 * scale = 8 * 2**-24 * 1024 = 2**-11
+    assert _d([1, 3], [5.0, 2.0**-11], scale=[1024.0, 1024.0], envelope_k=8).result == Result.ACCEPTABLE
+    assert _d([1, 3], [5.0, 2.0**-10], scale=[1024.0, 1024.0], envelope_k=8).result == Result.FAIL
+    # one unit roundoff of the scale when no k is stored: 2**-14
+    assert _d([1, 3], [5.0, 2.0**-14], scale=[1024.0, 1024.0]).result == Result.ACCEPTABLE
+    assert _d([1, 3], [5.0, 2.0**-13], scale=[1024.0, 1024.0]).result == Result.FAIL
     # without a scale the floor is the spacing at the margin itself: far smaller
     assert _d([1, 3], [5.0, 2.0**-13]).result == Result.FAIL
 

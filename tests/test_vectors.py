@@ -84,7 +84,9 @@ def test_case_file_holds_what_the_contract_lists(toy_vectors):
     assert vec.expected["y"].dtype == ml_dtypes.bfloat16
     assert np.array_equal(vec.expected["y"].astype(np.float64), ref["y"])
     assert np.array_equal(vec.expected["pick"], ref["pick"]) and vec.expected["pick"].dtype == np.int32
-    assert np.array_equal(vec.expected["pick.margin"], ref["pick.margin"])
+    # margins are stored rounded down to two significant bits (C8: no BLAS reordering moves them)
+    assert np.array_equal(vec.expected["pick.margin"], bounds.round_out(ref["pick.margin"], up=False))
+    assert bounds.round_out(ref["pick.margin"], up=False).tolist() != ref["pick.margin"].tolist()  # it did round
     assert vec.inputs["a"].dtype == ml_dtypes.bfloat16 and vec.inputs["logits"].dtype == np.float32
     assert vec.masks["y"].tolist() == [[True] * 4, [True] * 4, [False] * 4]
     assert set(vec.masks) == {"y"}
@@ -103,11 +105,17 @@ def test_regeneration_is_byte_identical_in_another_process(toy_vectors, tmp_path
     assert (tmp_path / "manifest.json").read_bytes() == (toy_vectors / "manifest.json").read_bytes()
 
 
-def test_ceil_sig_rounds_up_to_three_digits():
-    assert bounds.ceil_sig(1.2345e-3) == 1.24e-3
-    assert bounds.ceil_sig(3.0) == 3.0
-    assert bounds.ceil_sig(0.0) == 0.0
-    assert bounds.ceil_sig(9.991) == 10.0
+def test_round_out_keeps_two_significant_bits():
+    # 1.2345e-3 = 0.632 * 2**-9: mantissas of two bits are 0.5 and 0.75
+    assert bounds.ceil_sig(1.2345e-3) == 0.75 * 2.0**-9
+    assert bounds.round_out(1.2345e-3, up=False) == 0.5 * 2.0**-9
+    assert [bounds.round_out(x) for x in (3.0, 5.0, 6.0, 7.0, 9.0)] == [3.0, 6.0, 6.0, 8.0, 12.0]
+    assert [bounds.round_out(x, up=False) for x in (3.0, 5.0, 7.0, 9.0)] == [3.0, 4.0, 6.0, 8.0]
+    assert bounds.ceil_sig(0.0) == 0.0 and bounds.round_out(np.inf) == np.inf
+    a = bounds.round_out(np.array([0.0, 1e-300, 2.5, np.inf]), up=False)
+    assert a.tolist() == [0.0, bounds.round_out(1e-300, up=False), 2.0, np.inf] and a[1] > 0
+    # a last-bit change (another BLAS order) does not move the stored value
+    assert bounds.round_out(2.9) == bounds.round_out(np.nextafter(2.9, 3.0)) == 3.0
 
 
 def _hand_outputs():
@@ -120,11 +128,12 @@ def test_bounds_follow_the_baseline_by_hand():
     masks = {"y": np.ones(3, bool), "d": np.ones(2, bool)}
     b = bounds.derive(_hand_outputs(), ref, base, masks)
     # y: one BF16 ulp at 1.0 -> bound 2 * 1 + 1; normwise 2**-7 / sqrt(21) rounded up, floor 2**-8
+    # (stored numbers rounded up to two significant bits: 2**-7 / sqrt(21) = 0.87 * 2**-9 -> 2**-9)
     assert b["y"]["baseline_ulp"] == 1.0 and b["y"]["bound_ulp"] == 3.0
-    assert b["y"]["baseline_norm"] == 1.71e-3
-    assert b["y"]["bound_norm"] == bounds.ceil_sig(2 * 1.71e-3 + 2.0**-8)
-    # d: agreeing 0.5 vs 0.25 -> 0.25; disagreeing at 1: 2.0 + 0.1 -> 2.1
-    assert b["d"]["margin_err"] == 2.1 and b["d"]["floor"] == "fp32 spacing at |d.margin|"
+    assert b["y"]["baseline_norm"] == 2.0**-9
+    assert b["y"]["bound_norm"] == bounds.ceil_sig(2 * 2.0**-9 + 2.0**-8) == 2.0**-7
+    # d: agreeing 0.5 vs 0.25 -> 0.25; disagreeing at 1: 2.0 + 0.1 -> 2.1, rounded up to 3
+    assert b["d"]["margin_err"] == 3.0 and b["d"]["floor"] == "fp32 spacing at |d.margin|"
     masks["y"][0] = False
     assert bounds.derive(_hand_outputs(), ref, base, masks)["y"]["bound_ulp"] == 1.0
 

@@ -108,6 +108,9 @@ def generate() -> list[Case]:
              window=8, capacity=8, frontier=[19], live=[6], width=6, hq=8, hk=2, d=32),
         make("draft_attention/gqa_Hq4_Hk1_D16_local_S8_F11_W12", ["ring_wrap"],
              window=8, capacity=8, frontier=[11], live=[12], width=12, hq=4, hk=1),
+        # enough compared elements (2 x 8 x 8 x 32) for the bias check (C2 v2) to see a truncating store
+        make("draft_attention/bf16_truncation__gqa_Hq8_Hk2_D32_full_F24_W8_B2", ["bf16_truncation"],
+             window=0, capacity=24, frontier=[24, 24], live=[8, 8], width=8, hq=8, hk=2, d=32),
         make("draft_attention/mha_Hq2_Hk2_D32_full_F6_W5", [],
              window=0, capacity=8, frontier=[6], live=[5], width=5, hq=2, hk=2, d=32),
         make("draft_attention/positions_2p31__local_S8_F2147483645_W4", ["positions_2p31", "ring_wrap"],

@@ -22,7 +22,7 @@ from reference import numerics, precision
 from reference.candidate_selector import candidate_selector
 from reference.candidate_topk import _transform, candidate_topk
 from reference.context_kv import chunk_rows, paged_rows, ring_slots
-from reference.draft_attention import draft_attention
+from reference.draft_attention import attend, draft_attention
 from reference.draft_layer import draft_layer, forward
 from reference.feature_capture import feature_capture
 from reference.grouped_conv import GROUP, project_delta
@@ -50,6 +50,10 @@ class Mutant(Float32Baseline):
     pitfall = ""
     variant = ""
     BUG: ClassVar[dict | None] = None  # None: the mutant calls the reference on manipulated inputs
+    # what the suite must say on a case naming the pitfall: "fail"; or "precision" for a spec
+    # deviation whose error is the size of a legitimate rounding (C2 v2): ACCEPTABLE(precision)
+    # there, never PASS, so that --strict fails it
+    expect = "fail"
 
     def __init__(self, bug: dict | None = None):
         super().__init__()
@@ -161,8 +165,18 @@ class LastBlockFinalNorm(Mutant):
         return self._baseline(feature_capture, block_outputs=numerics.storage(r, "bf16"), eps=eps, **kw)
 
 
+def _fp32_rope(x, positions, theta):
+    """RoPE with angles formed in FP32 from FP32 positions (exact only below 2^24)."""
+    d = x.shape[-1]
+    inv = np.float32(theta) ** (-np.arange(d // 2, dtype=np.float32) * np.float32(2.0 / d))
+    ang = (np.asarray(positions).astype(np.float32)[..., None] * inv)[..., None, :]
+    cos, sin = np.cos(ang.astype(np.float64)).astype(x.dtype), np.sin(ang.astype(np.float64)).astype(x.dtype)
+    lo, hi = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
+
+
 def _context_kv(context, k_cache, v_cache, wk, wv, k_norm, start, eps, theta, head_dim, storage, page_size=None,
-                page_table=None, *, k_raw_bf16=False, v_via_bf16=True, ring_shift=0):
+                page_table=None, *, k_raw_bf16=False, v_via_bf16=True, ring_shift=0, fp32_positions=False):
     """context_kv written out with its representation and slot choices as switches."""
     c = work(context)
     start, rows = int(start), c.shape[0]
@@ -170,7 +184,8 @@ def _context_kv(context, k_cache, v_cache, wk, wv, k_norm, start, eps, theta, he
     k_raw = (c @ work(wk).T).reshape(rows, -1, int(head_dim))
     if k_raw_bf16:  # the projection GEMM writes its output in the model dtype before the norm
         k_raw = represent(k_raw, "bf16")
-    k = represent(rope_1d(plain_head_rmsnorm(k_raw, k_norm, eps, int(head_dim)), positions, theta), "bf16")
+    rope = _fp32_rope if fp32_positions else rope_1d
+    k = represent(rope(plain_head_rmsnorm(k_raw, k_norm, eps, int(head_dim)), positions, theta), "bf16")
     v_raw = (c @ work(wv).T).reshape(k.shape)
     v = represent(represent(v_raw, "bf16") if v_via_bf16 else v_raw, "fp16")
     k_out, v_out = work(k_cache).copy(), work(v_cache).copy()
@@ -196,14 +211,64 @@ class RingSlot(Mutant):
 
 
 class KBf16BeforeNorm(Mutant):
-    """Raw context K rounded to BF16 between projection and head norm."""
+    """Raw context K rounded to BF16 between projection and head norm. C1 forbids it, but the
+    head norm is scale-invariant, so the error is one BF16 rounding of the normalized K: the
+    size of the legitimate rounding of the norm's output before RoPE (C2 v2). The suite flags
+    it ACCEPTABLE(precision) at its cases, which --strict fails; no envelope can FAIL it
+    without failing that legitimate engine."""
 
     op, pitfall = "context_kv", "k_bf16_before_norm"
+    expect = "precision"
 
     BUG: ClassVar[dict] = {"k_raw_bf16": True}
 
     def context_kv(self, **kw):
         return self._baseline(_context_kv, **self.bug, **kw)
+
+
+class Fp32Positions(Mutant):
+    """RoPE angles from FP32 positions (the HF/vLLM habit): positions above 2^24 lose bits."""
+
+    op, pitfall = "context_kv", "positions_2p31"
+
+    BUG: ClassVar[dict] = {"fp32_positions": True}
+
+    def context_kv(self, **kw):
+        return self._baseline(_context_kv, **self.bug, **kw)
+
+
+class Fp32Positions2p32(Fp32Positions):
+    op, pitfall, variant = "context_kv", "positions_2p32", "fp32_positions"
+
+
+def _truncate_bf16(x) -> np.ndarray:
+    """Round to BF16 by dropping the low 16 bits of the FP32 value (toward zero)."""
+    bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+    return numerics.storage(bits.view(np.float32).astype(np.float64), "bf16")
+
+
+class Bf16TruncationAttention(Mutant):
+    """The attention output stored BF16 by truncation instead of round-to-nearest-even."""
+
+    op, pitfall = "draft_attention", "bf16_truncation"
+
+    def draft_attention(self, q, k, v, k_cache, v_cache, frontier, live, window):
+        with precision.baseline(registry.get(self.op).bf16_intermediates):
+            out = attend(q, k, v, k_cache, v_cache, frontier, live, int(window))
+        return {"out": _truncate_bf16(out)}
+
+
+class Bf16TruncationFeatures(Mutant):
+    """The context features stored BF16 by truncation."""
+
+    op, pitfall, variant = "feature_capture", "bf16_truncation", "feature_capture"
+
+    def feature_capture(self, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
+        with precision.baseline(registry.get(self.op).bf16_intermediates):
+            r = work(block_outputs)
+            s = np.concatenate([r[int(i)] for i in target_layer_ids], axis=-1)
+            out = plain_rmsnorm(inter(precision.matmul(s, work(fc_weight).T), "projected"), hidden_norm, eps)
+        return {"context": _truncate_bf16(out)}
 
 
 class VFp16WithoutBf16(Mutant):
@@ -530,6 +595,10 @@ MUTANTS = [
     LastBlockFinalNorm(),
     RingSlot(),
     KBf16BeforeNorm(),
+    Fp32Positions(),
+    Fp32Positions2p32(),
+    Bf16TruncationAttention(),
+    Bf16TruncationFeatures(),
     VFp16WithoutBf16(),
     ConvCol0Tap(),
     ConvDeltaPerChannel(),
