@@ -202,17 +202,20 @@ class FastCudaBackend(CudaBackend):
         S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
         chunk = -(-Vr // S)
         S = -(-Vr // chunk)
-        partial = c.empty((M, S, k), dtype=np.uint64)
+        # k <= 32: one register-resident list per warp (fast_topk_partial_warp), else per thread
+        warp = k <= 32
+        lists = S * (_FT_THREADS // 32 if warp else 1)
+        partial = c.empty((M, lists, k), dtype=np.uint64)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
         if M:
-            _fn("fast_select", "fast_topk_partial")(
+            _fn("fast_select", "fast_topk_partial_warp" if warp else "fast_topk_partial")(
                 (S, M), (_FT_THREADS,),
                 (logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k),
                  np.int32(chunk), partial))
             _fn("fast_select", "fast_topk_merge")(
                 (M,), (_FT_THREADS,),
-                (partial, logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(S), np.int32(k),
+                (partial, logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k),
                  np.float32(multiplier), np.float32(softcap), _NULL if scores is None else scores, ids))
         return scores, ids
 

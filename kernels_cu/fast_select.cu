@@ -104,6 +104,48 @@ fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shor
     if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
 }
 
+// k <= 32: each warp keeps its best k in registers, lane i holding rank i (0 = none), and a
+// batch of 32 logits only costs a ballot against the warp's k-th key; the rare candidates are
+// inserted with a ballot (position) and a shuffle (shift). Grid (S, M); each block writes
+// FT_WARPS lists: partial[((m * S + s) * FT_WARPS + warp) * k ...].
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
+fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__ shortlist, int M, int Vr,
+                       int vocab_size, int k, int chunk, u64* __restrict__ partial) {
+    const int s = blockIdx.x, S = gridDim.x, m = blockIdx.y;
+    if (m >= M) return;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const float* z = logits + (size_t)m * Vr;
+    const int v0 = s * chunk;
+    const int v1 = min(Vr, v0 + chunk);
+    u64 mine = 0ull, thr = 0ull;
+    for (int base = v0 + wid * 32 + lane; base - lane < v1; base += 8 * FT_THREADS) {
+        u64 keys[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // eight coalesced loads in flight per lane
+            const int v = base + j * FT_THREADS;
+            const float zv = v < v1 ? __ldg(z + v) : 0.0f;
+            const int gid = v < v1 ? (shortlist ? __ldg(shortlist + v) : v) : -1;
+            keys[j] = (gid >= 0 && gid < vocab_size) ? fk_key(zv, v) : 0ull;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            unsigned cand = __ballot_sync(0xffffffffu, keys[j] > thr);
+            while (cand) {  // warp-uniform loop
+                const int src = __ffs(cand) - 1;
+                cand &= cand - 1;
+                const u64 c = __shfl_sync(0xffffffffu, keys[j], src);
+                if (c <= thr) continue;
+                const int pos = __popc(__ballot_sync(0xffffffffu, lane < k && mine > c));
+                const u64 up = __shfl_up_sync(0xffffffffu, mine, 1);
+                if (lane > pos && lane < k) mine = up;
+                if (lane == pos) mine = c;
+                thr = __shfl_sync(0xffffffffu, mine, k - 1);
+            }
+        }
+    }
+    if (lane < k) partial[(((size_t)m * S + s) * FT_WARPS + wid) * k + lane] = mine;
+}
+
 // Grid M: the S * k partial keys of row m -> the final top-k. scores/ids may be null (argmax
 // only needs ids). ids are global ids (shortlist remap); -1 and -inf pad missing candidates.
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
