@@ -6,9 +6,12 @@ install:
 	$(PYTHON) -m pip install -q -e '.[test]'
 
 # The test command of README.md (and of .ci/run): installs the package with its
-# test extras into the current Python, then runs every test that needs no GPU
+# test extras into the current Python, checks that the committed vectors regenerate
+# byte for byte (a reference change that moves a vector fails here unless the vectors
+# were regenerated with it, CONTRACTS C8), then runs every test that needs no GPU
 # (GPU tests skip with a reason; the nvcc compile test runs where nvcc exists).
 test: install
+	$(PYTHON) -m conformance.cli verify --strict --vectors vectors
 	$(PYTHON) -m pytest -q
 
 test-gpu:
