@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
@@ -278,6 +279,10 @@ class Reports:
         self.total, self.run, self.strict, self.interval = total, run or {}, strict, interval
         self.results: list = []
         self._last = 0.0
+        self._dirty = False
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._thread = None
 
     def check(self) -> None:
         for opt, path in (("--json", self.json_path), ("--junit", self.junit_path)):
@@ -306,19 +311,38 @@ class Reports:
         write_junit(self.junit_path, self.results, self.implementation, complete, self.strict, self.total)
 
     def write(self, complete: bool) -> None:
-        if self.json_path:
-            self._json(complete)
-        if self.junit_path:
-            self._junit(complete)
-        self._last = time.monotonic()
+        with self._lock:
+            self._dirty = False
+            if self.json_path:
+                self._json(complete)
+            if self.junit_path:
+                self._junit(complete)
+            self._last = time.monotonic()
 
     def add(self, result) -> None:
-        self.results.append(result)
-        if result.result.failed or time.monotonic() - self._last >= self.interval:
-            self.write(False)
+        with self._lock:
+            self.results.append(result)
+            self._dirty = True
+            if result.result.failed or time.monotonic() - self._last >= self.interval:
+                self.write(False)
+        if self._thread is None and (self.json_path or self.junit_path):
+            # results that arrive just before a long case reach the disk while it runs
+            self._thread = threading.Thread(target=self._flusher, daemon=True)
+            self._thread.start()
+
+    def _flusher(self) -> None:
+        while not self._closed.wait(self.interval):
+            with self._lock:
+                if self._dirty and not self._closed.is_set():
+                    try:
+                        self.write(False)
+                    except OSError:
+                        pass  # the last write (close) reports it
 
     def close(self, complete: bool) -> None:
-        self.write(complete)
+        self._closed.set()
+        with self._lock:
+            self.write(complete)
 
 
 # ----------------------------------------------------------------------------- console
