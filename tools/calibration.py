@@ -79,6 +79,10 @@ def run_mutants(mutants, vectors: Path, progress) -> dict:
     return out
 
 
+def _flagged(r) -> bool:
+    return r.result == Result.ACCEPTABLE and "precision" in tuple(getattr(r, "acceptable_flags", ()) or ())
+
+
 def _worst(results) -> tuple[float | None, str, str]:
     best = (None, "", "")
     for r in results:
@@ -108,7 +112,10 @@ def report(variant_runs: dict, reasons: dict, mutant_runs: dict, argv: list[str]
         "A fraction is the case's worst error over its represented outputs divided by the bound that judged it "
         "(1.0 = at the bound). Legitimate variants must stay at or below 1 of the envelope; a mutant must FAIL on "
         "a case naming its pitfall. `sep` = weakest mutant / worst variant: how far the envelope separates "
-        "bugs from engines ('exact' = the mutant FAILs an exact or decision output, no envelope involved).",
+        "bugs from engines ('non-envelope' = the mutant FAILs an exact or decision output, the bias test or a "
+        "normwise bound: no envelope fraction involved). A mutant marked `expect = \"precision\"` (a spec deviation "
+        "the size of a legitimate rounding, CONTRACTS C2 v2) must be flagged ACCEPTABLE(precision) at every case "
+        "naming it instead, and is left out of the separation.",
         "",
         "## Per Op",
         "",
@@ -130,6 +137,12 @@ def report(variant_runs: dict, reasons: dict, mutant_runs: dict, argv: list[str]
     for key, (m, results) in mutant_runs.items():
         named = [r for r in results if m.pitfall in r.case]
         failing = [r for r in named if r.result == Result.FAIL]
+        if getattr(m, "expect", "fail") == "precision":
+            # a documented spec deviation of a legitimate rounding's size (C2 v2): flagged
+            # ACCEPTABLE(precision) at every named case, never PASS; not part of the separation
+            if not named or not all(_flagged(r) for r in named):
+                ok = False
+            continue
         if not failing:
             ok = False
         # the mutant's strongest evidence: its largest fraction among the failing named cases; an
@@ -144,8 +157,10 @@ def report(variant_runs: dict, reasons: dict, mutant_runs: dict, argv: list[str]
         muts = sorted(by_op_mut.get(op, []), key=lambda x: x[0])
         if muts:
             mf, mkey, mcase = muts[0]
-            mshow = "exact" if not np.isfinite(mf) else fmt(mf)
-            sep = "exact" if not np.isfinite(mf) else (fmt(mf / vf) if vf else "-")
+            mshow = "non-envelope" if not np.isfinite(mf) else fmt(mf)
+            sep = "non-envelope" if not np.isfinite(mf) else (fmt(mf / vf) if vf else "-")
+            if mcase == "(passes)":
+                mshow, mcase, sep = "**passes**", "every case naming its pitfall", "**none: suite defect**"
         else:
             mf, mkey, mcase, mshow, sep = None, "(none)", "", "-", "-"
         lines.append(f"| {op} | {vkey} | {fmt(vf)} | {vcase} | {mkey} | {mshow} | {mcase} | {sep} |")
@@ -170,10 +185,20 @@ def report(variant_runs: dict, reasons: dict, mutant_runs: dict, argv: list[str]
     for key, (m, results) in mutant_runs.items():
         named = [r for r in results if m.pitfall in r.case]
         failing = [r for r in named if r.result == Result.FAIL]
-        fs = [(frac(r)[0], r.case) for r in failing if frac(r)[0] is not None]
+        if getattr(m, "expect", "fail") == "precision":
+            flagged = [r for r in named if _flagged(r)]
+            lines.append(f"| {key} | {m.op} | expected ACCEPTABLE(precision), documented exception: flagged on "
+                         f"{len(flagged)} of {len(named)} | " + "; ".join(f"{r.result.name} {r.case} ({fmt(frac(r)[0])})"
+                                                                    for r in named) + " |")
+            continue
+        # a FAIL within 1 of its bound failed on an exact or decision output (or a normwise bound)
+        fs = [(frac(r)[0], r.case) for r in failing if frac(r)[0] is not None and frac(r)[0] > 1]
         strongest = max(fs) if fs else None
-        lines.append(f"| {key} | {m.op} | {len(failing)} of {len(named)} | "
-                     f"{fmt(strongest[0]) + ' (' + strongest[1] + ')' if strongest else 'exact/decision'} |")
+        if not failing:
+            shown = "passes: " + "; ".join(f"{r.result.name} {r.case} ({fmt(frac(r)[0])})" for r in named)
+        else:
+            shown = f"{fmt(strongest[0])} ({strongest[1]})" if strongest else "non-envelope check"
+        lines.append(f"| {key} | {m.op} | {len(failing)} of {len(named)} | {shown} |")
     return "\n".join(lines) + "\n", ok
 
 
@@ -181,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vectors", type=Path, default=ROOT / "vectors")
     ap.add_argument("--out", type=Path, help="write the Markdown report here (default: stdout)")
-    ap.add_argument("--torch", metavar="DEVICE", help="also run the PyTorch BF16 engine on DEVICE (cpu, cuda)")
+    ap.add_argument("--torch", metavar="DEVICE", action="append", default=[],
+                    help="also run the PyTorch BF16 engine on DEVICE (cpu, cuda); repeatable")
     ap.add_argument("--only-torch", action="store_true", help="run only the PyTorch engine (with --torch)")
     ap.add_argument("--no-mutants", action="store_true", help="skip the mutants")
     ap.add_argument("--variants", help="comma-separated variant names (default: all)")
@@ -203,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch:
         from tests.controls.torch_engine import TorchEngine
 
-        variants.append(TorchEngine(device=args.torch))
+        for device in args.torch:
+            engine = TorchEngine(device=device)
+            engine.key = f"{engine.key}_{device}"
+            variants.append(engine)
     reasons = {v.key: getattr(v, "reason", "") for v in variants}
     variant_runs = run_controls(variants, args.vectors, progress)
     mutant_runs = {} if (args.no_mutants or args.only_torch) else run_mutants(MUTANTS, args.vectors, progress)

@@ -148,6 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--torch", metavar="DEVICE", help="run the PyTorch BF16 engine on DEVICE (cpu, cuda)")
     ap.add_argument("--only-torch", action="store_true")
     ap.add_argument("--vectors", type=Path, default=VECTORS)
+    ap.add_argument("-v", "--verbose", action="store_true", help="also list every ACCEPTABLE case")
     args = ap.parse_args(argv)
     impls = [] if args.only_torch else list(VARIANTS)
     if args.torch:
@@ -162,7 +163,9 @@ def main(argv=None) -> int:
         for r in results:
             if r.result not in (Result.PASS, Result.ACCEPTABLE):
                 failed += 1
-                print(f"  {r.result.name} {r.case}: {r.detail}")
+            if r.result != Result.PASS and (args.verbose or r.result != Result.ACCEPTABLE):
+                env = getattr(r, "envelope_frac", None)
+                print(f"  {r.result.name} {r.case} (envelope fraction {env}): {r.detail}")
     return 1 if failed else 0
 
 
