@@ -31,6 +31,7 @@ import numpy as np
 from reference.precision import represent, work
 from reference.rng import Purpose, exponential_race, uniform
 from reference import precision as P
+from reference import scales
 
 
 def _greedy(e) -> tuple[int, float]:
@@ -59,20 +60,31 @@ def candidate_selector(
     margin = np.zeros((nb, nk))
     regret = np.zeros((nb, nk))
     q = np.zeros((nb, nk, top), dtype=g.dtype)
+    # magnitudes in FP32 units (C2 v2): q's envelope, and the scores each margin compares
+    q_scale = np.zeros((nb, nk, top))
+    step_scale = np.zeros((nb, nk))
     for b in range(nb):
         t = float(np.asarray(temperature)[b])
         pred_token = int(anchor[b])
         for i in range(nk):
             e = u[b, i] + P.matmul(w_succ[ids[b, i]], w_pred[pred_token] * g[b, i])
+            prod = np.abs(np.asarray(w_pred[pred_token] * g[b, i], np.float64))
+            se = np.abs(np.asarray(u[b, i], np.float64)) + np.abs(np.asarray(w_succ[ids[b, i]], np.float64)) @ prod
             p = None if forced_path is None else int(forced_path[b, i])
             if t <= 0:
                 j, m = _greedy(e)
                 q[b, i, j if p is None else p] = 1  # the actual q: one-hot at the choice the walk took
                 score = e.astype(np.float64)
+                step_scale[b, i] = scales.greedy_scale(score, se)
             else:
                 q[b, i] = represent(_softmax(e / e.dtype.type(t)), "fp32")
                 position = int(frontier[b]) + i  # absolute position F + i, past 2^32 as well
                 j, m = exponential_race(q[b, i], np.uint64(seed[b]), position, Purpose.DFLASH2_PROPOSAL)
+                y = np.asarray(e, np.float64) / t
+                q_scale[b, i] = scales.softmax_scale(q[b, i], y, (se + np.abs(y) * t) / t + np.abs(y),
+                                                     np.ones(top, bool))
+                step_scale[b, i] = scales.race_scale(q[b, i], q_scale[b, i], np.uint64(seed[b]), position,
+                                                     Purpose.DFLASH2_PROPOSAL)
                 score = _race_scores(q[b, i], np.uint64(seed[b]), position) if p is not None else None
             path[b, i], margin[b, i] = j, m
             if p is None:
@@ -88,6 +100,9 @@ def candidate_selector(
         "tokens": tokens,
         "tokens.margin": margin.copy(),
         "q": q,
+        "q.scale": q_scale,
+        "path.scale": step_scale,
+        "tokens.scale": step_scale.copy(),
     }
     if forced_path is not None:
         out["path.regret"], out["tokens.regret"] = regret, regret.copy()

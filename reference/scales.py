@@ -18,6 +18,7 @@ from reference.context_kv import paged_rows, ring_slots
 from reference.draft_attention import allowed
 from reference.grouped_conv import GROUP
 from reference.masked_block import CONV_WEIGHTS, LAYER_WEIGHTS, block_tokens
+from reference.rng import uniform
 from reference.target_distribution import penalized_logits
 
 SOFTMAX_TERMS = 3.0  # exp's own rounding, the division by the sum, the stored FP32 value
@@ -181,49 +182,64 @@ def proposal_head(kw, out) -> dict:
     return {"tokens.scale": 2 * raw}
 
 
+def penalized_magnitude(logits_row, prompt_row, counts_row, vocab_size, rho, f, r) -> np.ndarray:
+    """s of the processed logits (C5 steps 1-3) in FP32 units: each penalty is one or two
+    FP32 operations on the logit (the logits themselves are given)."""
+    z = penalized_logits(logits_row, prompt_row, counts_row, vocab_size, rho, f, r)
+    counts = np.asarray(counts_row, np.float64)
+    fin = np.isfinite(z)
+    az = np.abs(np.where(fin, z, 0.0))
+    seen = (np.asarray(prompt_row) != 0) | (counts > 0)
+    sz = np.where(seen & (float(rho) != 1), az, 0.0)
+    if float(f) or float(r):
+        sz = sz + np.abs(float(f) * counts) + abs(float(r)) * (counts > 0) + az
+    return sz
+
+
+def probs_scale(z, sz, temperature: float, probs) -> np.ndarray:
+    """s of p = softmax(z / T) over the kept tokens (those with p > 0), FP32 units."""
+    probs = np.asarray(probs, np.float64)
+    if temperature <= 0:
+        return np.zeros_like(probs)  # greedy: one-hot, exact
+    fin = np.isfinite(z)
+    y = np.where(fin, z / temperature, 0.0)
+    return softmax_scale(probs, y, sz / temperature + np.abs(y), probs > 0)
+
+
 def target_distribution(kw, out) -> dict:
     probs = np.asarray(out["probs"], np.float64)
     s = np.zeros_like(probs)
     for n in range(probs.shape[0]):
-        t = float(kw["temperature"][n])
-        if t <= 0:
-            continue  # greedy: one-hot, exact
         z = penalized_logits(kw["logits"][n], kw["prompt_mask"][n], kw["output_counts"][n], kw["vocab_size"],
                              kw["repetition_penalty"][n], kw["frequency_penalty"][n], kw["presence_penalty"][n])
-        counts = np.asarray(kw["output_counts"][n], np.float64)
-        rho, f, r = (float(kw[k][n]) for k in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
-        seen = (np.asarray(kw["prompt_mask"][n]) != 0) | (counts > 0)
-        fin = np.isfinite(z)
-        sz = np.where(seen & (rho != 1), np.abs(np.where(fin, z, 0)), 0.0)  # the penalty's rounding
-        if f or r:
-            sz = sz + np.abs(f * counts) + np.abs(r) * (counts > 0) + np.abs(np.where(fin, z, 0))
-        y = np.where(fin, z / t, -np.inf)
-        sy = sz / t + np.abs(np.where(fin, y, 0))
-        keep = probs[n] > 0
-        s[n] = softmax_scale(probs[n], np.where(fin, y, 0), sy, keep)
+        sz = penalized_magnitude(kw["logits"][n], kw["prompt_mask"][n], kw["output_counts"][n], kw["vocab_size"],
+                                 kw["repetition_penalty"][n], kw["frequency_penalty"][n], kw["presence_penalty"][n])
+        s[n] = probs_scale(z, sz, float(kw["temperature"][n]), probs[n])
     return {"probs": s}
 
 
+def race_scale(weights, s_weights, seed, position, purpose) -> float:
+    """The envelope of an exponential race's margin (C3 scores log w - log(-log U), FP32
+    units): the relative envelope of the winner's and the runner-up's weights, plus each
+    score's own FP32 evaluation (|score|)."""
+    w = np.asarray(weights, np.float64)
+    support = np.flatnonzero(w > 0)
+    if support.size < 2:
+        return 0.0
+    u = uniform(seed, position, purpose, support)
+    score = np.log(w[support]) - np.log(-np.log(u))
+    top2 = np.argsort(-score, kind="stable")[:2]
+    v = support[top2]
+    return float(np.sum(np.asarray(s_weights, np.float64)[v] / w[v]) + np.sum(np.abs(score[top2])))
+
+
+def greedy_scale(z, sz) -> float:
+    """The envelope of an argmax lead over processed logits z (FP32 units): twice the largest s."""
+    fin = np.isfinite(z)
+    return float(2 * np.max(np.where(fin, sz + np.abs(np.where(fin, z, 0.0)), 0.0))) if fin.any() else 0.0
+
+
 def candidate_selector(kw, out) -> dict:
-    """g: its GEMM; q (sampled rows): the softmax of E / T along the walk ``out["path"]`` took, E
-    formed from ``out["g"]`` (the implementation's g when followed)."""
-    sg = logit_magnitude(kw["hidden"], kw["w_hidden"])
-    g = np.asarray(out["g"], np.float64)
-    u = np.asarray(kw["scores"], np.float64)
-    ids = np.asarray(kw["ids"], np.int64)
-    w_pred, w_succ = np.asarray(kw["w_pred"], np.float64), np.asarray(kw["w_succ"], np.float64)
-    path = np.asarray(out["path"], np.int64)
-    q = np.asarray(out["q"], np.float64)
-    sq = np.zeros_like(q)
-    for b in range(ids.shape[0]):
-        t = float(np.asarray(kw["temperature"])[b])
-        pred = int(kw["anchor"][b])
-        for i in range(ids.shape[1]):
-            if t > 0:
-                prod = w_pred[pred] * g[b, i]
-                e = u[b, i] + w_succ[ids[b, i]] @ prod
-                se = np.abs(u[b, i]) + np.abs(w_succ[ids[b, i]]) @ np.abs(prod) + np.abs(e)
-                y = e / t
-                sq[b, i] = softmax_scale(q[b, i], y, se / t + np.abs(y), np.ones(y.shape, bool))
-            pred = int(ids[b, i, min(max(path[b, i], 0), ids.shape[2] - 1)])
-    return {"g": sg, "q": sq}
+    """g: its GEMM. (q and the walk's decisions carry their magnitudes from the reference itself,
+    which knows the path it took: reference.candidate_selector.)"""
+    return {"g": logit_magnitude(kw["hidden"], kw["w_hidden"])}

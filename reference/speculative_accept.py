@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference import scales
 from reference.precision import work
 from reference.rng import Purpose, exponential_race, uniform
 from reference.target_distribution import add_to_history, argmax_with_gap, filtered_probs, penalized_logits
@@ -72,6 +73,12 @@ class _Row:
             p["frequency_penalty"],
             p["presence_penalty"],
         )
+
+    def z_magnitude(self, i) -> np.ndarray:
+        """s of row i's processed logits in FP32 units (C2 v2: the decisions' ambiguity band)."""
+        p = self.p
+        return scales.penalized_magnitude(self.logits[i], self.prompt, self.counts, self.vocab_size,
+                                          p["repetition_penalty"], p["frequency_penalty"], p["presence_penalty"])
 
     def probs(self, z) -> np.ndarray:
         p = self.p
@@ -177,6 +184,9 @@ def speculative_accept(
     num_out = np.zeros(B, dtype=np.int32)
     acc_margin = np.full(B, INF)
     tok_margin = np.full((B, W), INF)
+    # the magnitude of the scores each margin compares (FP32 units, C2 v2), element by element
+    acc_scale = np.zeros(B)
+    tok_scale = np.zeros((B, W))
     regret = np.zeros((B, W))  # teacher forcing: how far each of the implementation's tokens is from ours
     for b in range(B):
         P = int(live_proposals[b])
@@ -190,12 +200,16 @@ def speculative_accept(
         for i in range(P + 1):
             z = row.z(i)
             p = None if row.greedy else row.probs(z)
+            sz = row.z_magnitude(i)
+            sp = None if row.greedy else scales.probs_scale(z, sz, float(row.p["temperature"]), p)
             theirs = None if forced is None else int(forced_tokens[b, i])
             if i == P:  # every proposal on the path was accepted: the bonus from row P
                 if row.greedy:
                     tokens[b, i], tok_margin[b, i] = argmax_with_gap(z)
+                    tok_scale[b, i] = scales.greedy_scale(z, sz)
                 else:
                     tokens[b, i], tok_margin[b, i] = _draw(p, s, F + 1 + P, Purpose.BONUS)
+                    tok_scale[b, i] = scales.race_scale(p, sp, s, F + 1 + P, Purpose.BONUS)
                 if theirs is not None:
                     ours = int(tokens[b, i])
                     regret[b, i] = (_logit_regret(z, ours, theirs) if row.greedy
@@ -205,21 +219,26 @@ def speculative_accept(
             d = int(proposals[b, i])
             if row.greedy:
                 ok, dist = _greedy_test(z, d)
+                dist_scale = scales.greedy_scale(z, sz)
             else:
                 qv = _q_vector(q, q_ids, b, i, d, Vr, p.dtype)
                 u = work(uniform(s, F + 1 + i, Purpose.ACCEPT))
                 dist = _accept_distance(p[d], qv[d], u)
+                dist_scale = float(sp[d] + abs(u * qv[d]))
                 ok = dist > 0
-            acc_margin[b] = min(acc_margin[b], abs(dist))
+            if abs(dist) < acc_margin[b]:
+                acc_margin[b], acc_scale[b] = abs(dist), dist_scale
             if ok:
-                tokens[b, i], tok_margin[b, i] = d, abs(dist)
+                tokens[b, i], tok_margin[b, i], tok_scale[b, i] = d, abs(dist), dist_scale
             else:
                 own = i if own is None else own
                 if row.greedy:
                     tokens[b, i], tok_margin[b, i] = argmax_with_gap(z)
+                    tok_scale[b, i] = dist_scale
                 else:
                     weights = _correction_weights(p, qv)
                     tokens[b, i], tok_margin[b, i] = _draw(weights, s, F + 1 + i, Purpose.CORRECTION)
+                    tok_scale[b, i] = scales.race_scale(weights, sp, s, F + 1 + i, Purpose.CORRECTION)
             if theirs is not None:
                 they_accept = i < forced
                 if they_accept:  # their token is d: wrong only if the accept test was clearly a reject
@@ -244,8 +263,10 @@ def speculative_accept(
     out = {
         "accepted": accepted,
         "accepted.margin": acc_margin,
+        "accepted.scale": acc_scale,
         "tokens": tokens,
         "tokens.margin": tok_margin,
+        "tokens.scale": tok_scale,
         "num_out": num_out,
     }
     if forced_tokens is not None:

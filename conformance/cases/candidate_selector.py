@@ -266,6 +266,7 @@ SPEC = register(
         scales=scales.candidate_selector,
         follow=follow,
         followed=("g",),
+        decision_k=FP32_OUTPUT.k,
         doc="DFlash2 conditional walk over top-k candidates: greedy lowest rank or keyed exponential race, FP32 q",
     )
 )
