@@ -58,6 +58,7 @@ from reference.precision import represent, work
 from reference.rng import Purpose, exponential_race, uniform
 from reference.target_distribution import argmax_with_gap
 from reference import precision as P
+from reference import scales
 
 INF = float("inf")
 MAX_NODES = 64
@@ -144,11 +145,22 @@ def _after_rejection(r, g) -> np.ndarray:
     return nxt / nxt.sum() if nxt.sum() > 0 else r
 
 
+def _after_rejection_scale(r, sr, g, sg) -> np.ndarray:
+    """s of _after_rejection's result (FP32 units): the difference's terms and rounding,
+    through the normalization (C2 v2, the decisions' band)."""
+    nxt = np.maximum(r - g, 0)
+    total = nxt.sum()
+    if total <= 0:
+        return sr
+    return np.where(nxt > 0, (sr + sg + np.abs(r - g)) / total + nxt / total, 0.0)
+
+
 def _verify_row(nodes, ids, energies, temperature, seed, frontier, bigram, anchor, W):
     t = float(temperature)
     tokens = np.full(W, -1, dtype=np.int32)
     tok_margin = np.full(W, INF)
     acc_margin = INF
+    tok_scale, acc_scale = np.zeros(W), 0.0  # the magnitude of the scores each margin compares (FP32 units)
     node, prev, depth = -1, int(anchor), 0
     while True:
         kids = [n for n, nd in enumerate(nodes) if nd[2] == node]
@@ -157,42 +169,55 @@ def _verify_row(nodes, ids, energies, temperature, seed, frontier, bigram, ancho
         if t <= 0:
             top, gap = argmax_with_gap(z)
             tokens[depth], tok_margin[depth] = top, gap
+            tok_scale[depth] = scales.greedy_scale(np.asarray(z, np.float64), np.zeros(np.shape(z)))
             hit = [n for n in kids if ids[nodes[n][0], nodes[n][1]] == top]
-            if kids:
-                acc_margin = min(acc_margin, gap)
+            if kids and gap < acc_margin:
+                acc_margin, acc_scale = gap, tok_scale[depth]
             if not hit:
-                return tokens, tok_margin, depth, acc_margin
+                return tokens, tok_margin, depth, acc_margin, tok_scale, acc_scale
             node, prev, depth = hit[0], top, depth + 1
             continue
         p = _softmax(z / z.dtype.type(t))
-        r = p
+        y = np.asarray(z, np.float64) / t
+        r, sr = p, scales.softmax_scale(p, y, np.abs(y), np.isfinite(y))
+        sp = sr
         chosen = None
-        dists = []
+        dists, dist_scales = [], []
         for j, n in enumerate(kids):
             d_i, c_rank, parent, main = nodes[n]
             c = int(ids[d_i, c_rank])
             g = np.zeros_like(p)
+            sg = np.zeros(np.shape(p))
             if main:  # the walk drew it from q; every other node is a deterministic pick
                 prev_rank = nodes[parent][1] if parent >= 0 else 0
-                np.add.at(g, np.asarray(ids[d_i], dtype=np.int64), _q(energies[d_i, prev_rank], t))
+                qrow = _q(energies[d_i, prev_rank], t)
+                np.add.at(g, np.asarray(ids[d_i], dtype=np.int64), qrow)
+                ye = np.asarray(energies[d_i, prev_rank], np.float64) / t
+                np.add.at(sg, np.asarray(ids[d_i], dtype=np.int64),
+                          scales.softmax_scale(qrow, ye, np.abs(ye), np.ones(ye.shape, bool)))
             else:
                 g[c] = 1
             u = work(uniform(seed, pos, Purpose.ACCEPT, j))
             dist = float(r[c] - u * g[c])
             dists.append(abs(dist))
+            dist_scales.append(float(sr[c] + abs(u) * sg[c] + abs(u * g[c])))
             if dist > 0:
                 chosen = (n, c)
                 break
-            r = _after_rejection(r, g)
+            r, sr = _after_rejection(r, g), _after_rejection_scale(r, sr, g, sg)
         if dists:
-            acc_margin = min(acc_margin, min(dists))
+            k = int(np.argmin(dists))
+            if dists[k] < acc_margin:
+                acc_margin, acc_scale = dists[k], dist_scales[k]
         if chosen is not None:
-            tokens[depth], tok_margin[depth] = chosen[1], min(dists)
+            k = int(np.argmin(dists))
+            tokens[depth], tok_margin[depth], tok_scale[depth] = chosen[1], dists[k], dist_scales[k]
             node, prev, depth = chosen[0], chosen[1], depth + 1
             continue
-        purpose, weights = (Purpose.CORRECTION, r) if kids else (Purpose.BONUS, p)
+        purpose, weights, sw = (Purpose.CORRECTION, r, sr) if kids else (Purpose.BONUS, p, sp)
         tokens[depth], tok_margin[depth] = exponential_race(np.asarray(weights, np.float64), seed, pos, purpose)
-        return tokens, tok_margin, depth, acc_margin
+        tok_scale[depth] = scales.race_scale(weights, sw, seed, pos, purpose)
+        return tokens, tok_margin, depth, acc_margin, tok_scale, acc_scale
 
 
 def tree_verify(anchor, ids, energies, temperature, seed, frontier, target_bigram, tree_nodes) -> dict[str, np.ndarray]:
@@ -210,6 +235,7 @@ def tree_verify(anchor, ids, energies, temperature, seed, frontier, target_bigra
     tok_margin = np.full((B, W), INF)
     accepted = np.zeros(B, dtype=np.int32)
     acc_margin = np.full(B, INF)
+    tok_scale, acc_scale = np.zeros((B, W)), np.zeros(B)
     for b in range(B):
         s, F, T = np.uint64(seed[b]), int(frontier[b]), temperature[b]
         nodes, _ = build_tree(ids[b], energies[b], T, s, F, N)
@@ -217,7 +243,7 @@ def tree_verify(anchor, ids, energies, temperature, seed, frontier, target_bigra
             parent[b, n], node_tokens[b, n] = par, ids[b, d, c]
             mask[b, n] = mask[b, par] if par >= 0 else 0
             mask[b, n, n] = 1
-        tokens[b], tok_margin[b], accepted[b], acc_margin[b] = _verify_row(
+        tokens[b], tok_margin[b], accepted[b], acc_margin[b], tok_scale[b], acc_scale[b] = _verify_row(
             nodes, ids[b], energies[b], T, s, F, target_bigram, anchor[b], W
         )
     return {
@@ -226,7 +252,9 @@ def tree_verify(anchor, ids, energies, temperature, seed, frontier, target_bigra
         "tree_mask": mask,
         "tokens": tokens,
         "tokens.margin": tok_margin,
+        "tokens.scale": tok_scale,
         "accepted": accepted,
         "accepted.margin": acc_margin,
+        "accepted.scale": acc_scale,
         "num_out": accepted + 1,
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import DECISION, EXACT, Case, OpSpec, Output, case_rng, register
+from conformance.registry import DECISION, EXACT, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
 from reference.tree_verify import build_tree, tree_verify
 
 OP = "tree_verify"
@@ -198,6 +198,7 @@ register(
         ),
         independent=("parent", "node_tokens", "tree_mask"),
         generate=generate,
+        decision_k=FP32_OUTPUT.k,  # tokens/accepted.scale: the envelope of the compared probabilities
         doc="DFlash2 tree of proposals from the selector lattice (main chain first, best-first), tree-mask verify",
     )
 )
