@@ -3,7 +3,8 @@
 The numerical style is the eager BF16 model's: ``F.linear`` on BF16 tensors (FP32 accumulation,
 BF16 output), HF ``Qwen3RMSNorm`` (``weight * hidden.to(bf16)`` after an FP32 ``rsqrt``), HF
 ``rotate_half`` RoPE with cos/sin computed in FP32 from FP32 positions and cast to BF16, SDPA for
-the attention (FP32 softmax inside the kernel), the SiLU-gated MLP in BF16, the residual stream in
+the attention (FP32 softmax inside the kernel; ``attention="eager"``: HF's eager path, BF16
+scores, FP32 softmax cast to BF16, BF16 PV), the SiLU-gated MLP in BF16, the residual stream in
 BF16, and the DFlash2 convolution in eager BF16 with (base + delta) formed first.
 
 The five places where such an engine departs from the spec, fixed here as CONTRACTS requires:
@@ -48,8 +49,14 @@ class TorchEngine:
     reason = ("a production PyTorch BF16 engine (HF/vLLM style: separate norm and RoPE kernels, BF16 cos/sin, "
               "SDPA, BF16 SiLU MLP and residual, eager BF16 conv) with its five spec deviations fixed")
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", attention: str = "sdpa"):
+        if attention not in ("sdpa", "eager"):
+            raise ValueError(f"TorchEngine: attention must be 'sdpa' or 'eager', got {attention!r}")
         self.device = torch.device(device)
+        self.attn_impl = attention
+        if attention == "eager":
+            self.key = "torch_hf_bf16_eager_attention"
+            self.reason = self.reason.replace("SDPA", "HF eager attention (BF16 scores, FP32 softmax cast to BF16)")
         self._discrete = Float32Baseline()
         if self.device.type == "cuda":  # FP32 GEMMs must stay FP32 (TF32 would round the logits' inputs)
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -131,8 +138,14 @@ class TorchEngine:
         keys = keys.repeat_interleave(hq // hk, dim=2).transpose(1, 2)  # [B,Hq,N,D] (repeat_kv)
         vals = vals.repeat_interleave(hq // hk, dim=2).transpose(1, 2)
         finite = torch.isfinite(vals)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, torch.where(finite, vals, 0).to(BF),
-                                             attn_mask=mask[:, None])  # [B,Hq,W,D]
+        vals0 = torch.where(finite, vals, 0).to(BF)
+        if self.attn_impl == "sdpa":
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals0, attn_mask=mask[:, None])
+        else:  # HF eager_attention_forward: BF16 scores, FP32 softmax cast back to BF16, BF16 PV
+            scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) * (d ** -0.5)
+            scores = scores.masked_fill(~mask[:, None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(torch.nan_to_num(probs, nan=0.0), vals0)  # [B,Hq,W,D]
         if not bool(finite.all()):  # fix 4: an infinite V counts only where it is attended
             for bb, h, key, j in torch.nonzero(~finite).tolist():
                 rows = mask[bb, :, key]
