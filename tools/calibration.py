@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vectors", type=Path, default=ROOT / "vectors")
     ap.add_argument("--out", type=Path, help="write the Markdown report here (default: stdout)")
     ap.add_argument("--torch", metavar="DEVICE", action="append", default=[],
-                    help="also run the PyTorch BF16 engine on DEVICE (cpu, cuda); repeatable")
+                    help="also run the PyTorch BF16 engine on DEVICE (cpu, cuda; DEVICE/eager for HF's eager "
+                    "attention instead of SDPA); repeatable")
     ap.add_argument("--only-torch", action="store_true", help="run only the PyTorch engine (with --torch)")
     ap.add_argument("--no-mutants", action="store_true", help="skip the mutants")
     ap.add_argument("--variants", help="comma-separated variant names (default: all)")
@@ -229,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch:
         from tests.controls.torch_engine import TorchEngine
 
-        for device in args.torch:
-            engine = TorchEngine(device=device)
+        for spec in args.torch:  # DEVICE or DEVICE/eager
+            device, _, attention = spec.partition("/")
+            engine = TorchEngine(device=device, attention=attention or "sdpa")
             engine.key = f"{engine.key}_{device}"
             variants.append(engine)
     reasons = {v.key: getattr(v, "reason", "") for v in variants}
