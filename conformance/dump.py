@@ -45,8 +45,7 @@ def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, 
     lines = [f"case {vec.case} (Op {vec.op})", f"params {json.dumps(vec.params, default=str)}",
              f"flags {', '.join(vec.flags) or '-'}", f"implementation {getattr(handle, 'name', '?')}",
              f"result {res.result.name}: {res.detail}"]
-    if res.trace:
-        lines += ["traceback:", res.trace.rstrip()]
+    trace = ["traceback:", res.trace.rstrip()] if res.trace else []
     for name, o in vec.outputs.items():
         ref = vec.expected[name]
         got = outcome.arrays.get(name) if outcome.kind == "ok" else None
@@ -78,5 +77,6 @@ def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, 
                          f"{int(np.count_nonzero(err))} of {int(mask.sum())} compared element(s) nonzero")
         else:
             lines.append(f"output {name} ({o.cls}{' ' + o.fmt if o.fmt else ''}): no error")
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
-    return res, [line for line in lines if not line.startswith(("params", "traceback", "  "))][:20]
+    (out / "summary.txt").write_text("\n".join(lines + trace) + "\n")
+    shown = [line for line in lines if not line.startswith(("params", "result"))]
+    return res, shown + ([f"the traceback is in {out / 'summary.txt'}"] if trace else [])
