@@ -13,11 +13,34 @@ import numpy as np
 
 from conformance.registry import DECISION, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
 from reference import scales
+from reference import numerics
 from reference.numerics import storage
 from reference.proposal_head import proposal_head
 
 
-def make(cid, flags, *, b, k, h, rows, vocab, indexed=False, pad_traps=False, ties=0, shortlist_traps=False) -> Case:
+def bf16_near_ties(rng, head, hidden, winners, free) -> None:
+    """For each column, a rival row below the winner's whose logit is one BF16 ulp of one head
+    element lower: far outside the FP32 band of the logits, but both logits round to the same
+    BF16 value, so an engine that rounds logits to BF16 ties them and (lowest row wins) picks the
+    rival. Edits ``head`` in place (BF16 values); ``free`` are eligible rows no winner uses."""
+    hid = numerics.to_bf16(hidden.reshape(len(winners), -1))
+    for col, w in enumerate(winners):
+        below = free[free < w]
+        if below.size == 0:
+            continue
+        r = int(below[-1])
+        free = free[free != r]
+        for j in np.argsort(-np.abs(hid[col])):
+            row = head[w].copy()
+            row[j] -= np.sign(hid[col, j]) * numerics.quantum(row[j], "bf16")
+            lw, lr = float(hid[col] @ head[w]), float(hid[col] @ row)
+            if lw - lr > 0 and numerics.to_bf16(lw) == numerics.to_bf16(lr):
+                head[r] = row
+                break
+
+
+def make(cid, flags, *, b, k, h, rows, vocab, indexed=False, pad_traps=False, ties=0, shortlist_traps=False,
+         near_ties=False) -> Case:
     rng = case_rng(cid)
     head = rng.standard_normal((rows, h))
     eligible_ids = np.arange(rows)
@@ -40,6 +63,9 @@ def make(cid, flags, *, b, k, h, rows, vocab, indexed=False, pad_traps=False, ti
         for s, w in zip(spare, winners[:ties]):
             head[s] = head[w]
     hidden = head[winners].reshape(b, k, h) + 0.15 * rng.standard_normal((b, k, h))
+    if near_ties:
+        head = numerics.to_bf16(head)
+        bf16_near_ties(rng, head, hidden, winners, np.setdiff1d(eligible, winners))
     inputs = {"hidden": storage(hidden, "bf16"), "head": storage(head, "bf16")}
     if indexed:
         inputs["shortlist"] = shortlist.astype(np.int32)
@@ -71,6 +97,8 @@ def generate() -> list[Case]:
         make("proposal_head/next_token_shift__indexed_V128_vocab400_B1_K15_H32", ["next_token_shift",
              "shortlist_remap"], b=1, k=15, h=32, rows=128, vocab=400, indexed=True),
         make("proposal_head/full_V300_vocab256_B8_K3_H128", [], b=8, k=3, h=128, rows=300, vocab=256),
+        make("proposal_head/bf16_logits__near_ties_V256_vocab256_B2_K6_H64", ["bf16_logits"], b=2, k=6, h=64,
+             rows=256, vocab=256, near_ties=True),
     ]
 
 

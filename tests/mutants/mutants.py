@@ -585,6 +585,20 @@ class NextTokenShift(Mutant):
         return self._baseline(proposal_head, hidden=np.roll(hidden, 1, axis=1), **kw)
 
 
+class Bf16Logits(Mutant):
+    """Head logits stored BF16 before the argmax (a GEMM writing the model dtype): logits one BF16
+    ulp apart tie, and the lowest row wins."""
+
+    op, pitfall = "proposal_head", "bf16_logits"
+
+    def proposal_head(self, hidden, head, vocab_size, shortlist=None):
+        logits = numerics.to_bf16(precision.matmul(work(hidden), work(head).T).astype(np.float64))
+        ids = np.arange(head.shape[0]) if shortlist is None else np.asarray(shortlist, np.int64)
+        eligible = (ids >= 0) & (ids < int(vocab_size))
+        best = np.argmax(np.where(eligible, logits, -np.inf), axis=-1)
+        return {"tokens": ids[best].astype(np.int32)}
+
+
 MUTANTS = [
     WindowLeS(),
     WindowLeSLayer(),
@@ -617,4 +631,5 @@ MUTANTS = [
     AnchorAsMask(),
     Dflash2AllColumns(),
     NextTokenShift(),
+    Bf16Logits(),
 ]

@@ -36,6 +36,7 @@ PITFALLS = {
     "history_not_updated", "bonus_from_wrong_row", "residual_no_clamp", "preview_cut_before_eos",
     "causal_draft_attention", "anchor_as_mask", "next_token_shift", "last_block_final_norm", "dflash2_all_columns",
     "mask_token_stripped", "selector_predecessor_row", "positions_2p31", "positions_2p32", "bf16_truncation",
+    "bf16_logits",
 }
 
 
