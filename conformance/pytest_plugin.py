@@ -90,7 +90,6 @@ class CaseItem(pytest.Item):
     def runtest(self):
         from conformance import runner
         from conformance.compare import Result
-
         from conformance.vectors import InputError
 
         try:

@@ -136,7 +136,7 @@ def load_impl(target: str):
         sys.path.append(os.getcwd())
     try:
         obj = importlib.import_module(mod_name)
-    except BaseException as exc:  # noqa: BLE001 - any import failure (SystemExit too) is bad input, on one line
+    except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise InputError(f"--impl: cannot import {mod_name}: {_one_line(exc)}") from None
@@ -145,14 +145,14 @@ def load_impl(target: str):
             obj = getattr(obj, part)
         except AttributeError:
             raise InputError(f"--impl: {mod_name} has no attribute {attr!r}") from None
-        except BaseException as exc:  # noqa: BLE001 - a property that raises
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise InputError(f"--impl: {mod_name}:{attr} raised {_one_line(exc)}") from None
     if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj):
         try:
             obj = obj()
-        except BaseException as exc:  # noqa: BLE001 - as above
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise InputError(f"--impl: {target}() raised {_one_line(exc)}") from None

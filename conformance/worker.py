@@ -118,9 +118,8 @@ class WorkerImpl:
 
     # -- process management
     def _start(self):
-        from conformance.vectors import InputError
-
         import conformance
+        from conformance.vectors import InputError
 
         self.starts += 1
         to_child_r, to_child_w = os.pipe()

@@ -165,7 +165,7 @@ def test_the_cli_process_reports_every_case_and_exits_1(toy_vectors, tmp_path, h
                 "--json", str(js), "--junit", str(xml))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert f"ERROR toy/basic: " in proc.stdout and detail in proc.stdout
+    assert "ERROR toy/basic: " in proc.stdout and detail in proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("FAILED: 8 cases: 4 PASS, 0 ACCEPTABLE, 0 FAIL, 4 ERROR")
     body = json.loads(js.read_text())
     assert body["complete"] is True and body["summary"]["ERROR"] == 4 and body["summary"]["PASS"] == 4
