@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import proposal_head as cases
 from reference import numerics, precision
+from reference import scales
 from reference.proposal_head import proposal_head
 from tests.casetools import check_generator
 
@@ -140,7 +141,16 @@ def test_unmapped_row_index_fails(cid):
 def test_generator_deterministic_ids_unique_and_margins_clear():
     a = check_generator(cases.generate, ("next_token_shift",))
     for c in a:
-        m = proposal_head(**c.kwargs())["tokens.margin"]
+        out = proposal_head(**c.kwargs())
+        m = out["tokens.margin"]
+        assert c.inputs["head"].shape[0] <= 512
+        if "bf16_logits" in c.flags:
+            # near ties on purpose: below half a BF16 ulp of the logit (so BF16 logits tie), yet
+            # far outside the FP32 band (K 2^-24 * 2 max sum|h||w|, the stored scale)
+            logits = c.inputs["hidden"].astype(np.float64) @ c.inputs["head"].astype(np.float64).T
+            band = 8 * 2.0**-24 * scales.proposal_head(c.kwargs(), out)["tokens.scale"]
+            near = m < 2.0**-9 * logits.max(-1)
+            assert (m > 100 * band).all() and near.sum() >= near.size // 2, c.id
+            continue
         # every decision is an exact tie or clear by > 1 logit unit (FP32 logit error here ~1e-5)
         assert ((m == 0) | (m > 1.0)).all(), c.id
-        assert c.inputs["head"].shape[0] <= 512
