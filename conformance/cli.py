@@ -7,6 +7,7 @@
     run       run an implementation over the vectors and report
     dump      run one case and write its inputs, expected and actual outputs and errors as .npy
     geometry  run an implementation at the spec's two official geometries, full width
+    check-capture  judge a folder of an engine's capture files (C10), naming a failing round's first bad Op
 
 Exit status: 0 success; 1 a FAIL or ERROR (run, dump; with --require a required Op
 NOT_IMPLEMENTED; with --strict also an ACCEPTABLE or an expected failure that passes),
@@ -567,7 +568,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "candidate_selector"], help="run only these Ops (the proposal path always runs masked_block)")
     s.add_argument("--json", metavar="FILE", help="write a JSON report")
     s.set_defaults(func=_cmd_geometry)
+    s = sub.add_parser("check-capture", help="judge a folder of capture files (C10) against the reference")
+    s.add_argument("folder", help="a folder of capture .safetensors files (conformance.capture)")
+    s.set_defaults(func=_cmd_check_capture)
     return p
+
+
+def _cmd_check_capture(args) -> int:
+    from conformance import capture
+
+    return capture.main(args.folder)
 
 
 def main(argv=None, specs=None) -> int:

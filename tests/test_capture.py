@@ -63,3 +63,13 @@ def test_unreadable_and_unknown_files_are_errors(tmp_path):
     capture.write(tmp_path, "no_such_op", {}, {}, {})
     judged = capture.check(tmp_path)
     assert [j.result for j in judged] == [Result.ERROR, Result.ERROR]
+
+
+def test_cli_check_capture_exit_codes(tmp_path):
+    from conformance.cli import main
+
+    run(tmp_path / "good", cases="proposal_round/dflash_B1*")
+    run(tmp_path / "bad", bug="context_kv", cases="proposal_round/dflash_B1*")
+    assert main(["check-capture", str(tmp_path / "good")]) == 0
+    assert main(["check-capture", str(tmp_path / "bad")]) == 1
+    assert main(["check-capture", str(tmp_path / "none")]) == 2
