@@ -88,6 +88,12 @@ def _drawn(case_id, *shape, flags=(), accept=None, **kw) -> Case:
     raise RuntimeError(f"{case_id}: no clear draw")
 
 
+def bites(case: Case) -> bool:
+    from conformance.catalog import decisions_differ
+
+    return decisions_differ(case)
+
+
 def _stack_rows(rows: list[dict]) -> dict:
     """Batch rows from per-request arrays (the codebooks and projection are shared)."""
     shared = ("w_hidden", "w_pred", "w_succ")
@@ -212,10 +218,18 @@ def generate() -> list[Case]:
         _drawn(f"{op}/T1_B8_K15_R16_H16", 8, 15, 16, 16, 128, 1.0, np.arange(8) * 3 + 1, np.arange(8) * 50 + 31),
         _drawn(f"{op}/T50_B2_K7_R16_H32", 2, 7, 32, 16, 256, 50.0, [9, 10], [2, 2]),
         _drawn(f"{op}/mixed_T_per_row_B4_K5", 4, 5, 32, 16, 256, [0.0, 0.05, 1.0, 50.0], [1, 2, 3, 4], 64),
-        _drawn(f"{op}/rng_key__seed_0", 1, 4, 32, 16, 256, 1.0, 0, 100, flags=("rng_key",)),
-        _drawn(f"{op}/rng_key__seed_2p32-1", 1, 4, 32, 16, 256, 1.0, p32 - 1, 100, flags=("rng_key",)),
-        _drawn(f"{op}/rng_key__seed_2p32", 1, 4, 32, 16, 256, 1.0, p32, 100, flags=("rng_key",)),
-        _drawn(f"{op}/rng_key__seed_2p64-1", 1, 4, 32, 16, 256, 1.0, U64_MAX, 100, flags=("rng_key",)),
+        # seeds 0 and 2^64-1 are symmetric under a swap of the key words: edges, not a key-order test
+        _drawn(f"{op}/seed_edge__seed_0", 1, 4, 32, 16, 256, 1.0, 0, 100),
+        _drawn(f"{op}/seed_edge__seed_2p64-1", 1, 4, 32, 16, 256, 1.0, U64_MAX, 100),
+        *[_drawn(f"{op}/rng_key__seed_{name}", 1, 4, 32, 16, 256, 1.0, seed, 100, flags=("rng_key",), accept=bites)
+          for name, seed in (("1", 1), ("2p32-1", p32 - 1), ("2p32", p32), ("2p32+7", p32 + 7),
+                             ("2p63+5", 2**63 + 5))],
+        _drawn(f"{op}/engine_wide_seed__B3_distinct_seeds", 3, 5, 32, 16, 256, 1.0, [11, 2**40 + 3, 7], 300,
+               flags=("engine_wide_seed",), accept=bites),
+        _drawn(f"{op}/draft_temperature_ignored__T0.4_B2_K6", 2, 6, 32, 16, 256, 0.4, [3, 4], [50, 60],
+               flags=("draft_temperature_ignored",), accept=bites),
+        _drawn(f"{op}/selector_branches_swapped__T0_and_T1_B2_K5", 2, 5, 32, 16, 256, [0.0, 1.0], [8, 9], [70, 80],
+               flags=("selector_branches_swapped",), accept=bites),
         _variants(
             f"{op}/rng_key__seed_rows_0_2p32_2p32-1_2p64-1",
             {"temperature": 1.0, "seed": 0, "frontier": 100},
@@ -228,7 +242,8 @@ def generate() -> list[Case]:
             {"frontier": np.array([p32 - 2, p32 - 2 + p32, 2], np.int64)},
             flags=("positions_2p32",),
         ),
-        _drawn(f"{op}/positions_2p32__frontier_2p40", 1, 6, 32, 16, 256, 1.0, 5, 2**40 + 3, flags=("positions_2p32",)),
+        _drawn(f"{op}/positions_2p32__frontier_2p40", 1, 6, 32, 16, 256, 1.0, 5, 2**40 + 3, flags=("positions_2p32",),
+               accept=bites),
         planted_path(f"{op}/planted_path_K3"),
         exact_tie(f"{op}/exact_tie__lowest_rank_wins"),
         exact_tie(f"{op}/exact_tie__ranks_0_15", b=1, k=3, ranks=(0, 15)),

@@ -232,7 +232,7 @@ def generate() -> list[Case]:
         # m z in [50, 100]: c tanh(m z / c) near 29..30, where BF16's spacing 0.125 exceeds the
         # transformed gaps (0.005..0.1) while raw gaps are 2: BF16 ties, FP32 distinct
         _planted(
-            f"{op}/topk_unstable__softcap_bf16_ties",
+            f"{op}/bf16_tie__softcap_transformed_ties",
             1,
             3,
             32,
@@ -243,11 +243,11 @@ def generate() -> list[Case]:
             free_order="descending_rows",
             output_multiplier=0.5,
             softcap=30.0,
-            flags=("topk_unstable", "bf16_tie"),
+            flags=("bf16_tie",),
         ),
         # z / c in [10, 25]: tanh is 1 in FP32 too, so every score is exactly c; the ids keep raw order
         _planted(
-            f"{op}/topk_unstable__softcap_saturated_fp32_ties",
+            f"{op}/bf16_tie__softcap_saturated_fp32_ties",
             1,
             2,
             16,
@@ -256,10 +256,25 @@ def generate() -> list[Case]:
             step=2.0,
             free_order="descending_rows",
             softcap=4.0,
-            flags=("topk_unstable", "bf16_tie"),
+            flags=("bf16_tie",),
         ),
+        _nan_scores(f"{op}/nan_scores__inf_hidden_times_zero_head_Vr32_K2"),
     ]
     return cases
+
+
+def _nan_scores(case_id) -> Case:
+    """FP16 overflow upstream: one position's hidden holds +inf, so its logits are +inf, -inf, or NaN
+    (inf * 0) where a head row's weight on that element is 0. The C4 order (docs/contracts.md): NaN
+    ranks after every number, -inf included, ties by lower row; the other position is ordinary."""
+    rng = case_rng(case_id)
+    vr, h = 32, 16
+    hidden = rng.standard_normal((1, 2, h))
+    hidden[0, 0, 0] = np.inf
+    head = rng.standard_normal((vr, h)) / np.sqrt(h)
+    head[:, 0] = np.where(rng.random(vr) < 0.5, 1.0, -1.0) * rng.uniform(0.5, 1.5, vr)
+    head[[0, 1, 2, 5, 11], 0] = 0.0  # NaN rows, among them the first ones
+    return _case(case_id, hidden, head, {"vocab_size": vr}, ("nan_scores",))
 
 
 def force(kwargs, impl):

@@ -112,6 +112,11 @@ def make(cid, flags, *, start, rows, capacity=8, hk=1, d=16, h=64, design="rando
         old_live = live_mask(start, shape, "paged", table, page_size)
         new_live = live_mask(start + rows, shape, "paged", table, page_size)
     inputs["k_cache"], inputs["v_cache"] = _old_cache(rng, shape, old_live)
+    if page_size is None and "ring_wrap" in flags:
+        # ring_wrap names a chunk whose stored rows cross the ring's end (a write without mod C differs)
+        slots = positions[max(0, rows - capacity):] % capacity
+        if not np.any(np.diff(slots) < 0):
+            flags = [f for f in flags if f != "ring_wrap"]
     return Case(id=cid, inputs=inputs, params=params, flags=tuple(flags),
                 masks={"k_cache": new_live, "v_cache": new_live})
 
@@ -123,6 +128,10 @@ def generate() -> list[Case]:
         make("context_kv/ring_C8_T3_start0_shorter", [], start=0, rows=3),
         make("context_kv/ring_C8_T5_start2_shorter", [], start=2, rows=5),
         make("context_kv/ring_C8_T8_start5_equal", ["ring_wrap"], start=5, rows=8),
+        # RoPE layout: split halves (i, i + D/2), never GPT-J's interleaved pairs; angles from exact positions
+        make("context_kv/rope_interleaved__ring_C8_Hk2_D32_H128_T6_start300", ["rope_interleaved", "ring_wrap"],
+             start=300, rows=6, hk=2, d=32, h=128),
+        make("context_kv/rope_bf16_table__ring_C8_T6_start1001", ["rope_bf16_table"], start=1001, rows=6),
         make("context_kv/ring_C8_T13_start6_longer", ["chunk_longer_than_S", "ring_wrap"], start=6, rows=13),
         make("context_kv/ring_C16_T40_start3_longer", ["chunk_longer_than_S", "ring_wrap"], start=3, rows=40,
              capacity=16),

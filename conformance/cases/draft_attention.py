@@ -119,11 +119,23 @@ def generate() -> list[Case]:
              window=8, capacity=8, frontier=[2**32 - 2], live=[6], width=6),
         make("draft_attention/positions_2p31__local_S8_F2147483653_W4_context_crosses", ["positions_2p31", "ring_wrap"],
              window=8, capacity=8, frontier=[2**31 + 5], live=[4], width=4),
-        make("draft_attention/full_F0_W4_no_context", ["mask_boundary"], window=0, capacity=4, frontier=[0], live=[4],
+        make("draft_attention/full_F0_W4_no_context", [], window=0, capacity=4, frontier=[0], live=[4],
              width=4),
         make("draft_attention/local_S4_F0_W8_no_context", ["mask_boundary"], window=4, capacity=4, frontier=[0],
              live=[8], width=8),
         _v_overflow_outside_window(),
+        # catalog v2 (PITFALLS "More bugs that shipped") and the GQA head mapping
+        make("draft_attention/left_only_window__local_S4_F10_W12", ["left_only_window", "ring_wrap"],
+             window=4, capacity=4, frontier=[10], live=[12], width=12),
+        # block < window < prefix: rows windowed from the block's last position lose up to W - 1 keys
+        make("draft_attention/decode_rows_shared_length__local_S12_F40_W6_C12", ["decode_rows_shared_length",
+             "ring_wrap"], window=12, capacity=12, frontier=[40], live=[6], width=6),
+        make("draft_attention/window_dropped__local_S4_C16_F30_W4", ["window_dropped", "ring_wrap"],
+             window=4, capacity=16, frontier=[30], live=[4], width=4),
+        make("draft_attention/gqa_head_mapping__Hq8_Hk2_D16_full_F9_W5", ["gqa_head_mapping"],
+             window=0, capacity=12, frontier=[9], live=[5], width=5, hq=8, hk=2),
+        make("draft_attention/gqa_head_mapping__Hq6_Hk3_D16_local_S8_F13_W4", ["gqa_head_mapping", "ring_wrap"],
+             window=8, capacity=8, frontier=[13], live=[4], width=4, hq=6, hk=3),
     ]
     return c
 

@@ -47,13 +47,16 @@ def layer_weights(rng, *, h, hq, hk, d, inter, variant, lead=()) -> dict[str, np
 
 
 def make(cid, flags, *, variant="dflash", window, capacity, frontier, live, width, h=64, hq=4, hk=1, d=16,
-         inter=128) -> Case:
+         inter=128, row_scale=None) -> Case:
     rng = case_rng(cid)
     frontier = np.asarray(frontier, dtype=np.int64)
     b = len(frontier)
     k_cache, v_cache = ring(rng, frontier, capacity, hk, d)
+    x = rng.standard_normal((b, width, h))
+    if row_scale is not None:  # columns of tiny RMS: the norm's eps matters, or dominates
+        x = x * np.asarray(row_scale, dtype=np.float64)[None, :, None]
     inputs = dict(
-        x=storage(rng.standard_normal((b, width, h)), "bf16"), k_cache=k_cache, v_cache=v_cache,
+        x=storage(x, "bf16"), k_cache=k_cache, v_cache=v_cache,
         frontier=frontier, live=np.asarray(live, dtype=np.int32),
         **layer_weights(rng, h=h, hq=hq, hk=hk, d=d, inter=inter, variant=variant),
     )
@@ -75,8 +78,19 @@ def generate() -> list[Case]:
         make("draft_layer/dflash_full_F1_W2", [], window=0, capacity=4, frontier=[1], live=[2], width=2),
         make("draft_layer/tail_extent__dflash_local_S8_F30_W8_live3", ["tail_extent", "ring_wrap"], window=8,
              capacity=8, frontier=[30], live=[3], width=8),
-        make("draft_layer/tail_extent__dflash_batch2_F5_40_W8_live8_4", ["tail_extent", "ring_wrap"], window=8,
-             capacity=8, frontier=[5, 40], live=[8, 4], width=8),
+        # F = 43: the live interval starts at 35, not a multiple of C, so a read without mod C differs
+        make("draft_layer/tail_extent__dflash_batch2_F5_43_W8_live8_4", ["tail_extent", "ring_wrap"], window=8,
+             capacity=8, frontier=[5, 43], live=[8, 4], width=8),
+        make("draft_layer/tiny_rms_rows__dflash_local_S8_F12_W5", [], window=8, capacity=8, frontier=[12], live=[5],
+             width=5, row_scale=[1.0, 1e-2, 1e-3, 3e-4, 1e-5]),
+        make("draft_layer/tiny_rms_rows__dflash2_full_F6_W4", [], variant="dflash2", window=0, capacity=8,
+             frontier=[6], live=[4], width=4, row_scale=[1e-3, 1.0, 1e-5, 2e-4]),
+        make("draft_layer/rope_interleaved__dflash_local_S8_F21_W6", ["rope_interleaved", "ring_wrap"], window=8,
+             capacity=8, frontier=[21], live=[6], width=6),
+        make("draft_layer/gqa_head_mapping__dflash_Hq8_Hk2_D16_H128_local_S8_F11_W5", ["gqa_head_mapping", "ring_wrap"],
+             window=8, capacity=8, frontier=[11], live=[5], width=5, h=128, hq=8, hk=2, inter=192),
+        make("draft_layer/gqa_head_mapping__dflash2_Hq6_Hk3_D16_H96_full_F7_W4", ["gqa_head_mapping"],
+             variant="dflash2", window=0, capacity=8, frontier=[7], live=[4], width=4, h=96, hq=6, hk=3, inter=160),
         make("draft_layer/dflash_Hq8_Hk2_D16_H128_I192_local_S8_F13_W6", ["ring_wrap"], window=8, capacity=8,
              frontier=[13], live=[6], width=6, h=128, hq=8, hk=2, inter=192),
         make("draft_layer/dflash_Hq4_Hk1_D32_H96_full_F9_W5", [], window=0, capacity=12, frontier=[9], live=[5],
@@ -88,8 +102,8 @@ def generate() -> list[Case]:
              variant="dflash2", window=4, capacity=12, frontier=[15], live=[6], width=6),
         make("draft_layer/causal_draft_attention__dflash_full_F6_W8", ["causal_draft_attention"], window=0,
              capacity=8, frontier=[6], live=[8], width=8),
-        make("draft_layer/positions_2p31__dflash_local_S8_F2147483645_W4", ["positions_2p31", "ring_wrap"],
-             window=8, capacity=8, frontier=[p31], live=[4], width=4),
+        make("draft_layer/positions_2p31__dflash_local_S8_F2147483653_W4", ["positions_2p31", "ring_wrap"],
+             window=8, capacity=8, frontier=[p31 + 8], live=[4], width=4),
         make("draft_layer/positions_2p32__dflash_local_S8_F4294967294_W6", ["positions_2p32", "ring_wrap"],
              window=8, capacity=8, frontier=[p32], live=[6], width=6),
         make("draft_layer/dflash2_local_S8_F30_W16", ["ring_wrap"], variant="dflash2", window=8, capacity=8,

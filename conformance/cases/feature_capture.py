@@ -55,6 +55,9 @@ def generate() -> list[Case]:
              blocks=64, rows=2, h=32),
         make("feature_capture/boundary_index__unsorted_ids_4_0_2_of_6_T6", ["boundary_index"], ids=[4, 0, 2],
              blocks=6, rows=6, ht=32),
+        # convention: id l is block l's output; a capture at each block's input reads block l - 1 and never the last
+        make("feature_capture/capture_before_layer__ids_2_5_7_of_8_T4", ["capture_before_layer"], ids=[2, 5, 7],
+             blocks=8, rows=4),
         make("feature_capture/eps_dominates_tiny_rows_T4", [], ids=[1, 2], blocks=3, rows=4,
              row_scale=[1.0, 1e-3, 1e-4, 1e-5]),
         make("feature_capture/eps_1e-5_ids_3_1_of_4_T8", [], ids=[3, 1], blocks=4, rows=8, eps=1e-5),

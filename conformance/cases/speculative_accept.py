@@ -95,6 +95,9 @@ def _request(rng, K, P, A, V, greedy, retained, vocab, boost):
         else:
             logits[i, d] += 2 * boost if i < A else -2 * boost
     logits[P + 1 :] = rng.uniform(-20, 20, (K - P, V))  # rows past the live extent are never read
+    if greedy and P < K:
+        # a scan that ignores live_proposals would accept d_(P+1) here (and draw the bonus elsewhere)
+        proposals[P] = int(np.argmax(logits[P, :vocab]))
     q = q_ids = None
     if retained:
         q_ids = np.stack([rng.permutation(vocab)[:TOPK] for _ in range(K)])
@@ -162,11 +165,20 @@ def _designed(
         )
         out = speculative_accept(**inputs, **params)
         if np.array_equal(out["accepted"], A) and _clear(out) and (check is None or check(inputs, params, out)):
-            return Case(id=case_id, inputs=inputs, params=params, flags=tuple(flags))
+            case = Case(id=case_id, inputs=inputs, params=params, flags=tuple(flags))
+            if _bites(case):
+                return case
     raise RuntimeError(f"{case_id}: no draw met the design in {attempts} attempts")
 
 
 # --- checks that make a pitfall case bite --------------------------------------------------
+
+
+def _bites(case: Case) -> bool:
+    """Every mutant of the catalog that the case's flags name changes its tokens (issue 10: every case bites)."""
+    from conformance.catalog import decisions_differ
+
+    return decisions_differ(case)
 
 
 def _row_p(inputs, params, b, i, history):
@@ -255,18 +267,26 @@ def _swapped_case(case_id, retained) -> Case:
 
 
 def _residual_zero_case(case_id) -> Case:
-    """q dominates p everywhere (q unnormalized: 0.6 at d, 0.75 at t) and d is rejected:
-    the clamped residual has no mass, so the correction comes from p = (0.3 at d, 0.7 at t)."""
+    """A zero-mass residual with a retained q that is a distribution in FP32: p is uniform over
+    four tokens (exactly 0.25 each: equal logits, the rest at -1e4), q holds 0.25 on the same four
+    and 2^-30 on the proposal d, which p gives 0 (q sums to 1 + 2^-30, which is 1 in FP32).
+    U q(d) < p(d) = 0 is false for every U: d is rejected in any precision, and r = max(p - q, 0)
+    is exactly 0, so the correction is drawn from p (C6). (With q and p both distributions,
+    zero residual mass forces q = p off d to within rounding, so drawing the correction from q
+    instead of p cannot be told apart by any valid input; the case catches the 0/0 bug instead:
+    r / sum(r) is NaN and the sampler returns id 0, which p gives 0.)"""
     rng = case_rng(case_id)
     V = 16
     for _ in range(2000):
-        d, t = (int(x) for x in rng.permutation(V)[:2])
-        logits = np.full((2, V), -1e4)  # exp(-1e4) = 0: only d and t carry mass
-        logits[0, d], logits[0, t] = np.log(0.3), np.log(0.7)
+        perm = 1 + rng.permutation(V - 1)  # never id 0
+        d, support = int(perm[0]), perm[1:5]
+        logits = np.full((2, V), -1e4)  # exp(-1e4) = 0 in any precision: only the support carries mass
+        logits[0, support] = 0.0
         logits[1] = rng.standard_normal(V)
-        q_ids = np.stack([np.r_[d, t, np.setdiff1d(np.arange(V), [d, t])[: TOPK - 2]]])
+        rest = np.setdiff1d(np.arange(V), np.r_[d, support])
+        q_ids = np.r_[d, support, rest][:TOPK][None]
         q = np.zeros((1, TOPK))
-        q[0, :2] = (0.6, 0.75)
+        q[0, 0], q[0, 1:5] = 2.0**-30, 0.25
         inputs, params = accept_inputs(
             logits[None],
             [[d]],
@@ -277,9 +297,12 @@ def _residual_zero_case(case_id) -> Case:
             q_ids=q_ids[None],
             temperature=1.0,
         )
+        assert float(np.sum(inputs["q"][0, 0], dtype=np.float32)) == 1.0
         out = speculative_accept(**inputs, **params)
-        if int(out["accepted"][0]) == 0 and _clear(out):
-            return Case(id=case_id, inputs=inputs, params=params, flags=("residual_sum_zero",))
+        if int(out["accepted"][0]) == 0 and out["tokens.margin"][0, 0] > MARGIN:
+            case = Case(id=case_id, inputs=inputs, params=params, flags=("residual_sum_zero",))
+            if _bites(case):
+                return case
     raise RuntimeError(case_id)
 
 
@@ -299,7 +322,7 @@ def _tie_case(case_id) -> Case:
     inputs, params = accept_inputs(
         logits, [[5], [4]], 1, [100, 2**20], [7, 7], q=q, q_ids=q_ids, temperature=np.array([0.0, 1.0])
     )
-    return Case(id=case_id, inputs=inputs, params=params, flags=("exact_tie",))
+    return Case(id=case_id, inputs=inputs, params=params, flags=("exact_tie", "coin_le_ratio", "greedy_ties_last_wins"))
 
 
 def generate() -> list[Case]:
@@ -316,7 +339,8 @@ def generate() -> list[Case]:
                         A=A,
                         greedy=greedy,
                         retained=retained,
-                        flags=("tail_extent",) if P < 6 else (),
+                        # only a scan that reaches P can show a misuse of live_proposals
+                        flags=("tail_extent",) if P < 6 and A == P else (),
                     )
                 )
     cases += [
@@ -375,9 +399,15 @@ def generate() -> list[Case]:
             f"{c}dflash_vocab_padding_V256_vocab250", B=2, K=4, V=256, vocab=250, A=[2, 4], flags=("vocab_padding",)
         ),
         # random keys (C3)
+        # 0 and 2^64-1 are symmetric under a swap of the key words: seed edges, not key-order tests
+        *[
+            _designed(f"{c}dflash2_seed_{name}", K=4, A=2, retained=True, seeds=[seed])
+            for name, seed in (("0", 0), ("2p64-1", 2**64 - 1))
+        ],
         *[
             _designed(f"{c}dflash2_seed_{name}", K=4, A=2, retained=True, seeds=[seed], flags=("rng_key",))
-            for name, seed in (("0", 0), ("2p32-1", 2**32 - 1), ("2p32", 2**32), ("2p64-1", 2**64 - 1))
+            for name, seed in (("1", 1), ("2p32-1", 2**32 - 1), ("2p32", 2**32), ("2p32+7", 2**32 + 7),
+                               ("2p63+5", 2**63 + 5))
         ],
         _designed(
             f"{c}dflash_positions_cross_2p32",
@@ -435,6 +465,27 @@ def generate() -> list[Case]:
             flags=("residual_no_clamp",),
         ),
         _residual_zero_case(f"{c}dflash2_residual_sum_zero"),
+        # catalog v2 (PITFALLS "More bugs that shipped"): each case changes the named bug's tokens
+        _designed(f"{c}same_draw_reused__dflash2_mid_reject", K=5, A=2, retained=True, flags=("same_draw_reused",)),
+        _designed(f"{c}same_draw_reused__dflash_first_reject", K=3, A=0, flags=("same_draw_reused",)),
+        _designed(f"{c}rng_purpose_shared__dflash2_B2_K6", B=2, K=6, A=[2, 4], retained=True,
+                  flags=("rng_purpose_shared",)),
+        _designed(f"{c}rng_advanced_p0__dflash_P0_sampled_B2", B=2, K=4, P=0, A=0, flags=("rng_advanced_p0",)),
+        _designed(f"{c}filters_only_on_bonus__dflash2_topk4_minp0.1_B2", B=2, K=5, A=[2, 3], retained=True, top_k=4,
+                  min_p=0.1, flags=("filters_only_on_bonus",)),
+        _designed(f"{c}penalties_last_token_only__dflash_greedy_V8", K=5, V=8, A=4, greedy=True,
+                  repetition_penalty=2.0, flags=("penalties_last_token_only",)),
+        _designed(f"{c}penalties_last_token_only__dflash2_sampled_V16", K=5, V=16, A=3, retained=True,
+                  repetition_penalty=2.0, frequency_penalty=0.5, flags=("penalties_last_token_only",)),
+        _designed(f"{c}engine_wide_seed__dflash2_B3", B=3, K=4, A=[1, 2, 0], retained=True,
+                  flags=("engine_wide_seed",)),
+        # penalties at temperatures other than 1 (coverage)
+        _designed(f"{c}dflash2_penalties_temperature_0.5_1.7", B=2, K=5, V=24, A=[3, 5], retained=True,
+                  repetition_penalty=1.5, frequency_penalty=0.3, presence_penalty=0.2,
+                  temperature=np.array([0.5, 1.7]), flags=("history_not_updated",)),
+        _designed(f"{c}dflash_penalties_temperature_0.3_greedy", B=2, K=5, V=24, A=[2, 4], greedy=np.array([False, True]),
+                  repetition_penalty=1.8, presence_penalty=0.5, temperature=np.array([0.3, 0.0]),
+                  flags=("history_not_updated",)),
         _tie_case(f"{c}exact_tie__greedy_lower_id_and_zero_q"),
         _designed(
             f"{c}rng_batch_row__same_request_4_rows",

@@ -90,6 +90,12 @@ def _bites(inputs, params, flags) -> bool:
         elif flag == "min_p_missing":
             kw["min_p"] = np.zeros_like(inputs["min_p"])
         else:
+            from conformance.catalog import for_flag
+
+            for m in for_flag(OP, flag):  # the catalog's mutant for the flag (issue 10: every case bites)
+                if np.abs(np.asarray(m.target_distribution(**inputs, **params)["probs"], np.float64) - ref).max() \
+                        <= 10 * GAP:
+                    return False
             continue
         if np.abs(target_distribution(**kw)["probs"] - ref).max() <= 10 * GAP:
             return False
@@ -135,6 +141,12 @@ def generate() -> list[Case]:
             **pen,
         ),
         _drawn(f"{c}top_k_1_5_20_31", top_k=np.array([1, 5, 20, 31]), temperature=T),
+        # catalog v2: the C5 order (temperature before the filters; min-p on probabilities)
+        _drawn(f"{c}temperature_after_filters__top_p_min_p_T0.3_2.5", scale=1.0,
+               top_p=np.array([0.6, 0.9, 1.0, 0.8]), min_p=np.array([0.0, 0.0, 0.2, 0.1]),
+               temperature=np.array([0.3, 2.5, 0.4, 3.0], np.float32), flags=("temperature_after_filters",)),
+        _drawn(f"{c}min_p_on_logits__min_p_0.1_0.3_0.5_0.7", scale=1.0, min_p=np.array([0.1, 0.3, 0.5, 0.7]),
+               temperature=T, flags=("min_p_on_logits",)),
         _drawn(f"{c}top_k_at_and_above_vocab", top_k=np.array([32, 33, 1000, 2**31 - 1])),
         _drawn(f"{c}top_k_exact_ties_at_boundary", top_k=np.array([2, 3, 5, 7]), ties=True, flags=("exact_tie",)),
         _drawn(f"{c}top_p_0.5_0.9_0.99_0.01", scale=1.0, top_p=np.array([0.5, 0.9, 0.99, 0.01]), temperature=T),

@@ -37,6 +37,14 @@ PITFALLS = {
     "causal_draft_attention", "anchor_as_mask", "next_token_shift", "last_block_final_norm", "dflash2_all_columns",
     "mask_token_stripped", "selector_predecessor_row", "positions_2p31", "positions_2p32", "bf16_truncation",
     "bf16_logits",
+    # issue 10: catalog v2 and a mutant for every case flag
+    "left_only_window", "decode_rows_shared_length", "window_dropped", "mask_boundary", "ring_wrap", "tail_extent",
+    "fp16_overflow", "fp16_subnormal", "chunk_longer_than_S", "gqa_head_mapping", "rope_interleaved",
+    "rope_bf16_table", "capture_before_layer", "exact_tie", "shortlist_remap", "vocab_padding", "nan_scores",
+    "bf16_tie", "rng_key", "engine_wide_seed", "draft_temperature_ignored", "selector_branches_swapped",
+    "residual_sum_zero", "coin_le_ratio", "greedy_ties_last_wins", "same_draw_reused", "rng_purpose_shared",
+    "rng_advanced_p0", "filters_only_on_bonus", "penalties_last_token_only", "temperature_after_filters",
+    "min_p_on_logits", "penalties_missing", "min_p_missing",
 }
 
 
@@ -44,6 +52,7 @@ def test_every_pitfall_has_a_mutant_and_keys_are_unique():
     keys = [m.key for m in MUTANTS]
     assert len(keys) == len(set(keys))
     assert all(m.key.split("-")[0] == m.pitfall for m in MUTANTS)
+    assert all(m.row for m in MUTANTS), [m.key for m in MUTANTS if not m.row]
     assert PITFALLS - {m.pitfall for m in MUTANTS} == set()
 
 
@@ -56,8 +65,9 @@ def test_suite_fails_the_mutant_on_its_pitfall_case(mutant):
     clean = _results(_BASELINE, mutant.op)
     assert not [r for r in clean if r.result.failed], f"the float32 baseline fails {mutant.op}:\n{_table(clean)}"
     results = _results(mutant, mutant.op)
-    named = [r for r in results if mutant.pitfall in r.case]
-    assert named, f"no {mutant.op} case id names {mutant.pitfall}"
+    # a case names the bug by its id or by its flags
+    named = [r for r in results if mutant.pitfall in r.case or mutant.pitfall in r.flags]
+    assert named, f"no {mutant.op} case id or flag names {mutant.pitfall}"
     if mutant.expect == "precision":  # flagged at every named case, never passed (see Mutant.expect)
         passed = [r.case for r in named if r.result == Result.PASS]
         flagged = [r.case for r in named if r.result == Result.ACCEPTABLE and "precision" in r.acceptable_flags]
