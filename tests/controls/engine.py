@@ -563,6 +563,14 @@ class Engine:
     def _gid(rows: int, shortlist) -> np.ndarray:
         return np.arange(rows, dtype=np.int64) if shortlist is None else np.asarray(shortlist, dtype=np.int64)
 
+    def proposal_round(self, **kw):
+        """A fused engine's round (CONTRACTS C10) composed from this engine's own Op methods."""
+        from conformance import registry
+        from reference import proposal_round as pr
+
+        out = pr.run(self, **kw)
+        return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
+
     def proposal_head(self, hidden, head, vocab_size, shortlist=None):
         logits = self._linear(f32(hidden), head)  # FP32, never rounded
         gid = self._gid(head.shape[0], shortlist)
