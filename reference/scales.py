@@ -155,8 +155,9 @@ def softmax_scale(p, y, sy, keep) -> np.ndarray:
 
 
 def candidate_topk(kw, out) -> dict:
-    sz = logit_magnitude(kw["hidden"], kw["head"])
-    z = np.asarray(kw["hidden"], np.float64) @ np.asarray(kw["head"], np.float64).T
+    with np.errstate(invalid="ignore"):  # a NaN score (C4: the NaN-score case) has no magnitude
+        sz = logit_magnitude(kw["hidden"], kw["head"])
+        z = np.asarray(kw["hidden"], np.float64) @ np.asarray(kw["head"], np.float64).T
     m, c = float(kw.get("output_multiplier", 0.0)), float(kw.get("softcap", 0.0))
     if m > 0:
         z, sz = z * m, m * sz + np.abs(z * m)
