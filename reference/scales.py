@@ -136,8 +136,9 @@ def masked_block(kw, out) -> dict:
 
 
 def logit_magnitude(hidden, head) -> np.ndarray:
-    """sum_r |h_r| |w_r| per logit: the FP32 accumulation term of any order."""
-    return _abs64(hidden) @ _abs64(head).T
+    """sum_r |h_r| |w_r| per logit: the FP32 accumulation term of any order (NaN for a NaN input)."""
+    with np.errstate(invalid="ignore"):
+        return _abs64(hidden) @ _abs64(head).T
 
 
 def softmax_scale(p, y, sy, keep) -> np.ndarray:
