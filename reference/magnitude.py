@@ -145,14 +145,16 @@ def silu(x: Tracked) -> Tracked:
 
 
 def attention(q: Tracked, k: Tracked, v: Tracked, k_cache, v_cache, mask) -> Tracked:
-    """q [B,W,Hq,D]; k, v [B,W,Hk,D]; caches exact [B,C,Hk,D]; mask [B,1,W,C+W] -> [B,W,Hq,D]."""
+    """q [B,W,Hq,D]; k, v [B,W,Hk,D]; caches [B,C,Hk,D], exact arrays (the Op's inputs) or Tracked
+    (context K/V computed in the same round: their s enters as the block rows' does);
+    mask [B,1,W,C+W] -> [B,W,Hq,D]."""
     b, w, hq, d = q.v.shape
     rep = hq // k.v.shape[2]
 
     def keys_of(block: Tracked, cache) -> Tracked:
-        cache = np.asarray(cache, np.float64)
-        val = np.repeat(np.concatenate([cache, block.v], axis=1), rep, axis=2)
-        mag = np.repeat(np.concatenate([np.zeros_like(cache), block.s], axis=1), rep, axis=2)
+        cache = cache if isinstance(cache, Tracked) else exact(cache)
+        val = np.repeat(np.concatenate([cache.v, block.v], axis=1), rep, axis=2)
+        mag = np.repeat(np.concatenate([cache.s, block.s], axis=1), rep, axis=2)
         return Tracked(val, mag)
 
     keys, vals = keys_of(k, k_cache), keys_of(v, v_cache)

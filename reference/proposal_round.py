@@ -50,9 +50,7 @@ from reference.candidate_selector import candidate_selector
 from reference.candidate_topk import candidate_topk
 from reference.config import parse_config
 from reference.context_kv import context_kv, ring_slots
-from reference.draft_attention import allowed
 from reference.feature_capture import feature_capture
-from reference.grouped_conv import GROUP
 from reference.masked_block import BF16_INTERMEDIATES as BLOCK_BF16
 from reference.masked_block import CONV_WEIGHTS, LAYER_WEIGHTS, block_tokens, masked_block
 from reference.proposal_head import proposal_head
@@ -169,66 +167,12 @@ def proposal_round(**kwargs) -> dict:
 # --- magnitudes (CONTRACTS C2 v2) ------------------------------------------------------------
 
 
-def _attention(q: mg.Tracked, k: mg.Tracked, v: mg.Tracked, kc: mg.Tracked, vc: mg.Tracked, mask) -> mg.Tracked:
-    """magnitude.attention with caches that carry their own magnitudes (context K/V computed in
-    the same round), by the same rules: the cache's s enters as the block rows' s does."""
-    b, w, hq, d = q.v.shape
-    rep = hq // k.v.shape[2]
-
-    def cat(block: mg.Tracked, cache: mg.Tracked) -> mg.Tracked:
-        return mg.Tracked(np.repeat(np.concatenate([cache.v, block.v], axis=1), rep, axis=2),
-                          np.repeat(np.concatenate([cache.s, block.s], axis=1), rep, axis=2))
-
-    keys, vals = cat(k, kc), cat(v, vc)
-    scale = 1.0 / np.sqrt(d)
-    kv = np.where(np.isfinite(keys.v), keys.v, 0.0)
-    sc = np.einsum("bihd,bkhd->bhik", q.v, kv, optimize=True) * scale
-    sc = np.where(mask, sc, -np.inf)
-    m = np.max(sc, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    p = np.where(mask, np.exp(sc - m), 0)
-    total = np.sum(p, axis=-1, keepdims=True)
-    wts = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
-    finite = np.isfinite(vals.v)
-    av = np.where(finite, np.abs(vals.v), 0.0)
-    out = np.einsum("bhik,bkhd->bihd", wts, np.where(finite, vals.v, 0.0), optimize=True)
-    score_mag = np.sqrt(np.einsum("bihd,bkhd->bhik", np.square(q.s), np.square(kv), optimize=True)
-                        + np.einsum("bihd,bkhd->bhik", np.square(q.v), np.square(keys.s), optimize=True)) * scale
-    w2, ws2 = np.square(wts), np.square(wts * score_mag)
-    mag = np.sqrt(np.einsum("bhik,bkhd->bihd", w2, np.square(vals.s) + np.square(av), optimize=True)
-                  + np.einsum("bhik,bkhd->bihd", ws2, 2 * np.square(av), optimize=True)
-                  + 2 * np.transpose(np.sum(ws2, axis=-1), (0, 2, 1))[..., None] * np.square(out) + np.square(out))
-    return mg.Tracked(out, mag)
-
-
 def _layer(x: mg.Tracked, kc: mg.Tracked, vc: mg.Tracked, frontier, live, w: dict, eps, theta, head_dim, window,
            variant) -> mg.Tracked:
-    """scales.layer with tracked caches."""
-    conv = variant == "dflash2"
-    b, width, _ = x.v.shape
-    positions = np.asarray(frontier, dtype=np.int64)[:, None] + np.arange(width, dtype=np.int64)
-    n = mg.rmsnorm(x, w["input_norm"], eps)
-    if conv:
-        n, finish_a = scales.prepare(n, w["attn_conv_base"], w["attn_conv_proj"])
-
-    def headed(wt, norm):
-        return mg.rope(mg.rmsnorm(mg.linear(n, wt).reshape(b, width, -1, head_dim), norm, eps), positions, theta)
-
-    q, k = headed(w["wq"], w["q_norm"]), headed(w["wk"], w["k_norm"])
-    v = mg.linear(n, w["wv"]).reshape(b, width, -1, head_dim)
-    mask = allowed(frontier, live, kc.v.shape[1], width, int(window))[:, None]
-    a = _attention(q, k, v, kc, vc, mask).reshape(b, width, -1)
-    o = mg.linear(a, w["wo"])
-    if conv:
-        o = mg.conv(o, np.asarray(w["attn_conv_base"], np.float64)[1], finish_a, GROUP)
-    y = mg.add(x, o)
-    m = mg.rmsnorm(y, w["post_norm"], eps)
-    if conv:
-        m, finish_m = scales.prepare(m, w["mlp_conv_base"], w["mlp_conv_proj"])
-    z = mg.linear(mg.mul(mg.silu(mg.linear(m, w["w_gate"])), mg.linear(m, w["w_up"])), w["w_down"])
-    if conv:
-        z = mg.conv(z, np.asarray(w["mlp_conv_base"], np.float64)[1], finish_m, GROUP)
-    return mg.add(y, z)
+    """scales.layer with caches that carry their own magnitudes (context K/V computed in this round)."""
+    names = LAYER_WEIGHTS + (CONV_WEIGHTS if variant == "dflash2" else ())
+    return scales.layer(x, kc, vc, frontier, live, eps=eps, theta=theta, head_dim=head_dim, window=int(window),
+                        variant=variant, **{n: w[n] for n in names})
 
 
 def _diff_magnitude(h: mg.Tracked, wa, wb) -> np.ndarray:

@@ -83,7 +83,7 @@ def grouped_conv(kw, out) -> dict:
 def layer(x: mg.Tracked, k_cache, v_cache, frontier, live, input_norm, wq, wk, wv, q_norm, k_norm, wo, post_norm,
           w_gate, w_up, w_down, eps, theta, head_dim, window, variant, attn_conv_base=None, mlp_conv_base=None,
           attn_conv_proj=None, mlp_conv_proj=None) -> mg.Tracked:
-    """draft_layer.forward, tracked."""
+    """draft_layer.forward, tracked (the caches may be Tracked: magnitude.attention)."""
     conv = variant == "dflash2"
     b, w, _ = x.v.shape
     positions = np.asarray(frontier, dtype=np.int64)[:, None] + np.arange(w, dtype=np.int64)
@@ -96,7 +96,8 @@ def layer(x: mg.Tracked, k_cache, v_cache, frontier, live, input_norm, wq, wk, w
 
     q, k = head(wq, q_norm), head(wk, k_norm)
     v = mg.linear(n, wv).reshape(b, w, -1, head_dim)
-    mask = _mask(frontier, live, np.shape(k_cache)[1], w, window)
+    capacity = (k_cache.v if isinstance(k_cache, mg.Tracked) else np.asarray(k_cache)).shape[1]
+    mask = _mask(frontier, live, capacity, w, window)
     a = mg.attention(q, k, v, k_cache, v_cache, mask).reshape(b, w, -1)
     o = mg.linear(a, wo)
     if conv:
