@@ -380,7 +380,7 @@ def _cmd_run(args) -> int:
                 live.result(r)
 
             runner.run_suite(handle, root, progress=bar, timeout=timeout, specs=args.specs, deadline_s=deadline,
-                             on_result=on_result, entries=entries)
+                             on_result=on_result, entries=entries, diagnose=getattr(args, "diagnose", True))
             live.finish_op()
         complete = not any(r.detail.startswith("not run: the overall deadline") for r in results)
     finally:
@@ -420,6 +420,12 @@ def _run_notes(results, expectations, manifest, args, deadline) -> list[str]:
         acc = sum(r.result == Result.ACCEPTABLE for r in results)
         if acc:
             notes.append(f"--strict: {acc} ACCEPTABLE case(s) fail the run")
+    if getattr(args, "diagnose", False):
+        from conformance.diagnose import summary_text
+
+        text = summary_text(results)
+        if text:
+            notes += text.splitlines()
     return notes
 
 
@@ -547,6 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--strict", action="store_true",
                    help="also fail on ACCEPTABLE and on an expected failure that now passes")
     s.add_argument("--shard", metavar="I/N", help="run shard I of N (a deterministic split by case id)")
+    s.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=True,
+                   help="name, for every FAIL, the catalog pitfalls whose one-bug reference reproduces it "
+                        "(default: on)")
     s.set_defaults(func=_cmd_run)
     s = sub.add_parser("dump", help="run one case and write inputs, expected, actual and per-element error as .npy")
     s.add_argument("case", help="the case id, e.g. draft_attention/window_le_S")

@@ -139,6 +139,8 @@ def case_record(r) -> dict:
     for key in ("trace", "output", "expected_failure", "rerun"):
         if getattr(r, key, None):
             rec["traceback" if key == "trace" else key] = getattr(r, key)
+    if getattr(r, "diagnosis_note", ""):  # diagnose (issue 10): catalog pitfalls reproducing a FAIL, best first
+        rec["diagnosis"] = {"note": r.diagnosis_note, "matches": list(getattr(r, "diagnosis", []) or [])}
     return rec
 
 
@@ -148,6 +150,9 @@ def summary(results) -> dict:
     body["expected_failures"] = sum(bool(expectation(r)) and r.result.failed for r in results)
     body["unexpected_passes"] = sum(bool(expectation(r)) and r.result in (Result.PASS, Result.ACCEPTABLE)
                                     for r in results)
+    from conformance.diagnose import summary as diagnosis_summary
+
+    body["diagnosis"] = [{"pitfall": p, "failing_cases": n} for p, n in diagnosis_summary(results)]
     body["ops"] = {op: {**{res.name: sum(r.result == res for r in rs) for res in COLUMNS},
                         "acceptable_by_flag": acceptable_by_flag(rs),
                         "worst_tight_frac": _number(worst_frac(rs, "tight_frac")),
@@ -231,6 +236,9 @@ def junit_bytes(results, implementation: str, complete: bool = True, strict: boo
             rerun = getattr(r, "rerun", "")
             if rerun:
                 long += f"\n\nrerun: {rerun}"
+            if getattr(r, "diagnosis_note", "") and r.result == Result.FAIL:  # diagnose: the likely bug first
+                detail = _xml_text(f"{r.detail} | {r.diagnosis_note}")
+                long = detail + long[len(_xml_text(r.detail)):]
             if r in exp:
                 ET.SubElement(case, "skipped", message=_xml_text(f"expected {r.result.name}: {expectation(r)}")
                               ).text = long
@@ -351,6 +359,8 @@ def failure_line(r, rerun: str | None = None) -> str:
     text = f"{r.result.name} {r.case}: {r.detail}"
     if expectation(r):
         text = f"{r.result.name} (expected: {expectation(r)}) {r.case}: {r.detail}"
+    if getattr(r, "diagnosis_note", ""):
+        text = f"{text} | {r.diagnosis_note}"
     rerun = rerun or getattr(r, "rerun", "")
     return f"{text} | rerun: {rerun}" if rerun else text
 

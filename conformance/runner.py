@@ -95,6 +95,9 @@ class RunResult(CaseResult):
     output: str = ""  # what the implementation printed during the case (isolated runs)
     expected_failure: str | None = None  # --expect: the reason this case is known to fail
     rerun: str = ""  # a command that reruns just this case (set by the CLI)
+    # diagnose (issue 10): catalog pitfalls whose one-bug reference reproduces a FAIL, best first
+    diagnosis: list = field(default_factory=list)
+    diagnosis_note: str = ""
 
 
 def finite_timeout(seconds: float | None) -> float | None:
@@ -566,7 +569,7 @@ def _registry_specs() -> dict:
 
 
 def judge(vec: Vector, outcome: Outcome, force: Callable | None = None, independent=(),
-          spec: OpSpec | None = None) -> RunResult:
+          spec: OpSpec | None = None, diagnoser=None) -> RunResult:
     """The verdict on one call's outcome: storage format, then the comparison (C2)."""
     res = RunResult(vec.op, vec.case, Result.PASS, flags=tuple(vec.flags), seconds=outcome.seconds,
                     output=outcome.output)
@@ -583,6 +586,7 @@ def judge(vec: Vector, outcome: Outcome, force: Callable | None = None, independ
         return res
     if storage_fail:
         res.result, res.detail = Result.FAIL, storage_fail
+        _diagnose(res, vec, out, diagnoser)
         return res
 
     def fresh_kwargs():
@@ -601,7 +605,16 @@ def judge(vec: Vector, outcome: Outcome, force: Callable | None = None, independ
     flags = getattr(verdict, "flags", None)
     if flags and not getattr(res, "acceptable_flags", ()):
         res.acceptable_flags = tuple(flags)
+    _diagnose(res, vec, out, diagnoser)
     return res
+
+
+def _diagnose(res: RunResult, vec: Vector, out, diagnoser) -> None:
+    """On a FAIL, the catalog pitfalls that reproduce the outputs (conformance.diagnose)."""
+    if diagnoser is None or res.result != Result.FAIL:
+        return
+    d = diagnoser(vec, out)
+    res.diagnosis, res.diagnosis_note = d["matches"], d["note"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -660,14 +673,15 @@ def _entry_error(entry: dict, detail: str) -> RunResult:
 def run_suite(impl, vectors_dir, ops_pattern: str | None = None, progress=None,
               timeout: float | None = DEFAULT_TIMEOUT, specs: Mapping[str, OpSpec] | None = None, *,
               isolate: bool = False, deadline_s: float | None = None, on_result: Callable | None = None,
-              entries: list[dict] | None = None) -> list[RunResult]:
+              entries: list[dict] | None = None, diagnose: bool = False) -> list[RunResult]:
     """Run ``impl`` over the selected vectors. ``progress(done, total, case_id)`` is called
     before each case and ``on_result(result)`` after it. ``specs`` (default: the registry)
     supplies each Op's ``force``. ``isolate``: in a worker process (see the module doc);
     ``impl`` may then be a ``package.module:attribute`` string. ``deadline_s``: an overall
     limit; cases not started by then are ERRORs that say so. ``entries``: the manifest
     entries to run (default: those ``ops_pattern`` selects). A vector file that cannot be
-    read is an ERROR for its case; the run goes on."""
+    read is an ERROR for its case; the run goes on. ``diagnose``: each FAIL names the catalog
+    pitfalls that reproduce it (``conformance.diagnose``)."""
     if entries is None:
         _, entries = load_selection(Path(vectors_dir), ops_pattern)
     all_specs = specs if specs is not None else registry.ops()
@@ -675,6 +689,11 @@ def run_suite(impl, vectors_dir, ops_pattern: str | None = None, progress=None,
     timeout = finite_timeout(timeout)
     stop_at = time.monotonic() + deadline_s if finite_timeout(deadline_s) else None
     handle = open_impl(impl, isolate, specs, ops=sorted({e["op"] for e in entries}))
+    diagnoser = None
+    if diagnose:
+        from conformance.diagnose import Diagnoser
+
+        diagnoser = diagnose if callable(diagnose) else Diagnoser()  # a Diagnoser may be shared between runs
     owned = handle is not impl
     try:
         for i, entry in enumerate(entries):
@@ -692,7 +711,7 @@ def run_suite(impl, vectors_dir, ops_pattern: str | None = None, progress=None,
                     spec = all_specs.get(vec.op)
                     limit = timeout if left is None else min(timeout or left, left)
                     res = judge(vec, handle.invoke(vec, limit), spec.force if spec else None,
-                                spec.independent if spec else (), spec)
+                                spec.independent if spec else (), spec, diagnoser)
                     if left is not None and limit < (timeout or math.inf) and res.detail.startswith("timed out"):
                         res.detail = f"timed out: the overall deadline of {deadline_s:g} s was reached"
             results.append(res)
