@@ -250,3 +250,153 @@ def test_tree_ties_lower_depth_then_lower_parent_then_lower_rank():
     parents, tokens = tree(ids, e, 12)
     assert parents == [-1, 0, -1, -1, 0, 2, 3, 0, 2, 2, 3, 3]
     assert tokens == [1, 4, 2, 3, 5, 4, 4, 6, 5, 6, 5, 6]
+
+
+def test_tree_sibling_tie_goes_to_the_lower_rank():
+    """K = 1, k = 3, ids (1, 2, 3), E_0 row 0 = (1, 0, 0): q = (e, 1, 1) / (e + 2); the chain takes
+    rank 0 (node 0). Ranks 1 and 2 score log(1 / (e + 2)) alike (the same FP32 q): rank 1 first."""
+    ids = np.array([[1, 2, 3]])
+    e = np.zeros((1, 3, 3))
+    e[0, 0] = [1.0, 0.0, 0.0]
+    assert tree(ids, e, 2) == ([-1, -1], [1, 2])
+    assert tree(ids, e, 3) == ([-1, -1, -1], [1, 2, 3])
+
+
+def test_tree_ties_across_depths_one_and_two():
+    """K = 3, k = 2, ids (1, 2), (3, 4), (5, 6); L = log 1/2. Energies: E_0 = (0, 0): q_0 = (1/2, 1/2);
+    E_1 after rank 0 = (0, -200): q = (1, 0); after rank 1 = (0, 0): (1/2, 1/2); E_2 rows (0, 0): (1/2, 1/2).
+    Chain (lowest rank on ties): node 0 (d0, rank 0, L), node 1 (d1, rank 0, L + 0), node 2 (d2, rank 0, 2L).
+    Candidates: root rank 1 (L); node 0's rank 1 (-inf); node 1's rank 1 (d2, 2L). Root rank 1 is node 3;
+    its children (d1) score 2L, tying node 1's rank 1 (d2): the lower depth goes first: node 4 =
+    (d1, parent 3, rank 0), node 5 = (d1, parent 3, rank 1), then node 6 = (d2, parent 1, rank 1). Then
+    3L: children of node 4 before node 5's (lower parent), rank 0 before 1: nodes 7..10; then -inf."""
+    ids = np.array([[1, 2], [3, 4], [5, 6]])
+    e = np.zeros((3, 2, 2))
+    e[1, 0] = [0, -200]
+    parents, tokens = tree(ids, e, 11)
+    assert parents == [-1, 0, 1, -1, 3, 3, 1, 4, 4, 5, 5]
+    assert tokens == [1, 3, 5, 2, 3, 4, 6, 5, 6, 5, 6]
+
+
+# --- acceptance decisions by hand (C3, C6) -------------------------------------------------------
+
+U32 = 0xFFFFFFFF
+
+
+def _philox_py(counter, key):
+    c, k = list(counter), list(key)
+    for rnd in range(10):
+        if rnd:
+            k = [(k[0] + 0x9E3779B9) & U32, (k[1] + 0xBB67AE85) & U32]
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & U32, (p0 >> 32) ^ c[3] ^ k[1], p0 & U32]
+    return c
+
+
+def u_hand(seed, position, purpose, index=0):
+    """C3 uniform from a plain-Python Philox4x32-10 (independent of reference.rng)."""
+    x0 = _philox_py([position & U32, position >> 32, int(purpose), index], [seed & U32, seed >> 32])[0]
+    return ((x0 >> 8) | 1) * 2.0**-24
+
+
+def race_hand(weights, seed, position, purpose):
+    best, score = None, -1.0
+    for v, w in enumerate(weights):
+        if w > 0:
+            s = w / -math.log(u_hand(seed, position, purpose, v))
+            if s > score:
+                best, score = v, s
+    return best
+
+
+def test_tree_sibling_accept_test_uses_its_own_uniform():
+    """K = 1, k = 2 at T = 1 (N = 2: both root candidates are nodes). The walk's rank j0 (main child,
+    token c0) is drawn by the race at F; p(c0) = 0 rejects it whatever U_0. The residual r = max(p - q, 0)
+    normalized has r(c1) = x / (1 - q(c1)) with x = p(c1) - q(c1) (p(c0) = 0, p(2) = 1 - p(c1)). Set
+    r(c1) = t, half-way between U_1 and U_0 = U(s, F+1, ACCEPT, 0 or 1), seed chosen with U_1 < U_0 - 0.2:
+    the sibling (index 1) is accepted iff U_1 < t: yes. With U_0 it would be rejected."""
+    F = 4000
+    seed = next(s for s in range(100) if u_hand(s, F + 1, 2, 1) < u_hand(s, F + 1, 2, 0) - 0.2)
+    u0, u1 = u_hand(seed, F + 1, 2, 0), u_hand(seed, F + 1, 2, 1)
+    t = (u0 + u1) / 2
+    ids = np.array([[0, 1]])
+    e = np.array([[[0.3, -0.2], [0.0, 0.0]]])
+    q = np.float32(np.exp([0.3, -0.2]) / np.exp([0.3, -0.2]).sum()).astype(np.float64)  # the walk's FP32 q
+    j0 = race_hand(q, seed, F, 1)  # DFLASH2_PROPOSAL at F + 0
+    c0, c1 = int(ids[0, j0]), int(ids[0, 1 - j0])
+    x = t * (1 - q[1 - j0])
+    p = np.zeros(3)
+    p[c1], p[2] = q[1 - j0] + x, 1 - q[1 - j0] - x
+    bigram = np.zeros((3, 3))
+    with np.errstate(divide="ignore"):
+        bigram[2] = np.where(p > 0, np.log(np.where(p > 0, p, 1)), -1000.0)  # the anchor is token 2
+    inputs, params = tv_inputs(2, [ids], [e], 1.0, seed, F, bigram, 2)
+    out = tree_verify(**inputs, **params)
+    assert out["node_tokens"].tolist() == [[c0, c1]]
+    assert out["tokens"][0, 0] == c1 and out["accepted"].tolist() == [1]
+
+
+def _accept(logits, proposals, P, F, seed, **kw):
+    from conformance.cases.speculative_accept import accept_inputs
+    from reference.speculative_accept import speculative_accept
+
+    inputs, params = accept_inputs(np.asarray(logits, np.float32)[None], [proposals], P, F, seed, **kw)
+    return speculative_accept(**inputs, **params)
+
+
+def test_acceptance_min_p_keeps_the_maxima():
+    """min_p = 1 in the acceptance scan: p_0 over logits (1, 1, 0) keeps both maxima, p = (1/2, 1/2, 0);
+    proposal d = 1 with one-hot q is accepted iff U(s, F + 1, ACCEPT) < 1/2. Seeds 0..9 by hand."""
+    z = [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    F = 50
+    for seed in range(10):
+        out = _accept(z, [1], 1, F, seed, min_p=1.0)
+        assert out["accepted"].tolist() == [int(u_hand(seed, F + 1, 2) < 0.5)], seed
+
+
+def test_acceptance_of_a_zero_probability_proposal_is_strict():
+    """Retained q over ids (0, 1) only; the proposal d = 3 is a padded row (vocab 3 of 4): p(3) = 0
+    and q(3) = 0, so U q(3) < p(3) reads 0 < 0: false, rejected with margin 0 (C3 is strict). The
+    correction is drawn from r = max(p - q, 0) = (0, 0, 1/3, 0) normalized: token 2."""
+    z = [[0.0, 0.0, 0.0, 5.0], [0.0, 0.0, 0.0, 0.0]]
+    q = np.array([[[0.5, 0.5]]], np.float32)
+    out = _accept(z, [3], 1, 9, 4, q=q, q_ids=[[[0, 1]]], vocab_size=3)
+    assert out["accepted"].tolist() == [0] and out["accepted.margin"].tolist() == [0.0]
+    assert out["tokens"].tolist() == [[2, -1]]
+
+
+def test_empty_residual_draws_from_p_not_q():
+    """q (unnormalized) = (0.9, 0.6, 0.3) >= p = (1/2, 1/2, 0) everywhere: r = max(p - q, 0) has no mass,
+    so the correction is the race over p (C6), never token 2 (p(2) = 0). A seed is chosen where U q(0)
+    rejects d = 0 and the race over q would pick token 2."""
+    z = [[0.0, 0.0, -1000.0], [0.0, 0.0, 0.0]]
+    q = np.array([[[0.9, 0.6, 0.3]]], np.float32)
+    F = 70
+    seed = next(s for s in range(2000) if u_hand(s, F + 1, 2) * 0.9 > 0.55
+                and race_hand([0.9, 0.6, 0.3], s, F + 1, 3) == 2)
+    out = _accept(z, [0], 1, F, seed, q=q, q_ids=[[[0, 1, 2]]])
+    assert out["accepted"].tolist() == [0]
+    assert out["tokens"].tolist() == [[race_hand([0.5, 0.5, 0.0], seed, F + 1, 3), -1]]
+
+
+def test_selector_greedy_tie_goes_to_the_lowest_rank():
+    """candidate_selector at T = 0 with no pair terms (W_pred = 0): E = u = (0, 2, 2, 1) at step 0 and
+    (3, 3, 0, 3) at step 1: ranks 1 and 0 (the lowest of each tie), margins 0."""
+    from reference.candidate_selector import candidate_selector
+    from reference.numerics import storage
+
+    kw = {
+        "hidden": storage(np.ones((1, 2, 2)), "bf16"),
+        "scores": storage([[[0.0, 2.0, 2.0, 1.0], [3.0, 3.0, 0.0, 3.0]]], "fp32"),
+        "ids": np.array([[[4, 5, 6, 7], [8, 9, 10, 11]]], np.int32),
+        "anchor": np.array([0], np.int32),
+        "w_hidden": storage(np.eye(2), "bf16"),
+        "w_pred": storage(np.zeros((12, 2)), "bf16"),
+        "w_succ": storage(np.ones((12, 2)), "bf16"),
+        "temperature": np.zeros(1, np.float32),
+        "seed": np.zeros(1, np.uint64),
+        "frontier": np.zeros(1, np.int64),
+    }
+    out = candidate_selector(**kw)
+    assert out["path"].tolist() == [[1, 0]] and out["tokens"].tolist() == [[5, 8]]
+    assert out["path.margin"].tolist() == [[0.0, 0.0]]

@@ -34,8 +34,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).absolute().parents[1]
@@ -216,6 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tests", nargs="*", default=["tests"], help="test paths (default: tests)")
     ap.add_argument("--timeout", type=float, default=420, help="seconds per bug (generate + tests)")
     ap.add_argument("--state", default=str(ROOT / "build" / "reference-mutation.json"), help="resume file")
+    ap.add_argument("--jobs", type=int, default=1, help="bugs run side by side (each uses one core)")
     ap.add_argument("--fresh", action="store_true", help="ignore saved results")
     ap.add_argument("--out", help="write the markdown report here")
     ap.add_argument("--check", action="store_true", help="only check that every bug applies exactly once")
@@ -269,19 +272,26 @@ def main(argv=None) -> int:
               *control["generate_tail"], *control["failed"][:20], sep="\n  ", file=sys.stderr)
         return 2
 
-    results = []
-    for i, bug in enumerate(bugs, 1):
+    lock = threading.Lock()
+
+    def one(i_bug):
+        i, bug = i_bug
         key = bug_key(bug)
-        r = state["results"].get(key)
+        with lock:
+            r = state["results"].get(key)
         if r is None:
             print(f"[{i}/{len(bugs)}] {bug.name} ...", flush=True)
             r = run_one(bug, a.tests, a.timeout, rev, a.overlay, a.keep)
-            state["results"][key] = r
-            save()
+            with lock:
+                state["results"][key] = r
+                save()
         verdict = "caught" if r["caught"] else "SURVIVED"
         print(f"[{i}/{len(bugs)}] {bug.name}: {verdict}, {len(r['functions'])} test functions "
               f"({len(r['failed'])} tests), {r['seconds']} s", flush=True)
-        results.append(r)
+        return r
+
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:  # each job is a pair of subprocesses
+        results = list(pool.map(one, enumerate(bugs, 1)))
 
     survived = [r["name"] for r in results if not r["caught"]]
     weak = [r["name"] for r in results if r["caught"] and len(r["functions"]) < 2]
