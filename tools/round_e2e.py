@@ -381,7 +381,7 @@ def sweep(impl, *, prompts: int, ks, kinds=KINDS, seed: int = 0, chunk: int = MA
     cells = {(kind, K): Cell(kind, K) for kind in kinds for K in ks}
     units = [(lo, kind, K, cases[lo: lo + chunk], batch, check, deadline_at)
              for lo in range(0, prompts, chunk) for (kind, K) in cells]
-    skipped = 0
+    skipped = pool_errors = 0
     if workers <= 1:
         fn = load_impl(impl)[0] if isinstance(impl, str) else impl
         drafts = make_drafts(target, seed)
@@ -398,12 +398,19 @@ def sweep(impl, *, prompts: int, ks, kinds=KINDS, seed: int = 0, chunk: int = MA
             raise TypeError("workers > 1 needs the implementation as a load_impl spec string")
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
                                  initargs=(impl, seed)) as pool:
-            for (lo, kind, K, *_), unit in zip(units, pool.map(_worker_unit, units)):
+            futures = [pool.submit(_worker_unit, u) for u in units]
+            for (lo, kind, K, *_), fut in zip(units, futures):
+                try:
+                    unit = fut.result()
+                except Exception as exc:  # noqa: BLE001 - a worker that died: the unit is an error, counted
+                    unit = {"prompts": 0, "differ": 0, "errors": 0, "seconds": 0.0, "tally": {}, "first_diff": "",
+                            "first_error": f"worker failed: {type(exc).__name__}: {exc}"}
+                    pool_errors += 1
                 if unit is None:
                     skipped += 1
                 else:
                     cells[kind, K].add(unit)
-    meta = {"seconds": round(time.perf_counter() - t0, 2), "units": len(units), "units_skipped": skipped,
+    meta = {"seconds": round(time.perf_counter() - t0, 2), "units": len(units), "units_skipped": skipped, "units_lost": pool_errors,
             "seed": seed, "chunk": chunk, "batch": batch, "prompts_asked": prompts, "check": check,
             "workers": workers}
     return list(cells.values()), meta
@@ -492,10 +499,11 @@ def main(argv=None) -> int:
             json.dump({"argv": sys.argv, "environment": env, "meta": meta, "cells": [
                 {**{k: v for k, v in dataclasses.asdict(c).items() if k != "tally"}, **dataclasses.asdict(c.tally)}
                 for c in cells]}, f, indent=1)
-    verdict = "FAIL" if differ or errors or not runs else ("PASS" if least == a.prompts else "PASS (partial)")
+    verdict = "FAIL" if differ or errors or meta["units_lost"] or not runs else ("PASS" if least == a.prompts else "PASS (partial)")
     print(f"round_e2e {verdict}: impl={a.impl} {len(cells)} (kind, K) cells, prompts per cell "
           f"{least}..{max(c.prompts for c in cells)} of {a.prompts} ({runs} prompt runs), differ={differ} "
           f"errors={errors}, units skipped at the deadline {meta['units_skipped']}/{meta['units']}, "
+          f"units lost to a dead worker {meta['units_lost']}, "
           f"wall {meta['wall_s']} s")
     return 0 if verdict == "PASS" else 1
 
