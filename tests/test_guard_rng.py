@@ -6,9 +6,9 @@ reaches (issue 14): known answers that hold whatever the vectors say.
 * Hand uniforms read off those lines: U = ((x0 >> 8) | 1) 2^-24 where x0 >> 8 is even, so the
   forced low bit is visible, reached through the full key/counter layout of C3.
 * Exponential-race ties: two indices whose 24-bit uniforms are equal for one (seed, position,
-  purpose). They were found once by a birthday search (seed 14, positions upward from 0, the
-  first collision of each purpose among the indices shown; about 2^24 / n^2 positions per hit)
-  and the numbers are committed here; the test re-derives the uniforms with an independent
+  purpose). They were found once by a birthday search (seed 14, positions upward from 0, all n
+  indices of a position drawn at once; a collision needs about 2^25 / n^2 positions) and the
+  numbers are committed here; the test re-derives the uniforms with an independent
   plain-Python Philox. With equal weights the race is an exact tie: the lowest index wins (C3),
   in the race itself and where the Ops use it (selector walk, correction, bonus).
 """
@@ -114,6 +114,17 @@ COLLISIONS = [
     (Purpose.CORRECTION, 7584, (6, 35)),  # second among indices 0..63 (token ids)
     (Purpose.BONUS, 8916, (8, 19)),  # first among indices 0..63
 ]
+
+
+def find_collisions(seed, purpose, n_index, n_positions, chunk=50_000):
+    """The offline search that found COLLISIONS (not run by the tests; a few seconds):
+    positions p upward from 0 where two of the indices 0..n_index-1 draw equal uniforms."""
+    for p0 in range(0, n_positions, chunk):
+        pos = np.arange(p0, p0 + chunk, dtype=np.int64)
+        u = uniform(np.uint64(seed), pos[:, None], purpose, np.arange(n_index)[None, :])
+        for h in np.flatnonzero((np.diff(np.sort(u, axis=1), axis=1) == 0).any(axis=1)):
+            vals, counts = np.unique(u[h], return_counts=True)
+            yield int(pos[h]), np.flatnonzero(u[h] == vals[counts > 1][0]).tolist()
 
 
 def test_committed_collisions_are_exact_ties():
