@@ -8,6 +8,7 @@
     dump      run one case and write its inputs, expected and actual outputs and errors as .npy
     geometry  run an implementation at the spec's two official geometries, full width
     check-capture  judge a folder of an engine's capture files (C10), naming a failing round's first bad Op
+    fuzz      property-based conformance: hypothesis strategies over every Op, failures shrunk and saved
 
 Exit status: 0 success; 1 a FAIL or ERROR (run, dump; with --require a required Op
 NOT_IMPLEMENTED; with --strict also an ACCEPTABLE or an expected failure that passes),
@@ -580,7 +581,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("check-capture", help="judge a folder of capture files (C10) against the reference")
     s.add_argument("folder", help="a folder of capture .safetensors files (conformance.capture)")
     s.set_defaults(func=_cmd_check_capture)
+    from conformance import fuzz  # issue 13 (hypothesis is needed only when the subcommand runs)
+
+    fuzz.add_parser(sub, impl_help, _float).set_defaults(func=_cmd_fuzz)
     return p
+
+
+def _cmd_fuzz(args) -> int:
+    from conformance import fuzz
+
+    return fuzz.command(args)
 
 
 def _cmd_check_capture(args) -> int:

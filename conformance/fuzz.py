@@ -496,7 +496,7 @@ def _build_target(cid, p):
 
 
 _DESIGNS = ["plain", "swapped", "bonus_rows_differ", "correction_from_p", "history", "residual_zero", "tie",
-            "same_request"]
+            "same_request", "repeats"]
 
 
 @_composite
@@ -506,6 +506,14 @@ def _accept_params(draw):
         return {"design": design, "greedy": draw(st.booleans()), "retained": draw(st.booleans()), "salt": draw(salt())}
     if design in ("residual_zero", "tie"):
         return {"design": design, "salt": draw(salt())}
+    if design == "repeats":  # a small vocabulary and a long accepted prefix: tokens recur in the history
+        k = draw(st.integers(3, 7))
+        return {"design": design, "b": 1, "k": k, "p": [k], "a": [draw(st.integers(2, k))], "v": 8, "pad": 0,
+                "greedy": [draw(st.booleans())], "retained": False, "seed": [draw(seeds())],
+                "frontier": [draw(positions(small=5000, wide=k + 2))], "temperature": None, "top_k": [0],
+                "top_p": [1.0], "min_p": [0.0], "repetition_penalty": [draw(st.sampled_from([2.0, 1.5, 3.0]))],
+                "frequency_penalty": [draw(st.sampled_from([0.0, 0.5]))], "presence_penalty": [0.0],
+                "salt": draw(salt())}
     b = draw(st.integers(1, 4)) if design in ("plain", "same_request") else 1
     if design == "same_request":
         b = max(b, 2)
@@ -806,20 +814,42 @@ def _settings(max_examples: int, shrink: bool):
                     suppress_health_check=list(HealthCheck), phases=phases, report_multiple_bugs=False)
 
 
-_MINIMAL: dict[str, dict] = {}
+_MINIMAL: dict[tuple, dict] = {}
+BRANCHES = ("kind", "design", "variant")  # the first of these a strategy draws picks its branch
 
 
-def minimal(op: str) -> dict:
-    """The strategy's simplest example (where hypothesis shrinks every parameter that does not matter)."""
-    if op not in _MINIMAL:
-        _MINIMAL[op] = find(STRATEGIES[op].params(), lambda p: True, settings=_settings(1, True),
-                            random=random.Random(0))
-    return _MINIMAL[op]
+def minimal(op: str, branch: tuple | None = None) -> dict:
+    """The strategy's simplest example (where hypothesis shrinks every parameter that does not matter),
+    within ``branch`` = (key, value) when given (e.g. ("design", "history"))."""
+    key = (op, branch)
+    if key not in _MINIMAL:
+        cond = (lambda p: True) if branch is None else (lambda p: p.get(branch[0]) == branch[1])
+        try:
+            _MINIMAL[key] = find(STRATEGIES[op].params(), cond, settings=_settings(500, True),
+                                 random=random.Random(0))
+        except NoSuchExample:
+            _MINIMAL[key] = {}
+    return _MINIMAL[key]
+
+
+def _same(v, base) -> bool:
+    if v == base:
+        return True
+    # a per-row list whose every row holds the simplest example's (single-row) value
+    if isinstance(v, list) and isinstance(base, list) and base and all(x == base[0] for x in base):
+        return all(x == base[0] for x in v)
+    return False
 
 
 def trigger_of(op: str, params: Mapping) -> dict:
-    base = minimal(op)
-    return {k: v for k, v in params.items() if k != "salt" and base.get(k) != v}
+    """The parameters of a shrunk example that differ from the simplest example of its branch:
+    hypothesis has shrunk every other one back there, so these are what the failure needs."""
+    branch = next(((k, params[k]) for k in BRANCHES if k in params), None)
+    base = minimal(op, branch)
+    out = {k: v for k, v in params.items() if k != "salt" and not _same(v, base.get(k))}
+    if branch is not None and branch[1] != minimal(op).get(branch[0]):
+        out = {branch[0]: branch[1], **out}
+    return out
 
 
 def describe(params: Mapping) -> str:
@@ -991,3 +1021,76 @@ def run(impl, *, ops: list[str], max_examples: int, seed: int, timeout: float | 
 
 __all__ = ["STRATEGIES", "Strategy", "Reject", "fuzz_op", "judge_with", "save", "run", "minimal", "trigger_of",
            "case_id", "MISSING", "HAVE_HYPOTHESIS", "select_ops", "math"]
+
+
+# ----------------------------------------------------------------------------- the command
+
+DEFAULT_OUT = "fuzz-failures"
+
+
+def command(args, log: Callable[[str], None] = print) -> int:
+    """``dflash-conformance fuzz``: exit 0 (no failure), 1 (a FAIL or ERROR; --strict: also ACCEPTABLE), 2 bad
+    input (raised as InputError by the caller's rules)."""
+    import shlex
+
+    if not HAVE_HYPOTHESIS:
+        raise vectors.InputError(MISSING)
+    from conformance import cli
+
+    specs = args.specs if args.specs is not None else registry.ops()
+    ops = select_ops(args.ops, specs)
+    if args.max_examples < 1:
+        raise vectors.InputError(f"--max-examples: must be at least 1, got {args.max_examples}")
+    if args.budget is not None and not args.budget > 0:
+        raise vectors.InputError(f"--budget: must be a positive number of minutes, got {args.budget}")
+    timeout = cli._seconds("--deadline", args.deadline)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    out = Path(args.out)
+    handle, name = cli._open_impl(args, ops=ops)
+
+    def rerun(f: Found) -> str:
+        parts = ["dflash-conformance", "run"] + (["--impl", args.impl] if args.impl else [])
+        parts += ["--vectors", str(out), "--ops", f.case.id]
+        again = ["dflash-conformance", "fuzz"] + (["--impl", args.impl] if args.impl else [])
+        again += ["--ops", f.op, "--seed", str(seed), "--max-examples", str(args.max_examples)]
+        return f"{shlex.join(parts)}   (or the whole search: {shlex.join(again)})"
+
+    log(f"fuzz: {len(ops)} Op(s), up to {args.max_examples} examples each, seed {seed}"
+        + (f", budget {args.budget:g} min" if args.budget else "") + f"; shrunk failures go to {out}/")
+    try:
+        runs = run(handle, ops=ops, max_examples=args.max_examples, seed=seed, timeout=timeout,
+                   budget_s=args.budget * 60 if args.budget else None, specs=specs, out=out, log=log,
+                   diagnose=args.diagnose, rerun=rerun, strict=args.strict)
+    finally:
+        handle.close()
+    return 1 if any(r.found is not None for r in runs) else 0
+
+
+def add_parser(sub, impl_help: str, float_type):
+    """The ``fuzz`` subcommand's arguments (called by conformance.cli.build_parser)."""
+    s = sub.add_parser("fuzz", help="property-based conformance: hypothesis strategies over every Op's parameters, "
+                                    "a failure shrunk, saved as a vector and reported with its rerun command")
+    s.add_argument("--impl", metavar="package.module:attribute", help=impl_help)
+    s.add_argument("--ops", metavar="PATTERN", help="comma-separated fnmatch globs over Op names (default: every Op)")
+    s.add_argument("--max-examples", type=int, default=100, metavar="N", help="examples per Op (100)")
+    s.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the search's seed (default: a random one, printed); the same seed gives the same examples")
+    s.add_argument("--deadline", metavar="SECONDS", type=float_type, default=60.0,
+                   help="per-example limit for the implementation in seconds (60; inf: none); the worker is killed")
+    s.add_argument("--budget", metavar="MINUTES", type=float_type, default=None,
+                   help="overall limit in minutes: no example starts after it (the Ops not reached say so)")
+    s.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
+                   help=f"where shrunk failures are written as vectors with a manifest ({DEFAULT_OUT}); "
+                        "`run --vectors DIR` replays them")
+    s.add_argument("--in-process", action="store_true", help="as for run")
+    s.add_argument("--strict", action="store_true", help="also count ACCEPTABLE as a failure (as run --strict)")
+    s.add_argument("--diagnose", action="store_true", default=True, help=argparse_suppress())
+    s.add_argument("--no-diagnose", dest="diagnose", action="store_false",
+                   help="do not name catalog pitfalls for a shrunk FAIL")
+    return s
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS
