@@ -1,7 +1,7 @@
 """pytest plugin (registered through the pytest11 entry point, so it loads in every
 pytest run; it does nothing unless ``--dflash-impl`` is given).
 
-    pytest --dflash-impl package.module:attribute [--dflash-vectors DIR] [--dflash-ops PATTERN]
+    pytest --dflash-impl package.module:attribute [--dflash-vectors DIR] [--dflash-ops PATTERN] [--dflash-fuzz N]
 
 adds one test item per selected case, node id ``dflash::<case id>`` (``dflash::grouped_conv/H16_W1_B1``).
 PASS and ACCEPTABLE pass (ACCEPTABLE with a report section saying why),
@@ -37,6 +37,9 @@ def pytest_addoption(parser):
     group.addoption("--dflash-timeout", default=60.0, type=float, metavar="S", help="per-case timeout (60 s)")
     group.addoption("--dflash-in-process", action="store_true", default=False,
                     help="call the implementation in the pytest process (default: in a worker process)")
+    group.addoption("--dflash-fuzz", default=0, type=int, metavar="N",
+                    help="also fuzz every Op (dflash-conformance fuzz): one item per Op, up to N examples each")
+    group.addoption("--dflash-fuzz-seed", default=0, type=int, metavar="S", help="the fuzz search's seed (0)")
 
 
 class _Run:
@@ -126,6 +129,46 @@ class CaseFailed(Exception):
     pass
 
 
+class FuzzItem(pytest.Item):
+    """``dflash-fuzz::<op>``: up to --dflash-fuzz examples of the Op's strategy (conformance.fuzz); a failure
+    is shrunk, saved under the pytest cache (fuzz/) and reported with its rerun command."""
+
+    def __init__(self, *, run: _Run, op: str, **kwargs):
+        super().__init__(**kwargs)
+        self.run, self.op = run, op
+
+    def runtest(self):
+        from conformance import fuzz, registry
+
+        if not fuzz.HAVE_HYPOTHESIS:
+            pytest.skip(fuzz.MISSING)
+        config = self.config
+        n, seed = config.getoption("dflash_fuzz"), config.getoption("dflash_fuzz_seed")
+        specs = registry.ops()
+        cache = getattr(config, "cache", None)
+        out = Path(str(cache.mkdir("dflash-fuzz"))) if cache is not None else Path("fuzz-failures")
+        lines = []
+        runs = fuzz.run(self.run.impl, ops=[self.op], max_examples=n, seed=seed, timeout=self.run.timeout,
+                        budget_s=None, specs=specs, out=out, log=lines.append, diagnose=False,
+                        rerun=lambda f: self.run.rerun(f.case.id).replace(f"--vectors {self.run.root}",
+                                                                          f"--vectors {out}"))
+        r = runs[0]
+        self.user_properties.append(("examples", r.examples))
+        if r.note.startswith("NOT_IMPLEMENTED"):
+            pytest.skip(r.note)
+        if r.found is not None:
+            raise CaseFailed("\n".join(lines))
+        self.add_report_section("call", "dflash-fuzz", "\n".join(lines))
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, CaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return Path(__file__), None, f"dflash-fuzz::{self.op}"
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection sees the item list
 def pytest_collection_modifyitems(session, config, items):
     if not config.getoption("dflash_impl", None):
@@ -133,6 +176,15 @@ def pytest_collection_modifyitems(session, config, items):
     run = _Run(config)
     parent = _Cases.from_parent(session, name="dflash", nodeid="dflash")
     cases = [CaseItem.from_parent(parent, name=e["case"], run=run, entry=e) for e in run.entries]
+    if config.getoption("dflash_fuzz", 0) > 0:  # issue 13: one fuzz item per Op the --dflash-ops globs name
+        import fnmatch
+
+        from conformance import fuzz, vectors
+
+        globs = vectors.split_globs(config.getoption("dflash_ops"))
+        fuzz_parent = _Cases.from_parent(session, name="dflash-fuzz", nodeid="dflash-fuzz")
+        cases += [FuzzItem.from_parent(fuzz_parent, name=op, run=run, op=op) for op in sorted(fuzz.STRATEGIES)
+                  if not globs or any(fnmatch.fnmatchcase(op, g) for g in globs)]
     items.extend(cases)
     # as pytest reports any collector's items, so that "collected N items" counts these
     config.hook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, cases))
