@@ -82,12 +82,13 @@ def generate() -> list[Case]:
         # several KV heads (GQA 4:2 and 6:3), the head mapping and the RoPE layout named
         make("masked_block/gqa_head_mapping__dflash_Hq4_Hk2_H64_L2_local_full_S8_F19_K7", ["gqa_head_mapping",
              "tail_extent"], variant="dflash", windows=[8, 0], capacity=24, frontier=[19], live=[5], num_drafts=7,
-             hk=2),
-        make("masked_block/gqa_head_mapping__dflash2_Hq6_Hk3_H96_L2_local_S8_F21_K5", ["gqa_head_mapping",
+             hk=2, inter=64),
+        make("masked_block/gqa_head_mapping__dflash2_Hq6_Hk3_H48_L2_local_S8_F21_K5", ["gqa_head_mapping",
              "ring_wrap"], variant="dflash2", windows=[8, 8], capacity=8, frontier=[21], live=[6], num_drafts=5,
-             h=96, hq=6, hk=3),
+             h=48, hq=6, hk=3, inter=64),
         make("masked_block/rope_interleaved__dflash2_Hq4_Hk2_H64_L2_local_S8_F27_K7", ["rope_interleaved",
-             "ring_wrap"], variant="dflash2", windows=[8, 8], capacity=8, frontier=[27], live=[8], num_drafts=7, hk=2),
+             "ring_wrap"], variant="dflash2", windows=[8, 8], capacity=8, frontier=[27], live=[8], num_drafts=7, hk=2,
+             inter=64),
         make("masked_block/positions_2p32__dflash2_H64_L2_local_S8_F4294967294_K7", ["positions_2p32", "ring_wrap"],
              variant="dflash2", windows=[8, 8], capacity=8, frontier=[2**32 - 2], live=[8], num_drafts=7),
     ]

@@ -198,6 +198,15 @@ def _correction_from_p_differs(inputs, params, out) -> bool:
     return from_p != out["tokens"][b, A] and margin > MARGIN
 
 
+def _seed32_differs(inputs, params, out) -> bool:
+    """A seed of 2^32 or more also catches a seed truncated to its low word."""
+    seed = np.asarray(inputs["seed"], np.uint64)
+    if not np.any(seed >= np.uint64(2**32)):
+        return True
+    low = speculative_accept(**{**inputs, "seed": seed & np.uint64(0xFFFFFFFF)}, **params)
+    return not (np.array_equal(low["tokens"], out["tokens"]) and np.array_equal(low["accepted"], out["accepted"]))
+
+
 def _bonus_rows_differ(inputs, params, out) -> bool:
     b, P = 0, int(inputs["live_proposals"][0])
     K = inputs["proposals"].shape[1]
@@ -405,7 +414,8 @@ def generate() -> list[Case]:
             for name, seed in (("0", 0), ("2p64-1", 2**64 - 1))
         ],
         *[
-            _designed(f"{c}dflash2_seed_{name}", K=4, A=2, retained=True, seeds=[seed], flags=("rng_key",))
+            _designed(f"{c}dflash2_seed_{name}", K=4, A=2, retained=True, seeds=[seed], flags=("rng_key",),
+                      check=_seed32_differs)
             for name, seed in (("1", 1), ("2p32-1", 2**32 - 1), ("2p32", 2**32), ("2p32+7", 2**32 + 7),
                                ("2p63+5", 2**63 + 5))
         ],
