@@ -83,6 +83,12 @@ def positions(small: int = 64, wide: int = 16, top: bool = True):
     return st.one_of(*parts)
 
 
+# Rotated Ops (context_kv, draft_layer, masked_block) draw no positions near 2^63: the reference forms RoPE
+# angles from float64(position), which is not exact above 2^53, and there a legitimate variant (FP32 cos/sin
+# tables from a range-reduced angle) leaves the envelope (found by this fuzzer; reported in
+# docs/reports/fuzz.md for the contract's owner). Set True to search there anyway.
+ROPE_NEAR_2P63 = False
+
 EDGE_SEEDS = (7, 0, 1, 2**32 - 1, 2**32, 2**32 + 7, 2**63 + 5, 2**64 - 1)
 
 
@@ -145,7 +151,8 @@ def _attention_params(draw, layer: bool):
         s = draw(st.integers(2, 16))
         # window edges: frontiers around S (|d| = S-1, S, S+1 from the first query), ring wrap, far
         edge = st.integers(-2, 2).map(lambda d, s=s: max(0, s + d))
-        frontier = draw(_per_row(b, st.one_of(st.integers(0, 6 * s + 3), edge, positions(wide=width))))
+        frontier = draw(_per_row(b, st.one_of(st.integers(0, 6 * s + 3), edge,
+                                              positions(wide=width, top=not layer and ROPE_NEAR_2P63))))
         capacity = s + draw(st.integers(0, 8))
     else:
         s = 0
@@ -204,7 +211,7 @@ def _block_params(draw):
     else:
         windows = [s, draw(st.sampled_from([s, max(2, s // 2)]))]
         edge = st.integers(-2, 2).map(lambda d: max(0, s + d))
-        frontier = draw(_per_row(b, st.one_of(st.integers(0, 4 * s), edge, positions(wide=k + 1))))
+        frontier = draw(_per_row(b, st.one_of(st.integers(0, 4 * s), edge, positions(wide=k + 1, top=ROPE_NEAR_2P63))))
         capacity = s + draw(st.integers(0, 8))
     hk, hq = draw(_heads())
     return {"variant": variant, "windows": windows, "capacity": capacity, "frontier": frontier,
@@ -239,7 +246,8 @@ def _context_params(draw):
         p.update(start=start, page_size=ps, pages=-(-(start + rows) // ps) + draw(st.integers(0, 3)))
     else:
         cap = draw(st.integers(2, 16))
-        p.update(start=draw(st.one_of(st.integers(0, 64), _near(10**6), positions(wide=rows))), capacity=cap)
+        p.update(start=draw(st.one_of(st.integers(0, 64), _near(10**6), positions(wide=rows, top=ROPE_NEAR_2P63))),
+                 capacity=cap)
     p["salt"] = draw(salt())
     return p
 
