@@ -26,7 +26,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import math
 import random
 import re
 import time
@@ -255,7 +254,8 @@ def _context_params(draw):
 def _build_context(cid, p):
     from conformance.cases import context_kv as m
 
-    kw = dict(start=p["start"], rows=p["rows"], hk=p["hk"], d=p["d"], h=p["h"], design=p["design"], theta=p["theta"])
+    kw = {"start": p["start"], "rows": p["rows"], "hk": p["hk"], "d": p["d"], "h": p["h"], "design": p["design"],
+          "theta": p["theta"]}
     if p["storage"] == "paged":
         kw.update(page_size=p["page_size"], pages=p["pages"])
     else:
@@ -466,7 +466,7 @@ def _target_params(draw):
     n = draw(st.integers(1, 6))
     vr = draw(st.sampled_from([32, 2, 7, 48, 64, 256]))
     pad = draw(st.sampled_from([0, 0, 1, vr // 4]))
-    row = lambda values: _per_row(n, st.sampled_from(values))  # noqa: E731
+    row = lambda values: _per_row(n, st.sampled_from(values))
     return {"n": n, "vr": vr, "pad": pad if vr - pad >= 2 else 0, "scale": draw(st.sampled_from([2.0, 1.0, 40.0])),
             "prompt": draw(st.sampled_from([0.0, 0.3])), "history": draw(st.sampled_from([0.0, 0.3])),
             "ties": draw(st.booleans()),
@@ -554,7 +554,7 @@ def _accept_params(draw):
         greedy = [True]
     if design in ("swapped", "correction_from_p"):
         greedy = [False]
-    row = lambda values: _per_row(b, st.sampled_from(values))  # noqa: E731
+    row = lambda values: _per_row(b, st.sampled_from(values))
     same = design == "same_request"
     p = {"design": design, "b": b, "k": k, "p": p_live, "a": accepted, "v": v,
          "pad": draw(st.sampled_from([0, 6])) if v >= 16 else 0, "greedy": greedy if not same else [greedy[0]] * b,
@@ -613,7 +613,7 @@ def _build_accept(cid, p):
 def _tree_params(draw):
     b = draw(st.integers(1, 3))
     same = b > 1 and draw(st.booleans())
-    one = lambda s: [draw(s)] * b if same else draw(_per_row(b, s))  # noqa: E731
+    one = lambda s: [draw(s)] * b if same else draw(_per_row(b, s))
     v = draw(st.sampled_from([24, 16, 32]))
     return {"b": b, "k": draw(st.integers(1, 8)), "topk": draw(st.sampled_from([16, 4, 8])), "v": v,
             "n": draw(st.sampled_from([8, 1, 2, 3, 4, 5, 10, 16, 64])),
@@ -1028,8 +1028,21 @@ def run(impl, *, ops: list[str], max_examples: int, seed: int, timeout: float | 
     return runs
 
 
-__all__ = ["STRATEGIES", "Strategy", "Reject", "fuzz_op", "judge_with", "save", "run", "minimal", "trigger_of",
-           "case_id", "MISSING", "HAVE_HYPOTHESIS", "select_ops", "math"]
+__all__ = [
+    "HAVE_HYPOTHESIS",
+    "MISSING",
+    "STRATEGIES",
+    "Reject",
+    "Strategy",
+    "case_id",
+    "fuzz_op",
+    "judge_with",
+    "minimal",
+    "run",
+    "save",
+    "select_ops",
+    "trigger_of",
+]
 
 
 # ----------------------------------------------------------------------------- the command
@@ -1055,7 +1068,7 @@ def command(args, log: Callable[[str], None] = print) -> int:
     timeout = cli._seconds("--deadline", args.deadline)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     out = Path(args.out)
-    handle, name = cli._open_impl(args, ops=ops)
+    handle, _ = cli._open_impl(args, ops=ops)
 
     def rerun(f: Found) -> str:
         parts = ["dflash-conformance", "run"] + (["--impl", args.impl] if args.impl else [])

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from conformance import cli, fuzz  # noqa: E402
+from conformance import cli, fuzz
 
 
 def test_baseline_passes_and_prints_counts(capsys, tmp_path):

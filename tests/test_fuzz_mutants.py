@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from conformance import catalog, fuzz, registry  # noqa: E402
-from conformance.baseline import Float32Baseline  # noqa: E402
-from conformance.compare import Result  # noqa: E402
-from conformance.runner import run_suite  # noqa: E402
+from conformance import catalog, fuzz, registry
+from conformance.baseline import Float32Baseline
+from conformance.compare import Result
+from conformance.runner import run_suite
 
 SEED = 0
 # mutant key -> a parameter (or parameter=value) the shrunk example must name

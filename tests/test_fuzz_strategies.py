@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from conformance import fuzz, registry  # noqa: E402
-from conformance.baseline import Float32Baseline  # noqa: E402
+from conformance import fuzz, registry
+from conformance.baseline import Float32Baseline
 
 SEED = 13
 N = 30
