@@ -405,6 +405,11 @@ def _build_topk(cid, p):
         kw.update(vocab_size=vocab, shortlist=m._shortlist(cid, vr, vocab, p["pad"]))
     elif p["pad"]:
         kw["vocab_size"] = vr - p["pad"]
+    placed = 0
+    for start, size in p["groups"]:  # free rows fill every rank above a group
+        if start - placed > p["n_free"]:
+            raise Reject("a tie group starts below the free rows")
+        placed += size
     need = p["n_free"] + sum(s for _, s in p["groups"])
     eligible = vr - p["pad"]
     if need > eligible or (p["per_column"] and 2 * need > eligible):
@@ -806,6 +811,7 @@ class OpRun:
     op: str
     examples: int = 0  # examples judged before the first failure (all of them when none failed)
     rejected: int = 0  # drawn parameters that gave no case (designed draws that did not come out)
+    generator_errors: int = 0  # of those, a building block that raised (a strategy bug; should stay 0)
     counts: Counter = field(default_factory=Counter)  # verdicts of the judged examples (before shrinking)
     seconds: float = 0.0
     found: Found | None = None
@@ -888,6 +894,12 @@ def fuzz_op(op: str, judge: Callable[[Case], Any], *, max_examples: int = 100, s
             case = strat.case(p)
         except Reject:
             run.rejected += 1
+            return False
+        except Exception as exc:  # noqa: BLE001 - a strategy bug: counted and named, the run goes on
+            run.rejected += 1
+            run.generator_errors += 1
+            if not run.note:
+                run.note = f"generator error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
             return False
         res = judge(case)
         state["calls"] += 1

@@ -45,6 +45,7 @@ def test_baseline_conforms_on_fuzzed_cases(op, specs):
                               f"{run.found.result.detail}"
     assert run.examples >= N * 2 // 3, f"{op}: only {run.examples} of {N} draws gave a case ({run.rejected} rejected)"
     assert not run.counts.get("ERROR")
+    assert run.generator_errors == 0, run.note
     slow = [(c, s) for c, s in seen if s > 0.5]
     assert not slow, f"{op}: examples over 0.5 s on the float64 reference: {slow[:3]}"
 
