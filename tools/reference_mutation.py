@@ -60,6 +60,10 @@ IGNORED = [
 MARKERS = "not slow and not gpu and not nvcc"
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-m", MARKERS, "--hypothesis-seed=0"] + [
     f"--ignore={p}" for p in IGNORED]
+# A test module whose import generates the cases (CASES = generate()) fails to collect when the
+# bug breaks its generator; without this flag that one error would stop the whole session.
+# It changes nothing for a run without collection errors, so saved results without one stay valid.
+COLLECT = "--continue-on-collection-errors"
 
 
 def bug_key(bug: Bug) -> str:
@@ -142,7 +146,7 @@ def run_one(bug: Bug | None, tests: list[str], timeout: float, rev: str, overlay
         junit = tmp / "junit.xml"
         left = max(30.0, timeout - (time.time() - t0))
         try:
-            args = [*PYTEST_ARGS, *(f"--deselect={d}" for d in deselect), f"--junitxml={junit}", *tests]
+            args = [*PYTEST_ARGS, COLLECT, *(f"--deselect={d}" for d in deselect), f"--junitxml={junit}", *tests]
             pt = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tmp,
                                 env=env, capture_output=True, text=True, timeout=left)
             res["pytest_rc"] = pt.returncode
@@ -154,7 +158,8 @@ def run_one(bug: Bug | None, tests: list[str], timeout: float, rev: str, overlay
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    res["functions"] = sorted({function_of(n) for n in res.get("failed", [])})
+    res["functions"] = sorted({function_of(n) for n in res.get("failed", []) if "::" in n})
+    res["collection_errors"] = sorted(n for n in res.get("failed", []) if "::" not in n)
     res["caught"] = res.get("generate_rc") != 0 or res.get("pytest_rc") != 0
     res["commit"] = rev
     res["seconds"] = round(time.time() - t0, 1)
@@ -182,12 +187,14 @@ def render(results: list[dict], control: dict, tests: list[str], total_s: float)
         "",
         "Tests run (the same for every bug and the control):",
         "",
-        f"    python -m pytest {' '.join(PYTEST_ARGS)} {' '.join(tests)}",
+        f"    python -m pytest {' '.join(PYTEST_ARGS)} {COLLECT} {' '.join(tests)}",
         "",
         "that is every test file under `tests/` except the GPU/nvcc tests, the two control sets"
         " (`tests/controls`, `tests/mutants`), the harness-mechanics files that never call the"
         " reference's arithmetic (isolation, outputs, CI ergonomics, fuzz, example, plugin), and"
-        " tests marked `slow`; hypothesis runs with seed 0 so the report is repeatable.",
+        " tests marked `slow`; hypothesis runs with seed 0 so the report is repeatable. A test module"
+        " that cannot be collected (its import generates the cases and the bug broke the generator) is"
+        " listed as a collection error and not counted as a test function.",
         f"Control (no bug): {control.get('summary', '?')} (generate rc {control.get('generate_rc')})."
         + (" Tests failing on the unmutated commit (other work in progress) are deselected for every bug: "
            + ", ".join(f"`{n}`" for n in control["failed"]) + "." if control.get("failed") else ""),
@@ -203,6 +210,8 @@ def render(results: list[dict], control: dict, tests: list[str], total_s: float)
         b = by_name.get(r["name"])
         fn = r["functions"]
         shown = ", ".join(f"`{f}`" for f in fn[:6]) + (f", ... (+{len(fn) - 6})" if len(fn) > 6 else "")
+        if r.get("collection_errors"):
+            shown += "; collection errors: " + ", ".join(f"`{n}`" for n in r["collection_errors"])
         if r.get("generate_rc") not in (0, None):
             shown = "generate failed; " + shown
         lines.append(f"| `{r['name']}` | {b.what if b else ''} | {'yes' if r['caught'] else '**SURVIVED**'} "
@@ -309,6 +318,8 @@ def main(argv=None) -> int:
         key = bug_key(bug)
         with lock:
             r = state["results"].get(key)
+        if r is not None and any("::" not in n for n in r.get("failed", [])) and "collection_errors" not in r:
+            r = None  # saved before COLLECT: a collection error hid the other modules' tests
         if r is None:
             print(f"[{i}/{len(bugs)}] {bug.name} ...", flush=True)
             r = run_one(bug, a.tests, a.timeout, rev, a.overlay, a.keep, deselect)
