@@ -20,11 +20,12 @@ using dflash::u64;
 namespace {
 
 // Distinct 64-bit key: ordered float in the high word (-0 folded onto +0), ~row in the low
-// word, so a larger key is a better candidate. Key 0 is never a real key.
+// word, so a larger key is a better candidate. Key 0 is never a real key. A NaN logit ranks
+// after every number, -inf included (docs/contracts.md, C4): ordered word 1, below -inf's.
 __device__ __forceinline__ u64 fk_key(float z, int row) {
     if (z == 0.0f) z = 0.0f;
     const u32 b = __float_as_uint(z);
-    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    const u32 ord = (z != z) ? 1u : ((b & 0x80000000u) ? ~b : (b | 0x80000000u));
     return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)row);
 }
 

@@ -73,10 +73,15 @@ def run_mutants(mutants, vectors: Path, progress) -> dict:
     out = {}
     for m in mutants:
         results = run_suite(m, vectors, ops_pattern=m.op)
-        named = [r for r in results if m.pitfall in r.case]
+        named = _named(m, results)
         progress(f"mutant {m.key}: FAIL on {sum(r.result == Result.FAIL for r in named)} of {len(named)} named cases")
         out[m.key] = (m, results)
     return out
+
+
+def _named(m, results) -> list:
+    """The cases that name a mutant's bug, by id or by flags (as tests/mutants/test_mutants.py)."""
+    return [r for r in results if m.pitfall in r.case or m.pitfall in tuple(r.flags or ())]
 
 
 def _flagged(r) -> bool:
@@ -135,7 +140,7 @@ def report(variant_runs: dict, reasons: dict, mutant_runs: dict, argv: list[str]
                 by_op_var[op] = (None, "", "", "")
     by_op_mut: dict[str, list] = defaultdict(list)
     for key, (m, results) in mutant_runs.items():
-        named = [r for r in results if m.pitfall in r.case]
+        named = _named(m, results)
         failing = [r for r in named if r.result == Result.FAIL]
         if getattr(m, "expect", "fail") == "precision":
             # a documented spec deviation of a legitimate rounding's size (C2 v2): flagged
@@ -183,7 +188,7 @@ def report(variant_runs: dict, reasons: dict, mutant_runs: dict, argv: list[str]
 
     lines += ["", "## Mutants", "", "| mutant | Op | FAIL on named cases | strongest fraction (case) |", "|---|---|---|---|"]
     for key, (m, results) in mutant_runs.items():
-        named = [r for r in results if m.pitfall in r.case]
+        named = _named(m, results)
         failing = [r for r in named if r.result == Result.FAIL]
         if getattr(m, "expect", "fail") == "precision":
             flagged = [r for r in named if _flagged(r)]
