@@ -1,4 +1,4 @@
-"""A PyTorch BF16 engine written the Hugging Face / vLLM way, with its five spec deviations fixed.
+"""A PyTorch BF16 engine written the Hugging Face / vLLM way, with its spec deviations fixed (the five of issue 8 and NaN ordering).
 
 The numerical style is the eager BF16 model's: ``F.linear`` on BF16 tensors (FP32 accumulation,
 BF16 output), HF ``Qwen3RMSNorm`` (``weight * hidden.to(bf16)`` after an FP32 ``rsqrt``), HF
@@ -7,7 +7,7 @@ the attention (FP32 softmax inside the kernel; ``attention="eager"``: HF's eager
 scores, FP32 softmax cast to BF16, BF16 PV), the SiLU-gated MLP in BF16, the residual stream in
 BF16, and the DFlash2 convolution in eager BF16 with (base + delta) formed first.
 
-The five places where such an engine departs from the spec, fixed here as CONTRACTS requires:
+The six places where such an engine departs from the spec, fixed here as CONTRACTS requires:
 
 1. raw context K is not cast to BF16 before the head norm: the context projection runs in FP32
    (the head norm, RoPE and its tables then follow in FP32 until K is stored BF16);
@@ -16,7 +16,9 @@ The five places where such an engine departs from the spec, fixed here as CONTRA
 4. an infinite V (FP16 overflow) outside a query's window gives no 0 * inf: SDPA runs on the
    finite part of V and the infinite entries are added where they are attended;
 5. positions at and above 2^24 form their angles from the integer position in float64 (a float32
-   position cannot represent them); below 2^24 the HF FP32 path is kept.
+   position cannot represent them); below 2^24 the HF FP32 path is kept;
+6. a NaN logit (``inf * 0`` after an upstream overflow) ranks after every number in the top-k
+   (docs/contracts.md, C4): ``torch.sort`` puts NaN first, which the NaN-score case FAILs.
 
 Arrays arrive as NumPy (C9) and outputs go back as NumPy in the storage dtypes (BF16 as
 ``ml_dtypes.bfloat16`` through its bit pattern). ``TorchEngine(device="cuda")`` runs on a GPU.
@@ -47,7 +49,7 @@ CONV_WEIGHTS = ("attn_conv_base", "mlp_conv_base", "attn_conv_proj", "mlp_conv_p
 class TorchEngine:
     key = "torch_hf_bf16"
     reason = ("a production PyTorch BF16 engine (HF/vLLM style: separate norm and RoPE kernels, BF16 cos/sin, "
-              "SDPA, BF16 SiLU MLP and residual, eager BF16 conv) with its five spec deviations fixed")
+              "SDPA, BF16 SiLU MLP and residual, eager BF16 conv) with its six spec deviations fixed")
 
     def __init__(self, device: str = "cpu", attention: str = "sdpa"):
         if attention not in ("sdpa", "eager"):
@@ -280,9 +282,14 @@ class TorchEngine:
         z = F.linear(self.t(hidden).float(), self.t(head).float())  # fix 3: FP32 logits
         gid = self._gid(head.shape[0], shortlist)
         eligible = (gid >= 0) & (gid < int(vocab_size))
-        key = torch.where(eligible, z, float("-inf"))
+        nan = torch.isnan(z)
+        key = torch.where(eligible & ~nan, z, float("-inf"))
         _, rows = torch.sort(key, dim=-1, descending=True, stable=True)  # fix 2: stable on ties
-        rows = rows[..., : int(top_k)]
+        # fix 6: NaN after every number, -inf included, and ineligible rows last (torch.sort puts
+        # NaN first); a second stable sort by group keeps the value order inside each group
+        group = torch.where(eligible, nan.to(torch.int8), torch.full_like(nan, 2, dtype=torch.int8))
+        _, regroup = torch.sort(torch.gather(group, -1, rows), dim=-1, stable=True)
+        rows = torch.gather(rows, -1, regroup)[..., : int(top_k)]
         u = torch.gather(z, -1, rows)
         if output_multiplier > 0:
             u = u * output_multiplier
