@@ -182,14 +182,18 @@ def unit(fmt: str) -> float:
     return 2.0 ** -numerics.get_format(fmt).precision
 
 
-def bias(x: np.ndarray, r: np.ndarray, mask: np.ndarray, fmt: str) -> tuple[float, float, int]:
-    """(mean, standard error, count) of sign(ref) (out - ref) / quantum(ref), clipped (C2 v2)."""
+def bias(x: np.ndarray, r: np.ndarray, mask: np.ndarray, fmt: str, scale=None) -> tuple[float, float, int]:
+    """(mean, standard error, count) of the signed scaled error sign(ref) (out - ref) / (u s),
+    clipped (C2 v2: the envelope's units; without s, in quanta of the reference)."""
     use = mask & np.isfinite(r) & np.isfinite(x) & (r != 0)
     n = int(use.sum())
     if n == 0:
         return 0.0, 0.0, 0
-    d = np.sign(r[use]) * (x[use] - r[use]) / numerics.quantum(r[use], fmt)
-    d = np.clip(d, -registry.BIAS_CLIP, registry.BIAS_CLIP)
+    if scale is None:
+        unit_of = numerics.quantum(r[use], fmt)
+    else:
+        unit_of = unit(fmt) * np.asarray(scale, np.float64)[use] + registry.FTZ_FLOOR
+    d = np.clip(np.sign(r[use]) * (x[use] - r[use]) / unit_of, -registry.BIAS_CLIP, registry.BIAS_CLIP)
     return float(d.mean()), float(d.std() / np.sqrt(n)), n
 
 
@@ -214,11 +218,11 @@ def _represented(o: Output, ref, out, mask, bound, scale) -> _Verdict:
         return _Verdict(Result.FAIL, f"{o.name}: {int(nonfinite.sum())} non-finite mismatch(es), first at {_at(at)} "
                         f"[got {float(x[at])!r}, expected {float(r[at])!r}]", numbers)
     env = bound.get("envelope")
-    mean, se, count = bias(x, r, mask, o.fmt)
+    mean, se, count = bias(x, r, mask, o.value_fmt, scale)
     if env is not None and o.value_fmt in registry.BIAS_FORMATS and count >= registry.BIAS_MIN_ELEMENTS and abs(mean) > registry.BIAS_LIMIT \
             and abs(mean) > registry.BIAS_Z * se:
         numbers["envelope_frac"] = None
-        return _Verdict(Result.FAIL, f"{o.name}: systematic bias: mean signed error {mean:+.3f} ulp toward "
+        return _Verdict(Result.FAIL, f"{o.name}: systematic bias: mean signed error {mean:+.3f} u*s toward "
                         f"{'zero' if mean < 0 else 'infinity'} over {count} elements (limit {registry.BIAS_LIMIT}; "
                         "truncation or a one-sided double rounding); " + tight, numbers)
     if worst <= bu and norm <= bn:
