@@ -103,13 +103,34 @@ class Diagnoser:
                 self._cache[key] = None
         return self._cache[key]
 
+    def changes_case(self, vec, mutant, out) -> bool:
+        """Whether the mutant's bug shows on this case at all (its outputs FAIL against the
+        reference): one that changes nothing here (a GQA mapping bug with Hq = Hk) explains no FAIL."""
+        from conformance import registry, runner
+
+        key = (vec.case, mutant.key, "changes")
+        if key not in self._cache:
+            try:
+                arrays = {n: np.asarray(out[n]) for n in vec.outputs}
+                checked, bad = runner.check_outputs(vec, arrays, list(arrays))
+                if bad:  # values outside the storage format (context V not BF16 values): the runner FAILs it
+                    self._cache[key] = True
+                    return True
+                with np.errstate(all="ignore"):
+                    v = compare.compare(vec.outputs, vec.expected, checked, vec.masks, vec.bounds, None,
+                                        lambda: _fresh(vec), spec=registry.ops().get(vec.op))
+                self._cache[key] = v.result.failed
+            except Exception:  # noqa: BLE001 - undecidable: keep the mutant as a candidate
+                self._cache[key] = True
+        return self._cache[key]
+
     def matches(self, vec, impl: Mapping) -> list[Match]:
         from conformance import catalog
 
         found = []
         for m in catalog.for_op(vec.op):
             out = self.mutant_outputs(vec, m)
-            if out is None or any(n not in out for n in vec.outputs):
+            if out is None or any(n not in out for n in vec.outputs) or not self.changes_case(vec, m, out):
                 continue
             ref = {**vec.expected, **{n: np.asarray(out[n]) for n in vec.outputs}}
             try:
