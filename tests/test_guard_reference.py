@@ -400,3 +400,44 @@ def test_selector_greedy_tie_goes_to_the_lowest_rank():
     out = candidate_selector(**kw)
     assert out["path"].tolist() == [[1, 0]] and out["tokens"].tolist() == [[5, 8]]
     assert out["path.margin"].tolist() == [[0.0, 0.0]]
+
+
+def test_repetition_penalty_reads_the_prompt():
+    """Tokens 0 and 1 are in the prompt only (no output history), rho = 2: z = (2, -1, 0) becomes
+    (2 / 2, -1 * 2, 0) = (1, -2, 0) (C5 step 2 covers prompt and output history); T = 1."""
+    close(probs([2.0, -1.0, 0.0], prompt=[0, 1], rho=2.0), softmax([1.0, -2.0, 0.0]))
+    # greedy acceptance: logits (4, 2), token 0 in the prompt, rho 4: z = (1, 2), so the argmax is 1
+    # and the proposal d = 0 is rejected; the correction is 1 (the prompt-blind z = (4, 2) would accept)
+    pm = np.array([[1, 0]], np.uint8)
+    out = _accept([[4.0, 2.0], [0.0, 0.0]], [0], 1, 5, 1, temperature=0.0, repetition_penalty=4.0, prompt_mask=pm)
+    assert out["accepted"].tolist() == [0] and out["tokens"].tolist() == [[1, -1]]
+
+
+def test_third_sibling_accept_test_uses_index_2():
+    """K = 1, k = 3 at T = 1, N = 3: the three root candidates are the nodes, in sibling order: the
+    walk's rank j0 (main child), then the two others by q descending (best-first). p is 0 on the
+    first two, so both are rejected whatever their uniforms (U q(c) < 0 and U < 0 are false); their
+    rejections leave r(c2) = x / (1 - q(c2)) for the third (x = p(c2) - q(c2), the rest of p on
+    token 3). Set r(c2) = t half-way between U_2 and U_0 (U_j = U(s, F+1, ACCEPT, j)), with U_2 < U_0 - 0.2:
+    accepted with its own U_2; with U_0 it would be rejected."""
+    F = 900
+    seed = next(s for s in range(200) if u_hand(s, F + 1, 2, 2) < u_hand(s, F + 1, 2, 0) - 0.2)
+    u0, u2 = u_hand(seed, F + 1, 2, 0), u_hand(seed, F + 1, 2, 2)
+    t = (u0 + u2) / 2
+    ids = np.array([[0, 1, 2]])
+    en = [0.3, -0.2, 0.1]
+    e = np.zeros((1, 3, 3))
+    e[0, 0] = en
+    q = np.float32(np.exp(en) / np.exp(en).sum()).astype(np.float64)
+    j0 = race_hand(q, seed, F, 1)
+    rest = sorted((r for r in range(3) if r != j0), key=lambda r: -q[r])
+    c0, c1, c2 = j0, rest[0], rest[1]  # ids equal ranks here
+    x = t * (1 - q[c2])
+    p = np.zeros(4)
+    p[c2], p[3] = q[c2] + x, 1 - q[c2] - x
+    bigram = np.zeros((4, 4))
+    bigram[3] = np.where(p > 0, np.log(np.where(p > 0, p, 1)), -1000.0)  # the anchor is token 3
+    inputs, params = tv_inputs(3, [ids], [e], 1.0, seed, F, bigram, 3)
+    out = tree_verify(**inputs, **params)
+    assert out["node_tokens"].tolist() == [[c0, c1, c2]]
+    assert out["tokens"][0, 0] == c2 and out["accepted"].tolist() == [1]
