@@ -282,7 +282,8 @@ class WorkerImpl:
         try:
             if self._proc is not None:
                 self._kill()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            os.unlink(self._log)  # a worker never closed leaves no log behind in the temp directory
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown, or already removed by close()
             pass
 
 
