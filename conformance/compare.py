@@ -182,19 +182,28 @@ def unit(fmt: str) -> float:
     return 2.0 ** -numerics.get_format(fmt).precision
 
 
-def bias(x: np.ndarray, r: np.ndarray, mask: np.ndarray, fmt: str, scale=None) -> tuple[float, float, int]:
-    """(mean, standard error, count) of the signed scaled error sign(ref) (out - ref) / (u s),
-    clipped (C2 v2: the envelope's units; without s, in quanta of the reference)."""
+def bias(x: np.ndarray, r: np.ndarray, mask: np.ndarray, fmt: str, scale=None) -> tuple[float, float, int, int]:
+    """(mean, standard error, elements, rows) of the signed scaled error sign(ref) (out - ref) / (u s),
+    each clipped (C2 v2: the envelope's units; without s, in quanta of the reference). The
+    standard error is that of the row means (a row: one vector along the last axis), since the
+    elements of a row may share an error (attention's P weights, a norm's scale) and are not
+    independent samples; rows are."""
     use = mask & np.isfinite(r) & np.isfinite(x) & (r != 0)
     n = int(use.sum())
     if n == 0:
-        return 0.0, 0.0, 0
-    if scale is None:
-        unit_of = numerics.quantum(r[use], fmt)
-    else:
-        unit_of = unit(fmt) * np.asarray(scale, np.float64)[use] + registry.FTZ_FLOOR
-    d = np.clip(np.sign(r[use]) * (x[use] - r[use]) / unit_of, -registry.BIAS_CLIP, registry.BIAS_CLIP)
-    return float(d.mean()), float(d.std() / np.sqrt(n)), n
+        return 0.0, 0.0, 0, 0
+    unit_of = numerics.quantum(np.where(use, r, 1.0), fmt) if scale is None else \
+        unit(fmt) * np.asarray(scale, np.float64) + registry.FTZ_FLOOR
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.where(use, np.clip(np.sign(r) * (x - r) / unit_of, -registry.BIAS_CLIP, registry.BIAS_CLIP), 0.0)
+    d2, u2 = d.reshape(-1, d.shape[-1]) if d.ndim else d.reshape(1, 1), use.reshape(-1, d.shape[-1]) if d.ndim \
+        else use.reshape(1, 1)
+    counts = u2.sum(axis=-1)
+    rows = counts > 0
+    row_means = d2.sum(axis=-1)[rows] / counts[rows]
+    g = int(rows.sum())
+    se = float(row_means.std() / np.sqrt(g)) if g > 1 else float("inf")
+    return float(d.sum() / n), se, n, g
 
 
 def _represented(o: Output, ref, out, mask, bound, scale) -> _Verdict:
@@ -229,12 +238,13 @@ def _represented(o: Output, ref, out, mask, bound, scale) -> _Verdict:
         return _Verdict(Result.FAIL, f"{o.name}: outside the envelope: {where} [got {float(x[at])!r}, expected "
                         f"{float(r[at])!r}, s {float(np.asarray(scale)[at]):.3g}]; {tight.split(': ', 1)[1]}", numbers)
     # inside the bounds: a systematic direction of the errors is still a bug (truncation)
-    mean, se, count = bias(x, r, mask, o.value_fmt, scale)
+    mean, se, count, rows = bias(x, r, mask, o.value_fmt, scale)
     if o.value_fmt in registry.BIAS_FORMATS and count >= registry.BIAS_MIN_ELEMENTS \
-            and abs(mean) > registry.BIAS_LIMIT and abs(mean) > registry.BIAS_Z * se:
+            and rows >= registry.BIAS_MIN_ROWS and abs(mean) > registry.BIAS_LIMIT and abs(mean) > registry.BIAS_Z * se:
         return _Verdict(Result.FAIL, f"{o.name}: systematic bias: mean signed error {mean:+.3f} u*s toward "
-                        f"{'zero' if mean < 0 else 'infinity'} over {count} elements (limit {registry.BIAS_LIMIT}; "
-                        "truncation or a one-sided double rounding); " + tight, numbers)
+                        f"{'zero' if mean < 0 else 'infinity'} over {count} elements in {rows} rows (limit "
+                        f"{registry.BIAS_LIMIT}, {registry.BIAS_Z:g} standard errors of the row means; truncation or a "
+                        "one-sided double rounding); " + tight, numbers)
     if in_tight:
         return _Verdict(Result.PASS, tight, numbers)
     return _Verdict(Result.ACCEPTABLE, f"{o.name}: precision: outside the tight bound ({tight.split(': ', 1)[1]}), "

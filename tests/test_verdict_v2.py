@@ -66,17 +66,31 @@ def test_non_finite_mismatch_fails_whatever_the_envelope():
 
 def test_truncation_fails_the_bias_check_and_rounding_noise_does_not():
     rng = np.random.default_rng(7)
-    exact = rng.uniform(0.5, 2.0, 400) * rng.choice([-1, 1], 400)
+    exact = rng.uniform(0.5, 2.0, (20, 20)) * rng.choice([-1, 1], (20, 20))
     ref = numerics.to_bf16(exact)
     bits = np.abs(exact).astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
     trunc = np.sign(exact) * bits.view(np.float32).astype(np.float64)
-    mean, se, n = bias(trunc, ref, np.ones(400, bool), "bf16")
-    assert n == 400 and mean < -0.25 and abs(mean) > 4 * se  # about half the elements one ulp toward zero
+    mean, se, n, rows = bias(trunc, ref, np.ones(ref.shape, bool), "bf16")
+    # about half the elements one quantum toward zero, every row alike: far beyond 6 standard errors
+    assert n == 400 and rows == 20 and mean < -0.25 and abs(mean) > 6 * se
     v = _judge(trunc, ref, np.abs(ref))
     assert v.result == Result.FAIL and "systematic bias" in v.detail
-    # a legitimate second rounding of independent noise: one ulp either way at random
-    noisy = ref + rng.choice([-1, 0, 0, 1], 400) * numerics.quantum(ref, "bf16")
+    # a legitimate second rounding of independent noise: one quantum either way at random
+    noisy = ref + rng.choice([-1, 0, 0, 1], ref.shape) * numerics.quantum(ref, "bf16")
     assert _judge(noisy, ref, 2 * np.abs(ref)).result != Result.FAIL
+
+
+def test_a_shared_error_per_row_is_not_a_bias_of_the_rounding():
+    # 4 rows whose elements all moved toward zero together (a row's BF16 softmax weights summing
+    # below 1): mean -0.5 quantum, but 4 rows are 4 samples, not 128 (BIAS_MIN_ROWS)
+    rng = np.random.default_rng(3)
+    ref = numerics.to_bf16(rng.uniform(0.5, 2.0, (4, 32)))
+    shrunk = ref - numerics.quantum(ref, "bf16") * (rng.random((4, 32)) < 0.5)
+    assert _judge(shrunk, ref, np.abs(ref)).result != Result.FAIL
+    # the same on 16 rows, every one of them shrunk: a bias
+    ref16 = numerics.to_bf16(rng.uniform(0.5, 2.0, (16, 32)))
+    shrunk16 = ref16 - numerics.quantum(ref16, "bf16") * (rng.random((16, 32)) < 0.5)
+    assert _judge(shrunk16, ref16, np.abs(ref16)).result == Result.FAIL
 
 
 def test_ftz_of_a_subnormal_is_inside_every_envelope():

@@ -61,8 +61,9 @@ def generate() -> list[Case]:
         make("feature_capture/eps_dominates_tiny_rows_T4", [], ids=[1, 2], blocks=3, rows=4,
              row_scale=[1.0, 1e-3, 1e-4, 1e-5]),
         make("feature_capture/eps_1e-5_ids_3_1_of_4_T8", [], ids=[3, 1], blocks=4, rows=8, eps=1e-5),
-        make("feature_capture/bf16_truncation__ids_1_3_of_4_T8_H64", ["bf16_truncation"], ids=[1, 3], blocks=4,
-             rows=8),
+        # 32 rows: the bias check needs 16 independent rows (registry.BIAS_MIN_ROWS)
+        make("feature_capture/bf16_truncation__ids_1_3_of_4_T32_H64", ["bf16_truncation"], ids=[1, 3], blocks=4,
+             rows=32),
     ]
 
 
