@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import represent, work
-from reference.rng import Purpose, exponential_race, uniform
 from reference import precision as P
 from reference import scales
+from reference.precision import represent, work
+from reference.rng import Purpose, exponential_race, uniform
 
 
 def _greedy(e) -> tuple[int, float]:

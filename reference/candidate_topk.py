@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import inter, represent, work
 from reference import precision as P
+from reference.precision import inter, represent, work
 
 
 def _global_ids(n_rows: int, shortlist) -> np.ndarray:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference import precision as P
 from reference.norms import plain_head_rmsnorm, rope_1d
 from reference.precision import represent, work
-from reference import precision as P
 
 
 def chunk_rows(rows: int, capacity: int | None) -> np.ndarray:

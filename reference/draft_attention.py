@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import inter, represent, work
 from reference import precision as P
+from reference.precision import inter, represent, work
 
 
 def key_positions(frontier, live, capacity: int, width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -33,10 +33,10 @@ from __future__ import annotations
 import numpy as np
 
 from reference import grouped_conv
+from reference import precision as P
 from reference.draft_attention import attend
 from reference.norms import plain_head_rmsnorm, plain_rmsnorm, rope_1d, silu
 from reference.precision import inter, represent, work
-from reference import precision as P
 
 BF16_INTERMEDIATES = frozenset(
     {"n", "q_proj", "k_proj", "v_proj", "q", "k", "probs", "attn", "o_proj", "y", "m", "gate", "up", "act", "down",

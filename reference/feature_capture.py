@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference import precision as P
 from reference.norms import plain_rmsnorm
 from reference.precision import inter, represent, work
-from reference import precision as P
 
 
 def feature_capture(block_outputs, fc_weight, hidden_norm, target_layer_ids, eps) -> dict[str, np.ndarray]:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import inter, represent, work
 from reference import precision as P
+from reference.precision import inter, represent, work
 
 GROUP = 16
 

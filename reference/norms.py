@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import work
 from reference import precision as P
+from reference.precision import work
 
 
 def plain_rmsnorm(x, weight, eps: float) -> np.ndarray:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import work
 from reference import precision as P
+from reference.precision import work
 
 
 def proposal_head(hidden, head, vocab_size, shortlist=None, forced_tokens=None) -> dict[str, np.ndarray]:

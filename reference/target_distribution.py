@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.precision import represent, work
 from reference import precision as P
+from reference.precision import represent, work
 
 
 def penalized_logits(

@@ -54,11 +54,11 @@ import heapq
 
 import numpy as np
 
+from reference import precision as P
+from reference import scales
 from reference.precision import represent, work
 from reference.rng import Purpose, exponential_race, uniform
 from reference.target_distribution import argmax_with_gap
-from reference import precision as P
-from reference import scales
 
 INF = float("inf")
 MAX_NODES = 64

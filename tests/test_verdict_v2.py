@@ -14,7 +14,6 @@ from conformance.compare import Result, _represented, bias
 from conformance.registry import REPRESENTED, Output
 from reference import magnitude as mg
 from reference import numerics, precision, scales
-from reference.context_kv import context_kv
 from reference.draft_layer import forward
 from reference.grouped_conv import finish_raw
 from reference.norms import plain_head_rmsnorm, rope_1d
