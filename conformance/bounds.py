@@ -76,7 +76,7 @@ def derive(outputs, ref, base, masks, force=None, kwargs=None, independent=(), e
                             "baseline_norm": bl_norm, "bound_norm": ceil_sig(2 * bl_norm + unit)}
             env = (envelope or {}).get(name)
             if env is not None:
-                bounds[name]["envelope"] = {"k": env.k, "n": env.n}
+                bounds[name]["envelope"] = {"k": env.k, "n": env.n, **({} if env.bias else {"bias": False})}
         elif o.cls == DECISION:
             m = np.asarray(ref[f"{name}.margin"], np.float64)
             mb = np.asarray(base[f"{name}.margin"], np.float64)

@@ -239,7 +239,7 @@ def _represented(o: Output, ref, out, mask, bound, scale) -> _Verdict:
                         f"{float(r[at])!r}, s {float(np.asarray(scale)[at]):.3g}]; {tight.split(': ', 1)[1]}", numbers)
     # inside the bounds: a systematic direction of the errors is still a bug (truncation)
     mean, se, count, rows = bias(x, r, mask, o.value_fmt, scale)
-    if o.value_fmt in registry.BIAS_FORMATS and count >= registry.BIAS_MIN_ELEMENTS \
+    if env.get("bias", True) and o.value_fmt in registry.BIAS_FORMATS and count >= registry.BIAS_MIN_ELEMENTS \
             and rows >= registry.BIAS_MIN_ROWS and abs(mean) > registry.BIAS_LIMIT and abs(mean) > registry.BIAS_Z * se:
         return _Verdict(Result.FAIL, f"{o.name}: systematic bias: mean signed error {mean:+.3f} u*s toward "
                         f"{'zero' if mean < 0 else 'infinity'} over {count} elements in {rows} rows (limit "

@@ -52,9 +52,9 @@ AUDIT = [
 ]
 
 
-def controls(specs, n, seed, impls, log):
+def controls(specs, n, seed, impls, log, ops=None):
     rows, failures = [], []
-    for op in sorted(fuzz.STRATEGIES):
+    for op in sorted(ops or fuzz.STRATEGIES):
         judges = [(name, fuzz.judge_with(impl, specs)) for name, impl in impls]
         counts = defaultdict(Counter)
         t = time.monotonic()
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", type=int, default=2000)
     ap.add_argument("--mutants", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ops", default="", help="comma-separated Ops for the control runs (default: every Op)")
     ap.add_argument("--out", default=str(REPO / "docs" / "reports" / "fuzz.md"))
     args = ap.parse_args(argv)
     from tests.controls.variants import VARIANTS
@@ -119,7 +120,8 @@ def main(argv=None) -> int:
     np.seterr(all="ignore")
     t0 = time.monotonic()
     impls = [("float32 baseline", Float32Baseline())] + [(v.key, v) for v in VARIANTS]
-    ctl_rows, ctl_fail = controls(specs, args.controls, args.seed, impls, log) if args.controls else ([], [])
+    ops = [o for o in args.ops.split(",") if o] or None
+    ctl_rows, ctl_fail = controls(specs, args.controls, args.seed, impls, log, ops) if args.controls else ([], [])
     t1 = time.monotonic()
     base_rows, _ = controls(specs, args.baseline, args.seed + 1, impls[:1], log) if args.baseline else ([], [])
     t2 = time.monotonic()

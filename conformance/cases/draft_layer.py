@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.cases.draft_attention import ring, row_mask
-from conformance.registry import BF16_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import BF16_CONV_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
 from reference import scales
 from reference.draft_layer import BF16_INTERMEDIATES, draft_layer
 from reference.numerics import storage
@@ -128,7 +128,7 @@ SPEC = register(
         params=("eps", "theta", "head_dim", "window", "variant"),
         outputs=(Output("x_next", REPRESENTED, "bf16"),),
         generate=generate,
-        envelope={"x_next": BF16_CHAIN},
+        envelope={"x_next": BF16_CONV_CHAIN},  # DFlash2 layers hold the conv
         scales=scales.draft_layer,
         bf16_intermediates=BF16_INTERMEDIATES,
         doc="one DFlash / DFlash2 draft layer: norm, Q/K head norm + RoPE, non-causal attention, SiLU MLP (+ conv)",

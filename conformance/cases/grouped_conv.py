@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import BF16_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import BF16_CHAIN, BF16_CONV_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
 from reference import scales
 from reference.grouped_conv import GROUP, finish, grouped_conv
 from reference.numerics import storage
@@ -157,7 +157,7 @@ SPEC = register(
         # the side-0 coefficients are a private intermediate of the fused prepare:
         # a kernel may hold them in BF16 (spec: "projected coefficients are private")
         bf16_intermediates=frozenset({"delta"}),
-        envelope={"prepared": BF16_CHAIN, "finish_delta": BF16_CHAIN, "finished": BF16_CHAIN},
+        envelope={"prepared": BF16_CONV_CHAIN, "finish_delta": BF16_CHAIN, "finished": BF16_CONV_CHAIN},
         scales=scales.grouped_conv,
         follow=follow,
         followed=("finish_delta",),

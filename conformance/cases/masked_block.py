@@ -17,7 +17,7 @@ import numpy as np
 
 from conformance.cases.draft_attention import ring
 from conformance.cases.draft_layer import EPS, THETA, layer_weights
-from conformance.registry import BF16_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
+from conformance.registry import BF16_CONV_CHAIN, REPRESENTED, Case, OpSpec, Output, case_rng, register
 from reference import scales
 from reference.masked_block import BF16_INTERMEDIATES, CONV_WEIGHTS, LAYER_WEIGHTS, masked_block
 from reference.numerics import storage
@@ -103,7 +103,7 @@ SPEC = register(
         params=("mask_token_id", "windows", "eps", "theta", "head_dim", "variant", "num_drafts"),
         outputs=(Output("hidden", REPRESENTED, "bf16"),),
         generate=generate,
-        envelope={"hidden": BF16_CHAIN},
+        envelope={"hidden": BF16_CONV_CHAIN},  # DFlash2 layers hold the conv
         scales=scales.masked_block,
         bf16_intermediates=BF16_INTERMEDIATES,
         doc="one masked draft block: embed [anchor, MASK x K] at F..F+K, every layer, final RMSNorm, mask columns",
