@@ -15,8 +15,7 @@ from reference import numerics, precision
 from reference.candidate_selector import candidate_selector
 from reference.numerics import storage
 from reference.rng import Purpose, uniform
-
-U32 = 0xFFFFFFFF
+from tests.casetools import U32, philox_py
 
 
 def bf(x):
@@ -28,16 +27,6 @@ def f64(x):
 
 
 # -- an independent Philox4x32-10 in plain Python ints ---------------------------------------------
-
-
-def philox_py(counter, key):
-    c, k = list(counter), list(key)
-    for rnd in range(10):
-        if rnd:
-            k = [(k[0] + 0x9E3779B9) & U32, (k[1] + 0xBB67AE85) & U32]
-        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
-        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & U32, (p0 >> 32) ^ c[3] ^ k[1], p0 & U32]
-    return c
 
 
 def uniform_py(seed, position, index):

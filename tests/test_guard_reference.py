@@ -20,6 +20,8 @@ from conformance.cases.tree_verify import tv_inputs
 from reference.norms import plain_head_rmsnorm, plain_rmsnorm, rope_1d
 from reference.target_distribution import target_distribution
 from reference.tree_verify import tree_verify
+from tests.casetools import U32
+from tests.casetools import philox_py as _philox_py
 
 F32_EPS = 2.0**-24
 
@@ -279,18 +281,6 @@ def test_tree_ties_across_depths_one_and_two():
 
 
 # --- acceptance decisions by hand (C3, C6) -------------------------------------------------------
-
-U32 = 0xFFFFFFFF
-
-
-def _philox_py(counter, key):
-    c, k = list(counter), list(key)
-    for rnd in range(10):
-        if rnd:
-            k = [(k[0] + 0x9E3779B9) & U32, (k[1] + 0xBB67AE85) & U32]
-        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
-        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & U32, (p0 >> 32) ^ c[3] ^ k[1], p0 & U32]
-    return c
 
 
 def u_hand(seed, position, purpose, index=0):
