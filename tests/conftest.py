@@ -17,6 +17,7 @@ The toy specs are never registered: tests hand them to the harness explicitly
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import ml_dtypes
@@ -164,3 +165,19 @@ def toy_vectors(tmp_path_factory):
     assert errors == [] and written == 8
     return out
 
+
+def toy_cli(capsys, *argv):
+    """The CLI on the toy Ops: (exit code, stdout, stderr)."""
+    from conformance.cli import main
+
+    code = main(list(argv), specs=TOYS)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def vec(toy_vectors, tmp_path):
+    """A writable copy of the toy vectors."""
+    out = tmp_path / "v"
+    shutil.copytree(toy_vectors, out)
+    return out

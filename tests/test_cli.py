@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -13,23 +12,12 @@ from pathlib import Path
 import pytest
 
 from conformance import registry, vectors
-from conformance.cli import main
-from tests.conftest import TOYS
+from tests.conftest import toy_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(capsys, *argv):
-    code = main(list(argv), specs=TOYS)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def vec(toy_vectors, tmp_path):
-    out = tmp_path / "v"
-    shutil.copytree(toy_vectors, out)
-    return out
+cli = toy_cli  # (exit code, stdout, stderr) of the CLI on the toy Ops; the `vec` fixture: tests/conftest.py
 
 
 def test_generate_verify_run_succeed(capsys, tmp_path):

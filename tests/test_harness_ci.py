@@ -5,7 +5,6 @@ exit codes of list/run/verify agreeing."""
 from __future__ import annotations
 
 import json
-import shutil
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -13,22 +12,10 @@ import pytest
 
 import conformance
 from conformance import runner, vectors
-from conformance.cli import main
 from conformance.compare import Result
-from tests.conftest import TOYS, ToyImpl
+from tests.conftest import TOYS, ToyImpl, toy_cli
 
-
-def cli(capsys, *argv):
-    code = main(list(argv), specs=TOYS)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def vec(toy_vectors, tmp_path):
-    out = tmp_path / "v"
-    shutil.copytree(toy_vectors, out)
-    return out
+cli = toy_cli  # (exit code, stdout, stderr) of the CLI on the toy Ops; the `vec` fixture: tests/conftest.py
 
 
 def near_tie():
