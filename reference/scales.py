@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import magnitude as mg
+from reference.candidate_topk import _forced_rows
 from reference.context_kv import paged_rows, ring_slots
 from reference.draft_attention import allowed
 from reference.grouped_conv import GROUP
@@ -158,7 +159,7 @@ def softmax_scale(p, y, sy, keep) -> np.ndarray:
 
 def candidate_topk(kw, out) -> dict:
     with np.errstate(invalid="ignore"):  # a NaN score (C4: the NaN-score case) has no magnitude
-        sz = logit_magnitude(kw["hidden"], kw["head"])
+        sz = raw_mag = logit_magnitude(kw["hidden"], kw["head"])
         z = np.asarray(kw["hidden"], np.float64) @ np.asarray(kw["head"], np.float64).T
     m, c = float(kw.get("output_multiplier", 0.0)), float(kw.get("softcap", 0.0))
     if m > 0:
@@ -167,12 +168,9 @@ def candidate_topk(kw, out) -> dict:
         t = np.tanh(z / c)
         sz = (1 - t * t) * (sz + np.abs(z)) + 2 * np.abs(c * t)
     gid = np.arange(sz.shape[-1]) if kw.get("shortlist") is None else np.asarray(kw["shortlist"])
-    row_of = {}
-    for r in range(gid.size)[::-1]:
-        row_of[int(gid[r])] = r
-    rows = np.vectorize(lambda v: row_of.get(int(v), 0), otypes=[np.int64])(np.asarray(out["ids"]))
     eligible = (gid >= 0) & (gid < int(kw["vocab_size"]))
-    raw = np.where(eligible, logit_magnitude(kw["hidden"], kw["head"]), 0.0).max(axis=-1, keepdims=True)
+    rows = np.maximum(_forced_rows(out["ids"], gid, eligible), 0)  # the head row of each chosen id
+    raw = np.where(eligible, raw_mag, 0.0).max(axis=-1, keepdims=True)
     return {"scores": np.take_along_axis(sz, rows, axis=-1),
             "ids.scale": np.broadcast_to(2 * raw, np.shape(out["ids"]))}
 
