@@ -150,6 +150,7 @@ def test_generator_deterministic_ids_unique_and_margins_clear():
             logits = c.inputs["hidden"].astype(np.float64) @ c.inputs["head"].astype(np.float64).T
             band = 8 * 2.0**-24 * scales.proposal_head(c.kwargs(), out)["tokens.scale"]
             near = m < 2.0**-9 * logits.max(-1)
+            # a column whose winner has no free row below it gets no rival (bf16_near_ties): most do
             assert (m > 100 * band).all() and near.sum() >= near.size // 2, c.id
             continue
         # every decision is an exact tie or clear by > 1 logit unit (FP32 logit error here ~1e-5)
