@@ -10,6 +10,7 @@ from conformance import registry
 from conformance.baseline import Float32Baseline, storage_outputs
 from reference import precision
 from reference import proposal_round as pr
+from reference import speculative_step as ss
 
 
 class RoundMutant(Float32Baseline):
@@ -35,7 +36,7 @@ class RoundMutant(Float32Baseline):
         return f"round mutant {self.key} ({self.op})"
 
     def proposal_round(self, **kw):
-        spec = registry.get(self.op)
+        spec = registry.get("proposal_round")  # a step mutant's bug switches are not the round's: none bite here
         with precision.baseline(spec.bf16_intermediates):
             return storage_outputs(spec, pr.run(pr.ReferenceOps, bug=self.bug, **kw))
 
@@ -64,4 +65,30 @@ class DraftTemperatureIgnored(RoundMutant):
     pitfall, BUG = "draft_temperature", {"ignore_temperature": True}
 
 
-ROUND_MUTANTS = [ContextRoleWeights(), LayerIdOrigin(), CaptureBeforeLayer(), DraftTemperatureIgnored()]
+class StepMutant(RoundMutant):
+    """A float32 baseline whose ``speculative_step`` runs the step with one planted bug
+    (reference.speculative_step.run's ``bug`` switches)."""
+
+    op = "speculative_step"
+
+    def speculative_step(self, **kw):
+        spec = registry.get(self.op)
+        with precision.baseline(spec.bf16_intermediates):
+            return storage_outputs(spec, ss.run(ss.ReferenceOps, bug=self.bug, **kw))
+
+
+class FirstDraftUnverified(StepMutant):
+    """d_1 committed without its accept test; verification starts at d_2 (lattice #243)."""
+
+    pitfall, BUG = "first_draft_unverified", {"commit_first_unverified": True}
+
+
+class RngZeroProposal(StepMutant):
+    """A request with P = 0 draws its target sample one position late, as if a proposal's draw had
+    advanced its generator (vllm-ascend #13608)."""
+
+    pitfall, BUG = "rng_zero_proposal", {"rng_zero_proposal_offset": True}
+
+
+ROUND_MUTANTS = [ContextRoleWeights(), LayerIdOrigin(), CaptureBeforeLayer(), DraftTemperatureIgnored(),
+                 FirstDraftUnverified(), RngZeroProposal()]
