@@ -1,4 +1,5 @@
-"""proposal_round (CONTRACTS C10) composed from the CUDA backend's Op methods, no new kernels.
+"""proposal_round (CONTRACTS C10) and speculative_step composed from the CUDA backend's Op methods,
+no new kernels.
 
 ``CudaRound`` is ``CudaBackend`` plus a ``proposal_round`` method that runs the reference round's
 composition (reference.proposal_round.run: catch-up through feature_capture and context_kv per
@@ -7,8 +8,11 @@ the backend's own Op methods. The composition stays on the host between Ops (Num
 of each kernel, brought back here); it shows that the kernels compose into a conforming round,
 not a fused production path.
 
-STATUS: written without a GPU and not yet run on one (issue 11 item 4 is open):
-    dflash-conformance run --impl kernels_cu.round:CudaRound --ops proposal_round
+``speculative_step`` adds the backend's speculative_accept and preview_commit kernels after the
+round; the target verify in between is the toy target of the step's inputs, run on the host
+(reference.toy_target: the target is the engine's own model, not a drafter kernel).
+
+    dflash-conformance run --impl kernels_cu.round:CudaRound --ops proposal_round,speculative_step
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 from conformance import registry
 from kernels_cu.backend import CudaBackend
 from reference import proposal_round as pr
+from reference import speculative_step as ss
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -63,8 +68,16 @@ class CudaRound(CudaBackend):
     name = "kernels_cu (proposal_round composed from the Op kernels)"
 
     def proposal_round(self, **kw):
-        kw = {k: (v.get() if hasattr(v, "get") and not isinstance(v, (dict, list)) else v) for k, v in kw.items()}
-        kw = {k: (np.asarray(v).view(BF16) if isinstance(v, np.ndarray) and v.dtype == np.uint16 else v)
-              for k, v in kw.items()}
-        out = pr.run(_HostOps(self), **kw)
+        out = pr.run(_HostOps(self), **_host_kwargs(kw))
         return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
+
+    def speculative_step(self, **kw):
+        out = ss.run(_HostOps(self), **_host_kwargs(kw))
+        return {o.name: out[o.name] for o in registry.get("speculative_step").outputs}
+
+
+def _host_kwargs(kw: dict) -> dict:
+    """The harness's arguments on the host, BF16 as ml_dtypes.bfloat16 (uint16 bit patterns viewed)."""
+    kw = {k: (v.get() if hasattr(v, "get") and not isinstance(v, (dict, list)) else v) for k, v in kw.items()}
+    return {k: (np.asarray(v).view(BF16) if isinstance(v, np.ndarray) and v.dtype == np.uint16 else v)
+            for k, v in kw.items()}

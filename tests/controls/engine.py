@@ -571,6 +571,15 @@ class Engine:
         out = pr.run(self, **kw)
         return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
 
+    def speculative_step(self, **kw):
+        """The step (issue 11) composed from this engine's Op methods; the target verify is the
+        step's toy target (the engine's own target model)."""
+        from conformance import registry
+        from reference import speculative_step as ss
+
+        out = ss.run(self, **kw)
+        return {o.name: out[o.name] for o in registry.get("speculative_step").outputs}
+
     def proposal_head(self, hidden, head, vocab_size, shortlist=None):
         logits = self._linear(f32(hidden), head)  # FP32, never rounded
         gid = self._gid(head.shape[0], shortlist)

@@ -1,7 +1,8 @@
 """kernels_cu/round.py on a GPU (issue 11 item 4): CudaRound, the CUDA backend with proposal_round
 composed from its Op kernels.
 
-- over the committed proposal_round vectors it gives no FAIL and no ERROR (CONTRACTS C10);
+- over the committed proposal_round and speculative_step vectors it gives no FAIL and no ERROR
+  (CONTRACTS C10; the step adds the backend's accept and commit kernels after the round);
   ROUND_SUITE_REPORT=<path> writes the per-case results there as JSON;
 - greedy speculative decoding with its proposals (tools/round_e2e.py) publishes exactly plain
   greedy decoding of the toy target for a few prompts at K = 1, 4, 15, both drafter kinds, with
@@ -34,7 +35,8 @@ def test_round_vectors_have_no_fail_or_error(cuda_round):
     from conformance.compare import Result
     from conformance.runner import run_suite
 
-    results = run_suite(cuda_round, ROOT / "vectors", "proposal_round")
+    results = run_suite(cuda_round, ROOT / "vectors", "proposal_round,speculative_step")
+    assert {r.op for r in results} == {"proposal_round", "speculative_step"}
     counts = Counter(r.result.name for r in results)
     path = os.environ.get("ROUND_SUITE_REPORT")
     if path:

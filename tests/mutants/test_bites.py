@@ -4,7 +4,7 @@ mutant: ACCEPTABLE(precision), never PASS), and every flag of an Op-level case h
 
 No exceptions are listed. A flagged case that a mutant of its flag passes is a case that cannot
 catch the bug its flags name: fix the case generator (make it bite) or drop the flag there, never
-weaken this test. proposal_round (C10) is judged by its own round mutants (test_round_mutants.py).
+weaken this test. proposal_round and speculative_step (C10) are judged by their own round mutants (test_round_mutants.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from conformance.compare import Result
 from conformance.runner import load_selection, read_entry, run_suite
 
 VECTORS = Path(__file__).parents[2] / "vectors"
-ROUND_OPS = {"proposal_round"}
+ROUND_OPS = {"proposal_round", "speculative_step"}
 
 
 @cache
