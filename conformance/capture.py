@@ -7,7 +7,8 @@ File format (one safetensors file per Op call or per round; a folder of them per
     out.<name>    an output, under its C9 name (every declared output of the Op)
     mask.<name>   optional uint8: the elements of out.<name> that are specified (default: all)
     header metadata (strings):
-      op          the Op name (``proposal_round`` for a whole round)
+      op          the Op name (``proposal_round`` for a whole round, ``speculative_step`` for a
+                  whole step: round, target verify, accept and commit)
       params      JSON object: the Op's params (docs/ops.md), e.g. {"eps": 1e-6, ...}
       capture     the format version, "1"
       round       optional: the id of the round this call belongs to (any string); the calls of
@@ -48,6 +49,7 @@ from conformance.vectors import InputError
 
 VERSION = "1"
 _SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
+ROUND_LEVEL = ("proposal_round", "speculative_step")  # files that a round's Op calls bisect
 
 
 def _array(x) -> np.ndarray:
@@ -148,6 +150,10 @@ def _default_masks(op: str, inputs: Mapping, params: Mapping, outputs: Mapping) 
         ring = np.stack([np.stack([live_mask(int(f), kc[2:], "ring") for f in inputs["frontier"]])] * kc[0])
         return {"tokens": compared, "q": compared[..., None], "q_ids": compared[..., None], "k_cache": ring,
                 "v_cache": ring}
+    if op == "speculative_step" and "proposals" in outputs:
+        K = np.shape(outputs["proposals"])[1]
+        P = np.minimum(K, np.asarray(inputs["budget"], np.int64) - 1)
+        return {"proposals": np.arange(K)[None, :] < P[:, None]}
     if op == "masked_block" and "hidden" in outputs:
         K = int(params["num_drafts"])
         cols = np.arange(1, K + 1)[None, :] < np.asarray(inputs["live"])[:, None]
@@ -199,12 +205,12 @@ def check(folder, specs: Mapping | None = None) -> list[Judged]:
     if not files:
         raise InputError(f"check-capture: no .safetensors files in {folder}")
     judged = [judge_file(p, specs) for p in files]
-    rounds = [j for j in judged if j.op == "proposal_round"]
+    rounds = [j for j in judged if j.op in ROUND_LEVEL]
     for r in rounds:
-        calls = sorted((j for j in judged if j.op != "proposal_round" and r.round is not None and j.round == r.round),
+        calls = sorted((j for j in judged if j.op not in ROUND_LEVEL and r.round is not None and j.round == r.round),
                        key=lambda j: j.seq)
         r.calls = calls
-        if r.result.failed or r.result == Result.ACCEPTABLE:
+        if r.result != Result.PASS:
             r.first_bad = next((c for c in calls if c.result.failed), None)
     return judged
 
@@ -216,20 +222,30 @@ def report(judged: list[Judged]) -> tuple[list[str], bool]:
         failed |= j.result.failed
         lines.append(f"{j.result.name:<14} {j.path.name} [{j.op}{'' if j.round is None else ', round ' + j.round}]"
                      + (f": {j.detail}" if j.detail and j.result != Result.PASS else ""))
-        if j.op == "proposal_round" and j.result != Result.PASS:
-            if j.first_bad is not None:
-                lines.append(f"  first Op outside its envelope in round {j.round}: {j.first_bad.op} "
-                             f"(call {j.first_bad.seq}, {j.first_bad.path.name}): {j.first_bad.detail}")
-            elif j.calls:
-                lines.append(f"  every captured Op call of round {j.round} conforms: the fault lies between them "
-                             "(an Op not captured, or a captured output not passed on)")
-            else:
-                lines.append(f"  round {j.round}: no per-Op captures of this round to bisect")
+        if j.op in ROUND_LEVEL and j.result != Result.PASS:
+            lines += _blame(j)
     counts = {}
     for j in judged:
         counts[j.result.name] = counts.get(j.result.name, 0) + 1
     lines.append(f"{len(judged)} capture file(s): " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     return lines, failed
+
+
+def _blame(j: Judged) -> list[str]:
+    """What a round that did not pass says about its captured Op calls."""
+    if j.first_bad is not None:
+        return [f"  first Op outside its envelope in round {j.round}: {j.first_bad.op} "
+                f"(call {j.first_bad.seq}, {j.first_bad.path.name}): {j.first_bad.detail}"]
+    if not j.result.failed:  # ACCEPTABLE, and so is every call or better: nothing to blame
+        return []
+    if not j.calls:
+        return [f"  round {j.round}: no per-Op captures of this round to bisect"]
+    near = [c for c in j.calls if c.result == Result.ACCEPTABLE]
+    if near:  # inside every envelope, yet the round fails: the calls that came closest come first
+        return [f"  no captured Op call of round {j.round} leaves its envelope; the first that is only "
+                f"ACCEPTABLE: {near[0].op} (call {near[0].seq}, {near[0].path.name}): {near[0].detail}"]
+    return [f"  every captured Op call of round {j.round} passes: the fault lies between them "
+            "(an Op not captured, or a captured output not passed on)"]
 
 
 def main(folder) -> int:

@@ -27,9 +27,11 @@ from conformance.baseline import Float32Baseline
 from conformance.runner import load_selection, read_entry, to_numpy
 from reference import numerics
 from reference import proposal_round as pr
+from reference import speculative_step as ss
 
 ROUND_OPS = ("feature_capture", "context_kv", "masked_block", "proposal_head", "candidate_topk",
              "candidate_selector")
+STEP_OPS = ROUND_OPS + ("speculative_accept", "preview_commit")  # a speculative_step's Op calls
 # the planted bugs: Op -> (output, how it is wrong); each leaves the output's envelope in every
 # call of every proposal_round vector. 3% is not enough for either: context K 3% off stays inside
 # the envelope in 10 of the 92 context_kv calls (normwise up to 3.5 of 4), and the masked block's
@@ -58,7 +60,7 @@ class Kernels:
         self.base, self.bug = kernels if kernels is not None else Float32Baseline(), bug
 
     def __getattr__(self, op):
-        if op not in ROUND_OPS:
+        if op not in STEP_OPS:
             raise AttributeError(op)
         fn = getattr(self.base, op)
         if op == self.bug:
@@ -75,28 +77,35 @@ class CaptureEngine:
         self.folder, self.kernels, self.rounds = Path(folder), Kernels(kernels, bug), 0
 
     def proposal_round(self, **kw):
+        return self._captured("proposal_round", pr.run, kw)
+
+    def speculative_step(self, **kw):
+        """The whole step (round, target verify, accept, commit) with its Op calls captured too."""
+        return self._captured("speculative_step", ss.run, kw)
+
+    def _captured(self, op, run, kw):
         rnd = f"r{self.rounds:03d}"
         self.rounds += 1
-        spec = registry.get("proposal_round")
+        spec = registry.get(op)
         inputs = {k: copy.deepcopy(v) for k, v in kw.items() if k not in spec.params}
         params = {k: v for k, v in kw.items() if k in spec.params}
         rec = capture.Recorder(self.folder, round=rnd)
-        out = pr.run(self.kernels, record=rec, **kw)
+        out = run(self.kernels, record=rec, **kw)
         out = {o.name: out[o.name] for o in spec.outputs}
-        capture.write(self.folder, "proposal_round", inputs, out, params, round=rnd, seq=rec.seq)
+        capture.write(self.folder, op, inputs, out, params, round=rnd, seq=rec.seq)
         return out
 
 
 def run(folder, bug: str | None = None, cases: str = "proposal_round", vectors: Path | None = None,
         kernels=None) -> int:
     """Run the engine (over ``kernels``, default the float32 baseline's) on the selected
-    proposal_round vectors' inputs; returns the rounds run."""
+    proposal_round or speculative_step vectors' inputs; returns the rounds (and steps) run."""
     vectors = vectors or Path(__file__).resolve().parents[1] / "vectors"
     engine = CaptureEngine(folder, bug, kernels)
     _, entries = load_selection(vectors, cases)
     for e in entries:
         vec = read_entry(vectors, e)
-        engine.proposal_round(**{k: np.array(v) for k, v in vec.inputs.items()}, **copy.deepcopy(vec.params))
+        getattr(engine, e["op"])(**{k: np.array(v) for k, v in vec.inputs.items()}, **copy.deepcopy(vec.params))
     return engine.rounds
 
 
@@ -105,7 +114,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("folder")
     ap.add_argument("--bug", choices=sorted(BUGS), help="plant one bug in this Op's output")
-    ap.add_argument("--cases", default="proposal_round", help="case glob over the vectors (default: all rounds)")
+    ap.add_argument("--cases", default="proposal_round", help="case glob over the vectors (default: all rounds; 'speculative_step' for whole steps)")
     return ap
 
 

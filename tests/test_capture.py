@@ -34,6 +34,30 @@ def test_planted_bug_is_named_first(tmp_path, capsys):
     assert "first Op outside its envelope in round r000: context_kv" in capsys.readouterr().out
 
 
+STEP_CASES = "speculative_step/dflash_greedy_B4*,speculative_step/dflash2_sampled_B3*"
+
+
+def test_whole_steps_capture_and_pass(tmp_path):
+    """A speculative_step file per step, its Op calls (the round's six, accept, commit) with it."""
+    assert run(tmp_path, cases=STEP_CASES) == 2
+    judged = capture.check(tmp_path)
+    assert {j.op for j in judged} >= {"context_kv", "masked_block", "speculative_accept", "preview_commit",
+                                      "speculative_step"}
+    assert all(j.result == Result.PASS for j in judged), capture.report(judged)[0]
+    steps = [j for j in judged if j.op == "speculative_step"]
+    assert len(steps) == 2 and all(len(s.calls) >= 5 for s in steps)
+
+
+def test_planted_bug_in_a_step_is_named_first(tmp_path):
+    run(tmp_path, bug="masked_block", cases=STEP_CASES)
+    judged = capture.check(tmp_path)
+    steps = [j for j in judged if j.op == "speculative_step"]
+    assert steps and all(s.first_bad is not None and s.first_bad.op == "masked_block" for s in steps)
+    assert any(s.result == Result.FAIL for s in steps)
+    lines, failed = capture.report(judged)
+    assert failed and any("first Op outside its envelope" in line and "masked_block" in line for line in lines)
+
+
 def test_write_accepts_dlpack_and_keeps_scalars(tmp_path):
     class Tensor:  # a DLPack-only producer (no __array__)
         def __init__(self, a):
@@ -73,3 +97,30 @@ def test_cli_check_capture_exit_codes(tmp_path):
     assert main(["check-capture", str(tmp_path / "good")]) == 0
     assert main(["check-capture", str(tmp_path / "bad")]) == 1
     assert main(["check-capture", str(tmp_path / "none")]) == 2
+
+
+def _j(op, result, seq=0, detail="d"):
+    from pathlib import Path
+
+    return capture.Judged(Path(f"r0-{seq}-{op}.safetensors"), op, result, detail, "r0", seq)
+
+
+@pytest.mark.parametrize("call_results, expect", [
+    ((Result.PASS, Result.ACCEPTABLE), "the first that is only ACCEPTABLE: masked_block"),
+    ((Result.PASS, Result.PASS), "the fault lies between them"),
+    ((Result.FAIL, Result.ACCEPTABLE), "first Op outside its envelope in round r0: context_kv"),
+    ((), "no per-Op captures"),
+])
+def test_a_failing_round_says_what_its_calls_show(call_results, expect):
+    rnd = _j("proposal_round", Result.FAIL, 9)
+    rnd.calls = [_j(op, r, i) for i, (op, r) in enumerate(zip(("context_kv", "masked_block"), call_results))]
+    rnd.first_bad = next((c for c in rnd.calls if c.result.failed), None)
+    lines, failed = capture.report([rnd])
+    assert failed and expect in "\n".join(lines)
+
+
+def test_an_acceptable_round_blames_nothing():
+    rnd = _j("speculative_step", Result.ACCEPTABLE, 9)
+    rnd.calls = [_j("context_kv", Result.ACCEPTABLE, 0)]
+    lines, failed = capture.report([rnd])
+    assert not failed and len(lines) == 2 and "fault" not in lines[0]

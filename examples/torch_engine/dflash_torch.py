@@ -61,9 +61,16 @@ class TorchEngine:
         rows = z.shape[-1]
         gid = torch.arange(rows, device=self.device) if shortlist is None else self._t(shortlist).long()
         eligible = (gid >= 0) & (gid < int(vocab_size))
-        z = torch.where(eligible, z, torch.tensor(float("-inf"), device=self.device))
-        vals, order = torch.sort(z, dim=-1, descending=True, stable=True)  # ties: lower row first
-        vals, order = vals[..., : int(top_k)], order[..., : int(top_k)]
+        nan = torch.isnan(z)
+        key = torch.where(eligible & ~nan, z, torch.tensor(float("-inf"), device=self.device))
+        _, order = torch.sort(key, dim=-1, descending=True, stable=True)  # ties: lower row first
+        # a NaN logit (inf * 0 after an overflow) ranks after every number, -inf included, and
+        # ineligible rows come last (C4; torch.sort alone would put NaN first): a second stable
+        # sort by that group keeps the value order inside each group
+        group = torch.where(eligible, nan.to(torch.int8), torch.full_like(nan, 2, dtype=torch.int8))
+        _, regroup = torch.sort(torch.gather(group, -1, order), dim=-1, stable=True)
+        order = torch.gather(order, -1, regroup)[..., : int(top_k)]
+        vals = torch.gather(z, -1, order)
         if output_multiplier > 0:
             vals = vals * float(output_multiplier)
         if softcap > 0:

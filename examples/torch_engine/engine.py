@@ -376,3 +376,35 @@ class TorchEngine:
 
     def preview_commit(self, **kw):
         return self._discrete.preview_commit(**kw)
+
+    # --- one level up (CONTRACTS C10): the round and the step composed from the Op methods above --
+
+    def proposal_round(self, **kw):
+        from conformance import registry
+        from reference import proposal_round as pr
+
+        out = pr.run(_OnHost(self), **kw)
+        return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
+
+    def speculative_step(self, **kw):
+        """The step; its target verify is the case's toy target (reference.toy_target), standing in
+        for the engine's own target model."""
+        from conformance import registry
+        from reference import speculative_step as ss
+
+        out = ss.run(_OnHost(self), **kw)
+        return {o.name: out[o.name] for o in registry.get("speculative_step").outputs}
+
+
+class _OnHost:
+    """An engine's Op methods with their outputs brought to the host as NumPy (BF16 tensors as
+    ml_dtypes.bfloat16), the form the reference's composition reads between Ops."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, op):
+        from conformance.runner import to_numpy
+
+        fn = getattr(self.engine, op)
+        return lambda **kw: {k: to_numpy(v) for k, v in fn(**kw).items()}
