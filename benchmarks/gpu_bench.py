@@ -268,12 +268,267 @@ def bench_draft_attention(cp, torch, timer, exact, fast, shapes, rows, floor_bw)
                             floor / floor_bw * 1e3))
 
 
+# --- masked_block (fast_block.py) ----------------------------------------------------------
+
+
+def _block_weights(torch, cfg, seed=0) -> tuple[dict, dict]:
+    """(layer weights, {embed, final_norm}): random full-width BF16 weights of one official
+    geometry, built on the device with the scales of conformance.geometry.weights (which builds the
+    same on the host)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    L, h, inter = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+    hq, hk, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    def gauss(shape, scale):
+        return (torch.randn(shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+    def gain(shape):
+        return (torch.rand(shape, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+
+    w = {"input_norm": gain((L, h)), "wq": gauss((L, hq * d, h), h**-0.5), "wk": gauss((L, hk * d, h), h**-0.5),
+         "wv": gauss((L, hk * d, h), h**-0.5), "q_norm": gain((L, d)), "k_norm": gain((L, d)),
+         "wo": gauss((L, h, hq * d), (hq * d) ** -0.5), "post_norm": gain((L, h)),
+         "w_gate": gauss((L, inter, h), h**-0.5), "w_up": gauss((L, inter, h), h**-0.5),
+         "w_down": gauss((L, h, inter), inter**-0.5)}
+    if cfg.variant == "dflash2":
+        for side in ("attn", "mlp"):
+            base = torch.empty((L, 2, 2, h), device="cuda")
+            base[:, :, 0] = 1.0 + 0.2 * torch.randn((L, 2, h), device="cuda", generator=g)
+            base[:, :, 1] = 0.5 * torch.randn((L, 2, h), device="cuda", generator=g)
+            w[f"{side}_conv_base"] = base.to(torch.bfloat16)
+            w[f"{side}_conv_proj"] = gauss((L, 4 * (h // 16), h), 0.2 * h**-0.5)
+    extra = {"embed": gauss((cfg.vocab_size, h), 1.0), "final_norm": gain((h,))}
+    return w, extra
+
+
+def _torch_block(torch, F, tw, kc, vc, anchor, frontier, attn_live, cfg, w, attention=True):
+    """The masked block in PyTorch BF16 (F.linear through the concatenated [Wq;Wk;Wv] and
+    [Wgate;Wup], FP32 RMSNorm and RoPE, SDPA with a boolean mask and enable_gqa, SiLU-mul, the
+    DFlash2 conv); ``attention=False`` puts q where the attention output goes (no SDPA)."""
+    bf = torch.bfloat16
+    b = anchor.shape[0]
+    h, hq, hk, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    eps, conv, G = cfg.rms_norm_eps, cfg.variant == "dflash2", cfg.hidden_size // 16
+    tokens = torch.full((b, w), cfg.mask_token_id, dtype=torch.long, device="cuda")
+    tokens[:, 0] = anchor
+    x = tw["embed"][tokens].float()
+    cols = torch.arange(w, device="cuda")
+    pq = frontier[:, None] + cols[None, :]
+    ang = pq.double()[..., None] * tw["inv_freq"]
+    cos, sin = ang.cos().float()[:, :, None, :], ang.sin().float()[:, :, None, :]
+    cap = kc.shape[2]
+    lo = frontier[:, None] - cap
+    p_ctx = lo + torch.remainder(torch.arange(cap, device="cuda")[None, :] - lo, cap)
+    pk = torch.cat([p_ctx, pq], 1)
+    present = torch.cat([p_ctx >= 0, cols[None, :] < attn_live[:, None]], 1)
+    masks = {}
+    for s in set(cfg.windows):
+        m = present[:, None, :].expand(b, w, cap + w)
+        if s > 0:
+            m = m & ((pk[:, None, :] - pq[:, :, None]).abs() < s)
+        masks[s] = m[:, None]
+
+    def rms(t, g):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+
+    def head(t, g, nh):
+        t = rms(t.float().reshape(b, w, nh, d), g)
+        t1, t2 = t[..., : d // 2], t[..., d // 2:]
+        return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], -1).to(bf)
+
+    def gconv(t, base_side, delta):
+        tg = t.view(b, w, G, 16)
+        c = base_side.float().view(1, 1, 2, G, 16) + delta[..., None]
+        prev = torch.cat([torch.zeros_like(tg[:, :1]), c[:, 1:, 1] * tg[:, :-1]], 1)
+        return (c[:, :, 0] * tg + prev).reshape(b, w, h)
+
+    def branch_in(t, side, l):
+        if not conv:
+            return t.to(bf), None
+        dl = F.linear(t.to(bf), tw[f"{side}_conv_proj"][l]).float().view(b, w, 2, 2, G)
+        return gconv(t, tw[f"{side}_conv_base"][l, 0], dl[:, :, 0]).to(bf), dl[:, :, 1].to(bf).float()
+
+    def branch_out(t, side, l, fd):
+        return gconv(t, tw[f"{side}_conv_base"][l, 1], fd).to(bf).float() if conv else t
+
+    for l, s in enumerate(cfg.windows):
+        nb, fda = branch_in(rms(x, tw["input_norm"][l]), "attn", l)
+        q, k, v = F.linear(nb, tw["wqkv"][l]).split([hq * d, hk * d, hk * d], -1)
+        q, k = head(q, tw["q_norm"][l], hq), head(k, tw["k_norm"][l], hk)
+        if attention:
+            kk = torch.cat([kc[l], k], 1).transpose(1, 2)
+            vv = torch.cat([vc[l].to(bf), v.reshape(b, w, hk, d)], 1).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=masks[s], enable_gqa=True)
+            a = a.transpose(1, 2).reshape(b, w, hq * d)
+        else:
+            a = q.reshape(b, w, hq * d)
+        y = x + branch_out(F.linear(a, tw["wo"][l]).float(), "attn", l, fda)
+        mb, fdm = branch_in(rms(y, tw["post_norm"][l]), "mlp", l)
+        gate, up = F.linear(mb, tw["wgu"][l]).chunk(2, -1)
+        x = y + branch_out(F.linear(F.silu(gate) * up, tw["w_down"][l]).float(), "mlp", l, fdm)
+    return rms(x[:, 1:], tw["final_norm"]).to(bf)
+
+
+def _torch_graph(torch, fn):
+    """torch.cuda.CUDAGraph capture of fn (two warm-ups on a side stream first)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def _cupy_graph(cp, fn):
+    """A CUDA graph of fn captured on a CuPy stream after one warm-up call there (weights
+    resident, workspace made). Returns (graph, captured output, stream): keep the stream, whose
+    memory-pool arena holds what the capture allocated."""
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        fn()
+        s.synchronize()
+        s.begin_capture()
+        try:
+            out = fn()
+        except BaseException:
+            try:
+                s.end_capture()
+            except Exception:  # noqa: BLE001,S110 - the capture's own error is the one to report
+                pass
+            raise
+        g = s.end_capture()
+    return g, out, s
+
+
+def _safe(label, fn):
+    """fn() or NaN with the error printed: one failing measurement must not lose the row."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
+        return math.nan
+
+
+def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, context=4096):
+    """masked_block at both official geometries (reference/config.py PRESETS via
+    conformance/geometry.py: 27B DFlash2, 35B DFlash), full width, random weights built on the
+    device, F = context with geometry.masked_block_case's frontiers and live extents. Rows:
+    masked_block (exact / fast / torch eager / floor = weights + caches at copy bandwidth),
+    masked_block[graph] (fast captured with CuPy stream capture / torch.cuda.CUDAGraph replay),
+    masked_block[no attention] (both without the attention: the GEMMs and glue alone)."""
+    import torch.nn.functional as F
+
+    from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
+    from kernels_cu.fast_block import CudaEngine, FastBlockMixin
+    from reference.config import PRESETS
+
+    if isinstance(fast, FastBlockMixin):
+        make = type(fast)
+    else:
+        make = type("FastBlock", (FastBlockMixin, type(fast)), {})
+    keep = []  # capture streams (their pool arenas hold the graphs' buffers)
+    for label, geo in [("27B DFlash2", "dflash2-27b"), ("35B DFlash", "dflash-35b-a3b")]:
+        cfg = PRESETS[GEOMETRIES[geo]]
+        L, hq, hk, d = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        tw, extra = _block_weights(torch, cfg)
+        wbits = {k: bits(cp, v) for k, v in tw.items()}
+        weight_bytes = sum(v.numel() * 2 for k, v in tw.items() if not k.endswith("norm") and "base" not in k)
+        tw.update(extra, wqkv=torch.cat([tw["wq"], tw["wk"], tw["wv"]], 1), wgu=torch.cat([tw["w_gate"], tw["w_up"]], 1),
+                  inv_freq=cfg.rope_theta ** (-torch.arange(d // 2, device="cuda", dtype=torch.float64) * 2 / d))
+        fb = make()
+        cap = _capacity(cfg, context)
+        for b, w in shapes:
+            g = torch.Generator(device="cuda").manual_seed(b * 100 + w)
+            frontier = context - 3 * torch.arange(b, device="cuda", dtype=torch.int64)
+            if cfg.variant == "dflash":  # DFlash attends only its live columns: tails across rows
+                live = torch.clamp(w - torch.arange(b, device="cuda") % 4, min=1).to(torch.int32)
+            else:
+                live = torch.full((b,), w, dtype=torch.int32, device="cuda")
+            attn_live = live
+            kc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16)
+            vc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16).abs().to(torch.float16)
+            anchor = torch.randint(0, cfg.vocab_size - PUBLIC_VOCAB_MARGIN, (b,), device="cuda", generator=g,
+                                   dtype=torch.int32)
+            kw = dict(anchor=cp.from_dlpack(anchor), embed=bits(cp, tw["embed"]), frontier=cp.from_dlpack(frontier),
+                      live=cp.from_dlpack(live), context_k=bits(cp, kc), context_v=cp.from_dlpack(vc),
+                      final_norm=bits(cp, tw["final_norm"]), mask_token_id=cfg.mask_token_id,
+                      windows=list(cfg.windows), eps=cfg.rms_norm_eps, theta=cfg.rope_theta, head_dim=d,
+                      variant=cfg.variant, num_drafts=w - 1, **wbits)
+            shape = f"{label} B{b} W{w} F{context}"
+            floor_w = weight_bytes / floor_bw * 1e3
+            floor = (weight_bytes + L * b * cap * hk * d * 4) / floor_bw * 1e3
+
+            def tor(attention=True):
+                return _torch_block(torch, F, tw, kc, vc, anchor, frontier, attn_live, cfg, w, attention)
+
+            t_exact = _safe(f"{shape} exact", lambda: timer(lambda: exact.masked_block(**kw), warmup=1, reps=5)) \
+                if exact else None
+            t_fast = _safe(f"{shape} fast", lambda: timer(lambda: fb.masked_block(**kw)))
+            t_torch = _safe(f"{shape} torch", lambda: timer(tor))
+            rows.append(row("masked_block", shape, t_exact, t_fast, t_torch, floor))
+            # checks: fast against torch and the exact mode (relative normwise over the compared mask
+            # columns, i + 1 < live: the others are unspecified), graph against eager
+            checks = {"shape": shape, "attention": fb._fb_engine().attention_name}
+            try:
+                cmp = (torch.arange(1, w, device="cuda")[None, :] < live[:, None])[..., None]
+                cmp = cmp.expand(b, w - 1, cfg.hidden_size)
+
+                def rel(x, y):
+                    return float((x - y)[cmp].norm() / y[cmp].norm())
+
+                hf = torch.from_dlpack(fb.masked_block(**kw)["hidden"].view(cp.int16)).view(torch.bfloat16).float()
+                ht = tor().float()
+                checks["fast_vs_torch_rel"] = rel(hf, ht)
+                if exact:
+                    he = torch.from_dlpack(exact.masked_block(**kw)["hidden"].view(cp.int16)).view(torch.bfloat16)
+                    he = he.float()
+                    checks["fast_vs_exact_rel"] = rel(hf, he)
+                    checks["torch_vs_exact_rel"] = rel(ht, he)
+            except Exception as exc:  # noqa: BLE001
+                checks["check_error"] = f"{type(exc).__name__}: {exc}"
+            # graph replay: fast through CuPy stream capture, torch through torch.cuda.CUDAGraph
+            t_fast_graph = math.nan
+            try:
+                graph, captured, stream = _cupy_graph(cp, lambda: fb.masked_block(**kw)["hidden"])
+                keep.append((graph, captured, stream))
+                t_fast_graph = timer(lambda: graph.launch())
+                checks["fast_graph_equals_eager"] = bool(cp.array_equal(captured, fb.masked_block(**kw)["hidden"]))
+            except Exception as exc:  # noqa: BLE001
+                checks["fast_graph_error"] = f"{type(exc).__name__}: {exc}"
+            t_torch_graph = math.nan
+            try:
+                tgraph, _ = _torch_graph(torch, tor)
+                t_torch_graph = timer(lambda: tgraph.replay())
+            except Exception as exc:  # noqa: BLE001
+                checks["torch_graph_error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row("masked_block[graph]", shape, None, t_fast_graph, t_torch_graph, floor))
+            # without the attention: the GEMMs (weight streaming) and the glue kernels alone
+            zero_a = cp.zeros((b, w, hq, d), dtype=cp.uint16)
+            na = make()
+            na.resident, na._freqs = fb.resident, fb._freqs
+            na._fb_eng = CudaEngine(attention=(lambda *a, **k: (None, zero_a), "none (zeros)"))
+            rows.append(row("masked_block[no attention]", shape, None,
+                            _safe(f"{shape} fast no attention", lambda: timer(lambda: na.masked_block(**kw))),
+                            _safe(f"{shape} torch no attention", lambda: timer(lambda: tor(False))), floor_w))
+            print(json.dumps(checks), flush=True)
+            del na, kc, vc
+        fb.resident.clear()
+        del fb, tw, wbits, extra
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+
+
 BENCHES = {
     "candidate_topk": bench_candidate_topk,
     "proposal_head": bench_proposal_head,
     "target_distribution": bench_target_distribution,
     "context_kv": bench_context_kv,
     "draft_attention": bench_draft_attention,
+    "masked_block": bench_masked_block,
 }
 
 

@@ -1,0 +1,245 @@
+"""The fast masked_block / draft_layer plan (kernels_cu/fast_block.py) on the CPU.
+
+``FastBlockMixin``'s Op methods and ``block_forward`` run unchanged here with a NumPy twin of
+the engine: each method of ``NumpyEngine`` is what one fast_block.cu kernel (or the BF16 GEMM)
+computes, in float32 with the same BF16 rounding points, and the attention is the reference's
+float64 attend rounded to BF16 (the GPU test runs the real kernels and the real attention). It
+checks the plan (where the pipeline rounds, the hi/lo conv delta GEMM, the embedding gather, the
+layer chaining, the final mask-column norm) against the suite: every masked_block and
+draft_layer vector gives no FAIL or ERROR, and a larger random case stays inside the bound that
+tests/gpu/test_fast_block.py asserts for the GPU (derivation there, in ``error_ratio``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_cu.fast_block import FastBlockMixin
+from reference.draft_attention import attend
+
+ROOT = Path(__file__).resolve().parents[1]
+BF16 = ml_dtypes.bfloat16
+
+
+def to_bits(x) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(BF16).view(np.uint16)
+
+
+def from_bits(b) -> np.ndarray:
+    return np.asarray(b).view(BF16).astype(np.float32)
+
+
+def rbf(x) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(BF16).astype(np.float32)
+
+
+def bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype == BF16:
+        return np.ascontiguousarray(a.view(np.uint16))
+    if a.dtype == np.uint16:
+        return np.ascontiguousarray(a)
+    return to_bits(a)
+
+
+def _prev_rows(a, W):
+    """a[r - 1] for rows with column r % W >= 1, else 0 (the conv's preceding tap)."""
+    prev = np.zeros_like(a)
+    prev[1:] = a[:-1]
+    prev[np.arange(a.shape[0]) % W == 0] = 0
+    return prev
+
+
+class NumpyEngine:
+    """What each fast_block.cu kernel computes, in NumPy float32."""
+
+    attention_name = "reference attend (float64) rounded to BF16"
+
+    @staticmethod
+    def empty(shape, dtype):
+        return np.zeros(shape, dtype)
+
+    @staticmethod
+    def full(shape, value, dtype):
+        return np.full(shape, value, dtype)
+
+    @staticmethod
+    def gemm(x_bits, w_bits, out):
+        # FP32 accumulation of BF16 products: within a few FP32 ulps of the float64 sum
+        out[...] = (from_bits(x_bits).astype(np.float64) @ from_bits(w_bits).astype(np.float64).T).astype(np.float32)
+
+    @staticmethod
+    def resid_norm(M, H, W, *, resid_in=None, src_bits=None, tok=None, mask_id=0, branch=None, conv_base=None,
+                   fd=None, resid_out=None, resid_bits=None, norm_w=None, eps=0.0, norm_f32=None, norm_hi=None,
+                   norm_lo=None, skip_first=False):
+        r = np.arange(M)
+        i, b = r % W, r // W
+        if resid_in is not None:
+            x = np.array(resid_in, np.float32)
+        else:
+            rows = r if tok is None else np.where(i == 0, np.asarray(tok, np.int64)[b], int(mask_id))
+            x = from_bits(np.asarray(src_bits).reshape(-1, H)[rows])
+        if branch is not None:
+            if conv_base is not None:
+                f = from_bits(fd).reshape(M, 2, H // 16)
+                c0 = conv_base[0][None, :] + np.repeat(f[:, 0], 16, axis=1)
+                c1 = conv_base[1][None, :] + np.repeat(f[:, 1], 16, axis=1)
+                z = rbf(c0 * branch + c1 * _prev_rows(branch, W))
+            else:
+                z = branch
+            x = (x + z).astype(np.float32)
+        if resid_out is not None:
+            resid_out[...] = x
+        if resid_bits is not None:
+            resid_bits.reshape(M, H)[...] = to_bits(x)
+        if norm_w is None:
+            return
+        denom = np.sqrt(np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32) + np.float32(eps))
+        y = (norm_w[None, :] * (x / denom)).astype(np.float32)
+        if skip_first:
+            y = y[i != 0]  # rows stay in (b, i) order: row b * (W - 1) + i - 1
+        hi = to_bits(y)
+        if norm_f32 is not None:
+            norm_f32.reshape(y.shape)[...] = y
+        if norm_hi is not None:
+            norm_hi.reshape(y.shape)[...] = hi
+        if norm_lo is not None:
+            norm_lo.reshape(y.shape)[...] = to_bits(y - from_bits(hi))
+
+    @staticmethod
+    def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
+        t = qkv.reshape(M, hq + 2 * hk, d)
+        pos = np.asarray(frontier, np.int64)[np.arange(M) // W] + np.arange(M) % W
+        ang = pos[:, None].astype(np.float64) * np.asarray(freqs)[None, :]
+        cos, sin = np.cos(ang).astype(np.float32)[:, None], np.sin(ang).astype(np.float32)[:, None]
+
+        def norm_rope(x, w):
+            nx = w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)))
+            lo, hi = nx[..., : d // 2], nx[..., d // 2:]
+            return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
+
+        q[...] = rbf(norm_rope(t[:, :hq], q_norm)).reshape(q.shape)
+        k[...] = rbf(norm_rope(t[:, hq: hq + hk], k_norm)).reshape(k.shape)
+        v[...] = rbf(t[:, hq + hk:]).reshape(v.shape)
+
+    @staticmethod
+    def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
+        g = H // 16
+        delta = dl[:M] + dl[M:]
+        c0 = base0[0][None, :] + np.repeat(delta[:, :g], 16, axis=1)
+        c1 = base0[1][None, :] + np.repeat(delta[:, g: 2 * g], 16, axis=1)
+        prepared[...] = to_bits(c0 * x + c1 * _prev_rows(x, W))
+        fd[...] = to_bits(delta[:, 2 * g:])
+
+    @staticmethod
+    def silu_mul(gu, M, inter, act):
+        g, u = gu[:, :inter], gu[:, inter:]
+        act[...] = to_bits(g / (1 + np.exp(-g)) * u)
+
+    @staticmethod
+    def attention(q, k, v, kc, vc, frontier, live, window):
+        out = attend(q, k, v, from_bits(kc), np.asarray(vc).view(np.float16), frontier, live, int(window))
+        return to_bits(out)
+
+
+class NumpyBlock(FastBlockMixin):
+    """The fast block's Op methods with NumPy arrays (inputs as the harness gives a NumPy impl)."""
+
+    array_module = "numpy"
+
+    def __init__(self):
+        self._fb_eng = NumpyEngine()
+
+    def _fb_weight_bits(self, a):
+        return bits(a)
+
+    def _fb_weight_f32(self, a):
+        return np.asarray(a).astype(np.float32)
+
+    def _fb_cat(self, tag, arrays):
+        return np.ascontiguousarray(np.concatenate([bits(a) for a in arrays], axis=-2))
+
+    _fb_bits = staticmethod(bits)
+
+    @staticmethod
+    def _fb_f16_bits(a):
+        return np.ascontiguousarray(np.asarray(a, np.float16).view(np.uint16))
+
+    @staticmethod
+    def _fb_int(a, dtype=None):
+        a = np.asarray(a)
+        if dtype is None:
+            return a if a.dtype in (np.int32, np.int64) else a.astype(np.int64)
+        return a.astype(dtype)
+
+    def _fb_freqs(self, d, theta):
+        return float(theta) ** (-np.arange(d // 2, dtype=np.float64) * 2.0 / d)
+
+
+def test_plan_gives_no_fail_over_the_vectors():
+    from conformance.compare import Result
+    from conformance.runner import run_suite
+
+    results = run_suite(NumpyBlock(), ROOT / "vectors", ops_pattern="masked_block,draft_layer")
+    counts = Counter(r.result.name for r in results)
+    bad = [r for r in results if r.result in (Result.FAIL, Result.ERROR, Result.NOT_IMPLEMENTED)]
+    assert len(results) == 40, counts
+    assert not bad, f"{counts}: " + "; ".join(f"{r.op}/{r.case} {r.result.name}: {r.detail}" for r in bad[:10])
+
+
+def larger_case(variant: str, seed: int = 0):
+    """A random masked_block case larger than the vectors (H 256, 8/2 heads of 32, I 768, three
+    layers, B 3, K 15), built by the vector generator's own ``make``."""
+    from conformance.cases.masked_block import make
+
+    windows = [16, 16, 0] if variant == "dflash" else [16, 16, 16]
+    cap = 64 if variant == "dflash" else 16
+    return make(f"masked_block/larger_{variant}_{seed}", [], variant=variant, windows=windows, capacity=cap,
+                frontier=[61, 37, 2**32 - 5] if variant == "dflash2" else [61, 37, 20], live=[16, 9, 3],
+                num_drafts=15, h=256, hq=8, hk=2, d=32, inter=768)
+
+
+def larger_layer_case(variant: str, seed: int = 0):
+    """A random draft_layer case larger than the vectors (H 256, 8/2 heads of 32, I 768, B 2, W 16)."""
+    from conformance.cases.draft_layer import make
+
+    return make(f"draft_layer/larger_{variant}_{seed}", [], variant=variant, window=16 if variant == "dflash2" else 0,
+                capacity=32, frontier=[45, 2**31 + 7], live=[16, 11], width=16, h=256, hq=8, hk=2, d=32, inter=768)
+
+
+def error_ratio(case, out_bits, op: str = "masked_block", name: str = "hidden"):
+    """(max |out - ref| / (u s), ||out - ref|| / (u ||s||)) over the compared elements: s the suite's
+    running error magnitude of the output (reference/scales.py), u = 2^-8 (BF16)."""
+    from conformance import registry
+
+    spec = registry.get(op)
+    kw = case.kwargs()
+    ref = np.asarray(spec.reference(**kw)[name], np.float64)
+    s = np.asarray(spec.scales(kw, {name: ref})[name], np.float64)
+    out = from_bits(out_bits).astype(np.float64)
+    mask = np.broadcast_to(case.masks[name], ref.shape)
+    u = 2.0**-8
+    err = np.where(mask, np.abs(out - ref), 0.0)
+    return float((err / (u * s + 2.0**-126)).max()), float(np.sqrt((err**2).sum() / ((u * s)[mask] ** 2).sum()))
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_plan_larger_random_case_inside_the_derived_bound(variant):
+    case = larger_case(variant)
+    out = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
+    comp, norm = error_ratio(case, out)
+    # the bound of tests/gpu/test_fast_block.py (derived there)
+    assert comp <= 4.0 and norm <= 1.5, (comp, norm)
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_plan_larger_random_layer_inside_the_derived_bound(variant):
+    case = larger_layer_case(variant)
+    out = NumpyBlock().draft_layer(**{**case.inputs, **case.params})["x_next"]
+    comp, norm = error_ratio(case, out, "draft_layer", "x_next")
+    assert comp <= 4.0 and norm <= 1.5, (comp, norm)
