@@ -1,0 +1,676 @@
+// Fast one-pass draft attention (issue 12, fast mode): flash-decoding over the context ring and
+// the query block, on the tensor cores (mma.sync m16n8k16, FP32 accumulation).
+//
+// Same Op as attention.cu (reference/draft_attention.py): query row i of batch row b sits at
+// F + i; keys are the context positions F - n_ctx .. F - 1 (ring slot p mod C) and the block rows
+// j < live[b]; a local layer (window S > 0) keeps |p_k - p_q| < S. Everything is computed
+// relative to F, so no position is formed (frontiers up to 2^63 - 1 are safe).
+//
+// Work split. One block (4 warps) per (key split, b * Hk + hk, chunk of 64 query rows). The
+// block's query rows are the Hq/Hk heads of the GQA group times the W block columns
+// (row R = i * G + g), so every K/V tile is loaded into shared memory once for the whole group.
+// Keys come in tiles of 64: ceil(n_ctx / 64) context tiles, where n_ctx = min(F, C, S - 1) is the
+// union of what the rows may see (the per-row window is a mask on it), split evenly over the
+// grid's x dimension, then one block tile (rows j < live, W <= 64) in the last split. Context
+// tiles are double-buffered with cp.async (zero-filled past n_ctx). Warp w owns the 16-row
+// m-tile w % MT and the key slice w / MT of each tile (MT = 1, 2, 4 m-tiles: 64, 32 or 16 keys
+// per warp); each keeps an online softmax in the exp2 domain; key slices are merged in shared
+// memory at the end, splits by fast_attn_combine (or written directly when there is one split).
+//
+// Numerics. Scores: Q . K^T in BF16 x BF16 -> FP32 (exact products). Q given in FP32
+// (attention_fast's contract, masked_block's path) is split Q = Q_hi + Q_lo (two BF16 values,
+// ~16 significant bits) and multiplied twice; block K in FP32 likewise (Q_hi K_lo added).
+// P = exp2(s * log2(e)/sqrt(D) - m) in FP32 feeds the FP32 row sum; for PV it is an MMA operand:
+// context V is FP16, so P is rounded to FP16 (11 bits, at least as fine as the reference's
+// BF16 "probs" down to 2^-13; positive P below FP16's smallest subnormal is kept at 2^-24 so an
+// attended non-finite V stays non-finite); block V is BF16 (or FP32 split into hi + lo), and P
+// goes in as P_hi + P_lo (BF16 each). Division by the row sum and the BF16 output rounding are
+// the exact kernel's (IEEE division, one RNE rounding).
+//
+// Non-finite V (FP16 overflow is kept, C1). A masked key has P = 0, and 0 * inf is NaN on the
+// tensor cores. Keys past n_ctx / live are zero-filled, so only a tile in which a window cuts
+// between live rows (a key allowed for one row and not for another) can hit it: such tiles are
+// scanned, and when one holds a non-finite V that tile's PV runs on the CUDA cores, adding
+// p * v only where p > 0 (the reference's rule). The block tile is scanned always (its P_lo
+// may be 0). Rows >= live are written as zeros.
+#include "common.cuh"
+
+using dfl::u16;
+
+#define FA_NT 64     // keys per tile
+#define FA_WARPS 4   // warps per block
+#define FA_ROWS 64   // query rows (W x G) per block
+
+namespace fa {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// four 8x8 b16 matrices; thread t gives the address of row t % 8 of matrix t / 8
+__device__ __forceinline__ void ldsm_x4(const void* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(const void* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_addr(p))
+                 : "memory");
+}
+
+// D (16x8 f32) += A (16x16, row) * B (16x8, col)
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// two values packed, `lo` in the low half (the lower column / key index), each rounded RNE
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ bool finite32(float x);
+
+// x = hi + lo with hi = BF16(x) and lo = BF16(x - hi) (lo = 0 where hi is not finite)
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+    const float h0 = dfl::round_bf16(x0), h1 = dfl::round_bf16(x1);
+    hi = pack_bf16(h0, h1);
+    lo = pack_bf16(finite32(h0) ? x0 - h0 : 0.f, finite32(h1) ? x1 - h1 : 0.f);
+}
+
+__device__ __forceinline__ bool finite32(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+__device__ __forceinline__ bool f16_pair_nonfinite(unsigned w) {
+    return (w & 0x7c00u) == 0x7c00u || (w & 0x7c000000u) == 0x7c000000u;
+}
+__device__ __forceinline__ bool bf16_pair_nonfinite(unsigned w) {
+    return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+}
+
+// s[j] (16 rows x 8 keys each) += Q (16 x DP, A fragments) . K^T for keys key0 .. key0 + 8 NJ - 1
+// of a [64][ST] BF16 tile. ldmatrix (no transpose) of K rows: matrices (keys +0, d +0), (keys +0,
+// d +8), (keys +8, d +0), (keys +8, d +8) are b0/b1 of two adjacent n-tiles.
+template <int KS, int NJ, int ST>
+__device__ __forceinline__ void qk_tile(float (&s)[NJ][4], const unsigned (&q)[KS][4], const u16* kbuf, int key0,
+                                        int lane) {
+    const u16* base = kbuf + (key0 + (lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int np = 0; np < NJ / 2; ++np) {
+            unsigned r0, r1, r2, r3;
+            ldsm_x4(base + 16 * np * ST + 16 * ks, r0, r1, r2, r3);
+            mma_bf16(s[2 * np], q[ks], r0, r1);
+            mma_bf16(s[2 * np + 1], q[ks], r2, r3);
+        }
+    }
+}
+
+// o[n] (16 rows x 8 dims each) += P (16 x 8 NJ keys, A fragments per 16 keys) . V, V a [64][ST]
+// tile read with ldmatrix.trans: matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8),
+// (keys +8, d +8) are b0/b1 of the n-tiles d and d + 8.
+template <int NJ, int ND, int ST, bool HALF>
+__device__ __forceinline__ void pv_tile(float (&o)[ND][4], const unsigned (&pa)[NJ / 2][4], const u16* vbuf, int key0,
+                                        int lane) {
+    const u16* base = vbuf + (key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3);
+#pragma unroll
+    for (int kk = 0; kk < NJ / 2; ++kk) {
+#pragma unroll
+        for (int np = 0; np < ND / 2; ++np) {
+            unsigned r0, r1, r2, r3;
+            ldsm_x4_t(base + 16 * kk * ST + 16 * np, r0, r1, r2, r3);
+            if (HALF) {
+                mma_f16(o[2 * np], pa[kk], r0, r1);
+                mma_f16(o[2 * np + 1], pa[kk], r2, r3);
+            } else {
+                mma_bf16(o[2 * np], pa[kk], r0, r1);
+                mma_bf16(o[2 * np + 1], pa[kk], r2, r3);
+            }
+        }
+    }
+}
+
+// Online softmax over one tile's scores (already scaled to the exp2 domain and masked to -inf):
+// updates m, the thread's partial row sums l and rescales o; leaves P = exp2(s - m) in s.
+template <int NJ, int ND>
+__device__ __forceinline__ void softmax_step(float (&s)[NJ][4], float (&m)[2], float (&l)[2], float (&o)[ND][4]) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+    }
+    float corr[2], mu[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        mu[h] = mx[h] == dfl::neg_inf() ? 0.f : mx[h];  // a row with no key yet: P = exp2(-inf) = 0
+        corr[h] = exp2f(m[h] - mu[h]);                   // 0 while m = -inf
+        m[h] = mx[h];
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = exp2f(s[j][e] - mu[e >> 1]);
+            sum[e >> 1] += s[j][e];
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + sum[h];
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
+}
+
+// The slow PV of a tile that holds a non-finite V where some P is 0: p * v in FP32, only p > 0.
+// vval(key, d) reads the tile's V value.
+template <int NJ, int ND, int NKW, typename VV>
+__device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ][4], float* pw, int key0, int lane,
+                                          VV vval) {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pw[(g + 8 * (e >> 1)) * NKW + j * 8 + 2 * tq + (e & 1)] = p[j][e];
+    __syncwarp();
+#pragma unroll 1
+    for (int c = 0; c < NKW; ++c) {
+        const float p0 = pw[g * NKW + c], p1 = pw[(g + 8) * NKW + c];
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float pp = (e >> 1) ? p1 : p0;
+                if (pp > 0.f) o[n][e] += pp * vval(key0 + c, n * 8 + 2 * tq + (e & 1));
+            }
+        }
+    }
+    __syncwarp();
+}
+
+template <int DP, int MT, bool F32>
+__device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
+                                          const void* __restrict__ vp, const u16* __restrict__ kc,
+                                          const u16* __restrict__ vc, const long long* __restrict__ frontier,
+                                          const int* __restrict__ live, int B, int W, int Hq, int Hk, int D,
+                                          long long C, long long window, float sl2, int ns,
+                                          float* __restrict__ part_o, float2* __restrict__ part_ml,
+                                          float* __restrict__ out_f32, u16* __restrict__ out_bf16,
+                                          unsigned char* smem) {
+    constexpr int KG = FA_WARPS / MT;  // key slices per tile
+    constexpr int NKW = FA_NT / KG;    // keys per warp per tile (16 MT)
+    constexpr int NJ = NKW / 8;        // score n-tiles per warp
+    constexpr int KS = DP / 16;        // k-steps over the head dimension
+    constexpr int ND = DP / 8;         // output n-tiles
+    constexpr int ST = DP + 8;         // shared row stride in elements (16-byte pad: conflict-free ldmatrix)
+    constexpr int QL = F32 ? KS : 1;
+
+    u16* sK = reinterpret_cast<u16*>(smem);                     // [2 stages][FA_NT][ST]
+    u16* sV = sK + 2 * FA_NT * ST;                              // [2 stages][FA_NT][ST]
+    float* ps = reinterpret_cast<float*>(sV + 2 * FA_NT * ST);  // [FA_WARPS][16][NKW]
+
+    const int split = blockIdx.x;
+    const int b = blockIdx.y / Hk, hk = blockIdx.y - (blockIdx.y / Hk) * Hk;
+    const int G = Hq / Hk, M = W * G;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    const int mt = warp % MT, kg = warp / MT;
+    const long long F = frontier[b];
+    int lve = live[b];
+    lve = lve < 0 ? 0 : (lve > W ? W : lve);
+    long long nc = F < C ? F : C;
+    if (nc < 0) nc = 0;
+    if (window > 0 && nc > window - 1) nc = window - 1;
+    const int n_ctx = (int)nc;
+    const long long slot0 = n_ctx > 0 ? (F - nc) % C : 0;
+
+    // this thread's rows R0 and R0 + 8: context key kk allowed iff lo_ctx < kk < n_ctx, block key j iff
+    // blo <= j < bhi (nothing for padding rows and rows >= live)
+    const int R0 = blockIdx.z * FA_ROWS + mt * 16 + g;
+    int lo_ctx[2], blo[2], bhi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int R = R0 + 8 * h;
+        const int i = R < M ? R / G : W;
+        if (i >= lve) {
+            lo_ctx[h] = 0x7fffffff;
+            blo[h] = 0;
+            bhi[h] = 0;
+        } else if (window > 0) {
+            const long long t = (long long)i + n_ctx - window;  // distance i + n_ctx - kk < S
+            lo_ctx[h] = t < -1 ? -1 : (int)t;
+            blo[h] = (int)dfl::max64(0, (long long)i - window + 1);
+            bhi[h] = (int)dfl::min64(lve, (long long)i + window);
+        } else {
+            lo_ctx[h] = -1;
+            blo[h] = 0;
+            bhi[h] = lve;
+        }
+    }
+
+    // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..)
+    unsigned qa[KS][4], ql[QL][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int R = R0 + 8 * (r & 1);
+            const int col = ks * 16 + (r >> 1) * 8 + 2 * tq;
+            long long off = -1;
+            if (R < M && col < D) {
+                const int i = R / G, gg = R - (R / G) * G;
+                off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + col;
+            }
+            if (F32) {
+                float2 x = make_float2(0.f, 0.f);
+                if (off >= 0) x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(qp) + off);
+                split_pair(x.x, x.y, qa[ks][r], ql[F32 ? ks : 0][r]);
+            } else {
+                qa[ks][r] = off >= 0 ? *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(qp) + off) : 0u;
+            }
+        }
+    }
+
+    // zero the pad columns D .. DP of every stage row once (cp.async and the block loader write d < D only)
+    if (D < DP) {
+        const int pc = (DP - D) >> 3;
+        for (int idx = threadIdx.x; idx < 4 * FA_NT * pc; idx += FA_WARPS * 32) {
+            const int row = idx / pc, c = idx - (idx / pc) * pc;
+            *reinterpret_cast<uint4*>(sK + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    float m[2] = {dfl::neg_inf(), dfl::neg_inf()}, l[2] = {0.f, 0.f};
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    const int CPR = D >> 3;  // 16-byte chunks per key row
+    const int T = (n_ctx + FA_NT - 1) / FA_NT;
+    const int t_lo = (int)((long long)T * split / ns), t_hi = (int)((long long)T * (split + 1) / ns);
+    const long long row_el = (long long)Hk * D;
+    const u16* kcb = kc + ((long long)b * C * Hk + hk) * D;
+    const u16* vcb = vc + ((long long)b * C * Hk + hk) * D;
+    float* pw = ps + warp * 16 * NKW;
+    const int key0 = kg * NKW;
+
+    auto load_ctx = [&](int t, int st) {
+        const int kb0 = t * FA_NT;
+        for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
+            const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+            const int kk = kb0 + row;
+            const bool ok = kk < n_ctx;
+            long long slot = slot0 + (ok ? kk : 0);
+            if (slot >= C) slot -= C;
+            const long long goff = slot * row_el + ch * 8;
+            const int so = (st * FA_NT + row) * ST + ch * 8;
+            cp_async16(smem_addr(sK + so), kcb + goff, ok ? 16 : 0);
+            cp_async16(smem_addr(sV + so), vcb + goff, ok ? 16 : 0);
+        }
+        cp_commit();
+    };
+
+    if (t_lo < t_hi) load_ctx(t_lo, 0);
+    for (int t = t_lo; t < t_hi; ++t) {
+        const int st = (t - t_lo) & 1;
+        if (t + 1 < t_hi) {
+            load_ctx(t + 1, st ^ 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const int kb0 = t * FA_NT;
+        const u16* kt = sK + st * FA_NT * ST;
+        const u16* vt = sV + st * FA_NT * ST;
+        // a window cuts this tile between live rows: scan its V for a non-finite value
+        bool slow = false;
+        if (window > 0 && (long long)kb0 <= (long long)lve - 1 + n_ctx - window) {
+            bool found = false;
+            for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
+                const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+                const uint4 u = *reinterpret_cast<const uint4*>(vt + row * ST + ch * 8);
+                found |= f16_pair_nonfinite(u.x) | f16_pair_nonfinite(u.y) | f16_pair_nonfinite(u.z) |
+                         f16_pair_nonfinite(u.w);
+            }
+            slow = __syncthreads_or(found);
+        }
+        float s[NJ][4];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        qk_tile<KS, NJ, ST>(s, qa, kt, key0, lane);
+        if constexpr (F32) qk_tile<KS, NJ, ST>(s, ql, kt, key0, lane);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int kk = kb0 + key0 + j * 8 + 2 * tq + (e & 1);
+                const bool ok = kk < n_ctx && kk > lo_ctx[e >> 1];
+                s[j][e] = ok ? s[j][e] * sl2 : dfl::neg_inf();
+            }
+        }
+        softmax_step<NJ, ND>(s, m, l, o);
+        if (!slow) {
+            unsigned pa[NJ / 2][4];
+#pragma unroll
+            for (int kk = 0; kk < NJ / 2; ++kk) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    // positive P below FP16's smallest subnormal stays 2^-24 (never 0 * inf)
+                    const float* pj = s[2 * kk + (r >> 1)] + 2 * (r & 1);
+                    const float p0 = pj[0] > 0.f ? fmaxf(pj[0], 5.9604645e-08f) : 0.f;
+                    const float p1 = pj[1] > 0.f ? fmaxf(pj[1], 5.9604645e-08f) : 0.f;
+                    pa[kk][r] = pack_f16(p0, p1);
+                }
+            }
+            pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
+        } else {
+            pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane,
+                                   [&](int key, int d) { return dfl::f16_to_f32(vt[key * ST + d]); });
+        }
+        __syncthreads();  // stage st is refilled by the next iteration's prefetch
+    }
+
+    // the block tile: rows j < live of k / v (BF16 bits, or FP32 split into hi in stage 0, lo in stage 1)
+    if (split == ns - 1 && lve > 0) {
+        const int PPR = D >> 1;
+        bool found = false;
+        for (int idx = threadIdx.x; idx < FA_NT * PPR; idx += FA_WARPS * 32) {
+            const int row = idx / PPR, col = 2 * (idx - (idx / PPR) * PPR);
+            unsigned kh = 0u, vh = 0u, kl = 0u, vl = 0u;
+            if (row < lve) {
+                const long long off = (((long long)b * W + row) * Hk + hk) * D + col;
+                if (F32) {
+                    const float2 kx = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(kp) + off);
+                    const float2 vx = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(vp) + off);
+                    split_pair(kx.x, kx.y, kh, kl);
+                    split_pair(vx.x, vx.y, vh, vl);
+                    found |= !finite32(vx.x) || !finite32(vx.y);
+                } else {
+                    kh = *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(kp) + off);
+                    vh = *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(vp) + off);
+                    found |= bf16_pair_nonfinite(vh);
+                }
+            }
+            *reinterpret_cast<unsigned*>(sK + row * ST + col) = kh;
+            *reinterpret_cast<unsigned*>(sV + row * ST + col) = vh;
+            if (F32) {
+                *reinterpret_cast<unsigned*>(sK + (FA_NT + row) * ST + col) = kl;
+                *reinterpret_cast<unsigned*>(sV + (FA_NT + row) * ST + col) = vl;
+            }
+        }
+        const bool slow = __syncthreads_or(found);
+        float s[NJ][4];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        qk_tile<KS, NJ, ST>(s, qa, sK, key0, lane);
+        if constexpr (F32) {
+            qk_tile<KS, NJ, ST>(s, ql, sK, key0, lane);
+            qk_tile<KS, NJ, ST>(s, qa, sK + FA_NT * ST, key0, lane);
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int jj = key0 + j * 8 + 2 * tq + (e & 1);
+                const bool ok = jj >= blo[e >> 1] && jj < bhi[e >> 1];
+                s[j][e] = ok ? s[j][e] * sl2 : dfl::neg_inf();
+            }
+        }
+        softmax_step<NJ, ND>(s, m, l, o);
+        if (!slow) {
+            unsigned ph[NJ / 2][4], pl[NJ / 2][4];
+#pragma unroll
+            for (int kk = 0; kk < NJ / 2; ++kk) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float* pj = s[2 * kk + (r >> 1)] + 2 * (r & 1);
+                    const float h0 = dfl::round_bf16(pj[0]), h1 = dfl::round_bf16(pj[1]);
+                    ph[kk][r] = pack_bf16(h0, h1);
+                    pl[kk][r] = pack_bf16(pj[0] - h0, pj[1] - h1);
+                }
+            }
+            pv_tile<NJ, ND, ST, false>(o, ph, sV, key0, lane);
+            pv_tile<NJ, ND, ST, false>(o, pl, sV, key0, lane);
+            if (F32) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
+        } else {
+            pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane, [&](int key, int d) {
+                float x = dfl::bf16_to_f32(sV[key * ST + d]);
+                if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
+                return x;
+            });
+        }
+    }
+
+    // full row sums (the quad of a row), then merge the key slices of each m-tile
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    if (KG > 1) {
+        constexpr int REG = 16 * DP + 32;
+        float* mb = reinterpret_cast<float*>(smem);
+        __syncthreads();  // every warp is done with the tiles
+        if (kg > 0) {
+            float* r = mb + ((kg - 1) * MT + mt) * REG;
+#pragma unroll
+            for (int n = 0; n < ND; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) r[(g + 8 * (e >> 1)) * DP + n * 8 + 2 * tq + (e & 1)] = o[n][e];
+            if (tq == 0) {
+                r[16 * DP + g] = m[0];
+                r[16 * DP + g + 8] = m[1];
+                r[16 * DP + 16 + g] = l[0];
+                r[16 * DP + 16 + g + 8] = l[1];
+            }
+        }
+        __syncthreads();
+        if (kg == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = g + 8 * h;
+                float mx = m[h];
+#pragma unroll
+                for (int q = 1; q < KG; ++q) mx = fmaxf(mx, mb[((q - 1) * MT + mt) * REG + 16 * DP + row]);
+                const float mu = mx == dfl::neg_inf() ? 0.f : mx;
+                const bool own = m[h] > dfl::neg_inf();
+                const float w0 = own ? exp2f(m[h] - mu) : 0.f;
+                float L = own ? l[h] * w0 : 0.f;
+#pragma unroll
+                for (int n = 0; n < ND; ++n) {
+                    o[n][2 * h] = own ? o[n][2 * h] * w0 : 0.f;
+                    o[n][2 * h + 1] = own ? o[n][2 * h + 1] * w0 : 0.f;
+                }
+#pragma unroll
+                for (int q = 1; q < KG; ++q) {
+                    const float* r = mb + ((q - 1) * MT + mt) * REG;
+                    const float mq = r[16 * DP + row];
+                    if (mq > dfl::neg_inf()) {
+                        const float wq = exp2f(mq - mu);
+                        L += wq * r[16 * DP + 16 + row];
+#pragma unroll
+                        for (int n = 0; n < ND; ++n) {
+                            o[n][2 * h] += wq * r[row * DP + n * 8 + 2 * tq];
+                            o[n][2 * h + 1] += wq * r[row * DP + n * 8 + 2 * tq + 1];
+                        }
+                    }
+                }
+                m[h] = mx;
+                l[h] = L;
+            }
+        }
+    }
+    if (kg != 0) return;
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int R = R0 + 8 * h;
+        if (R >= M) continue;
+        const int i = R / G, gg = R - (R / G) * G;
+        if (ns == 1) {
+            const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
+            const bool zero = i >= lve || !(l[h] > 0.f);
+#pragma unroll
+            for (int n = 0; n < ND; ++n) {
+                const int d = n * 8 + 2 * tq;
+                if (d < D) {
+                    const float v0 = zero ? 0.f : o[n][2 * h] / l[h];
+                    const float v1 = zero ? 0.f : o[n][2 * h + 1] / l[h];
+                    if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
+                    if (out_bf16)
+                        *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
+                            (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
+                }
+            }
+        } else {
+            const long long pr = (((long long)split * B + b) * Hk + hk) * M + R;
+#pragma unroll
+            for (int n = 0; n < ND; ++n)
+                *reinterpret_cast<float2*>(part_o + pr * DP + n * 8 + 2 * tq) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+            if (tq == 0) part_ml[pr] = make_float2(m[h], l[h]);
+        }
+    }
+}
+
+// One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits.
+template <int DP>
+__device__ __forceinline__ void combine_body(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
+                                             const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, int ns,
+                                             float* __restrict__ out_f32, u16* __restrict__ out_bf16) {
+    constexpr int NP = (DP / 2 + 31) / 32;  // column pairs per lane
+    const int G = Hq / Hk, M = W * G;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long rows = (long long)B * Hk * M;
+    const long long id = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (id >= rows) return;
+    const int R = (int)(id % M);
+    const long long bh = id / M;
+    const int b = (int)(bh / Hk), hk = (int)(bh % Hk);
+    const int i = R / G, gg = R - (R / G) * G;
+    int lve = live[b];
+    lve = lve < 0 ? 0 : (lve > W ? W : lve);
+    const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
+    float acc[NP][2];
+#pragma unroll
+    for (int c = 0; c < NP; ++c) acc[c][0] = acc[c][1] = 0.f;
+    float L = 0.f;
+    if (i < lve) {
+        float mx = dfl::neg_inf();
+        for (int s = 0; s < ns; ++s) mx = fmaxf(mx, part_ml[s * rows + id].x);
+        for (int s = 0; s < ns; ++s) {
+            const float2 ml = part_ml[s * rows + id];
+            if (ml.x > dfl::neg_inf()) {
+                const float w = exp2f(ml.x - mx);
+                L += w * ml.y;
+                const float* po = part_o + (s * rows + id) * DP;
+#pragma unroll
+                for (int c = 0; c < NP; ++c) {
+                    const int d = 2 * (lane + 32 * c);
+                    if (d < DP) {
+                        const float2 x = *reinterpret_cast<const float2*>(po + d);
+                        acc[c][0] += w * x.x;
+                        acc[c][1] += w * x.y;
+                    }
+                }
+            }
+        }
+    }
+    const bool zero = !(L > 0.f);
+#pragma unroll
+    for (int c = 0; c < NP; ++c) {
+        const int d = 2 * (lane + 32 * c);
+        if (d < D) {
+            const float v0 = zero ? 0.f : acc[c][0] / L, v1 = zero ? 0.f : acc[c][1] / L;
+            if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
+            if (out_bf16)
+                *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
+                    (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
+        }
+    }
+}
+
+}  // namespace fa
+
+// extern "C" entry points: fast_attn_d{DP}_m{MT}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
+// fast_attn_combine_d{DP}. kernels_cu/fast_attention.py compiles one variant per module
+// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc).
+#define FA_KERNEL(DPV, MTV, F32V, SUF)                                                                           \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_##SUF(              \
+        const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \
+        const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
+        const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
+        long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
+        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
+        extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
+        fa::attn_body<DPV, MTV, F32V>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns,      \
+                                      part_o, part_ml, out_f32, out_bf16, fa_smem);                              \
+    }
+
+#define FA_COMBINE(DPV)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) fast_attn_combine_d##DPV(                                 \
+        const float* __restrict__ part_o, const float2* __restrict__ part_ml, const int* __restrict__ live, int B, \
+        int W, int Hq, int Hk, int D, int ns, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) { \
+        fa::combine_body<DPV>(part_o, part_ml, live, B, W, Hq, Hk, D, ns, out_f32, out_bf16);                    \
+    }
+
+// one more expansion step, so that macro arguments (FA_DP) are expanded before ## pastes them
+#define FA_KERNEL_X(DPV, MTV, F32V, SUF) FA_KERNEL(DPV, MTV, F32V, SUF)
+#define FA_COMBINE_X(DPV) FA_COMBINE(DPV)
+
+#ifdef FA_SINGLE
+#if FA_F32
+FA_KERNEL_X(FA_DP, FA_MT, true, f)
+#else
+FA_KERNEL_X(FA_DP, FA_MT, false, b)
+#endif
+FA_COMBINE_X(FA_DP)
+#else
+#define FA_ALL_MT(DPV)              \
+    FA_KERNEL(DPV, 1, false, b)     \
+    FA_KERNEL(DPV, 2, false, b)     \
+    FA_KERNEL(DPV, 4, false, b)     \
+    FA_KERNEL(DPV, 1, true, f)      \
+    FA_KERNEL(DPV, 2, true, f)      \
+    FA_KERNEL(DPV, 4, true, f)      \
+    FA_COMBINE(DPV)
+FA_ALL_MT(16)
+FA_ALL_MT(32)
+FA_ALL_MT(64)
+FA_ALL_MT(128)
+#endif

@@ -1,0 +1,204 @@
+"""Fast draft attention for the fast mode (issue 12): ``attention_fast`` and ``FastAttentionMixin``.
+
+``attention_fast`` has the contract and outputs of ``kernels_cu.ops_attention.attention`` (q [B,W,Hq,D],
+k/v [B,W,Hk,D], rings [B,C,Hk,D] as BF16 / FP16 bits, frontier int64 [B], live int32 [B], window S or 0;
+returns (fp32 or None, BF16 bits or None), rows >= live zero) and runs kernels_cu/fast_attention.cu:
+a one-pass flash-decoding kernel on the tensor cores (mma.sync m16n8k16, FP32 accumulation), the GQA
+group's query heads and the W block rows sharing each K/V tile, keys split over thread blocks with a
+combine kernel when the context is long. q/k/v may be FP32 (masked_block's path: split into two BF16
+parts on the fly, ~16 significant bits) or BF16 bits (uint16, the Op's inputs: read as they are). The
+caches are read directly (BF16 K, FP16 V; no conversion copies). See the .cu header for the numerics.
+
+Geometries the kernel does not cover (D not a multiple of 8 or above 128, W above 64) fall back to
+the exact kernel (``ops_attention.attention``); ``last_path()`` says which ran.
+
+``FastAttentionMixin`` carries the ``draft_attention`` Op method (CONTRACTS C9, same signature and
+outputs as ``ops_attention.AttentionOps.draft_attention``) on ``attention_fast``; compose it before the
+backend: ``class B(FastAttentionMixin, FastCudaBackend)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
+from kernels_cu.ops_attention import attention, bf16_bits, device, f16_bits, f32
+
+_NT, _ROWS, _WARPS = 64, 64, 4  # fast_attention.cu FA_NT, FA_ROWS, FA_WARPS
+_MAX_D, _MAX_W = 128, 64
+_NULL = np.uint64(0)
+_LOG2E = 1.4426950408889634
+
+# Number of key splits: None picks it per call (enough blocks for BLOCKS_PER_SM per multiprocessor,
+# at least MIN_TILES_PER_SPLIT context tiles each); an int forces it (tests exercise the combine).
+# Chosen from the H200 sweep of benchmarks/bench_fast_attention.py (2 runs): at B8 W16 F4096 three splits
+# (0.089 ms full / 0.057 ms local) beat six or more (0.096-0.101 / 0.066-0.087); at B1 W8, 16 splits of 4
+# tiles (0.034 / 0.031 ms) beat 33 of 2 (0.039 / 0.030).
+SPLITS: int | None = None
+BLOCKS_PER_SM = 1
+MIN_TILES_PER_SPLIT = 4
+
+_last = {"path": None}
+
+
+def cp():
+    import cupy
+
+    return cupy
+
+
+def last_path() -> str | None:
+    """'fast' or 'exact-fallback (<why>)' for the latest attention_fast call."""
+    return _last["path"]
+
+
+def _dp(d: int) -> int:
+    return 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 128
+
+
+def _mt(rows: int) -> int:
+    return 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
+def smem_bytes(dp: int, mt: int) -> int:
+    """Two stages of K and V tiles [64][dp + 8] (16-bit) plus the per-warp P scratch [4][16][16 mt] fp32."""
+    return 2 * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+
+
+@functools.cache
+def _module(dp: int, mt: int, f32_inputs: bool):
+    """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
+    import cupy
+
+    code = (KERNEL_DIR / "fast_attention.cu").read_text()
+    opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}",
+            f"-DFA_F32={int(f32_inputs)}")
+    return cupy.RawModule(code=code, options=opts)
+
+
+@functools.cache
+def _kernels(dp: int, mt: int, f32_inputs: bool):
+    mod = _module(dp, mt, f32_inputs)
+    main = mod.get_function(f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}")
+    smem = smem_bytes(dp, mt)
+    if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)
+        import warnings
+
+        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            main.max_dynamic_shared_size_bytes = smem
+    return main, mod.get_function(f"fast_attn_combine_d{dp}"), smem
+
+
+@functools.cache
+def _sm_count(dev_id: int) -> int:
+    return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
+
+
+def splits_for(b: int, hk: int, chunks: int, capacity: int, window: int) -> int:
+    """Key splits per (b, KV head, row chunk): the context tiles a row can see at most (F is on the
+    device), shared so that the grid has about BLOCKS_PER_SM blocks per multiprocessor."""
+    if SPLITS is not None:
+        return max(1, int(SPLITS))
+    n_ctx = min(capacity, window - 1) if window > 0 else capacity
+    tiles = -(-max(n_ctx, 0) // _NT)
+    want = -(-BLOCKS_PER_SM * _sm_count(cp().cuda.Device().id) // max(1, b * hk * chunks))
+    return max(1, min(want, tiles // max(1, MIN_TILES_PER_SPLIT)))
+
+
+def unsupported(d: int, w: int, b: int, hk: int, capacity: int) -> str | None:
+    if d % 8 or not 8 <= d <= _MAX_D:
+        return f"head_dim {d} (the fast kernel takes multiples of 8 up to {_MAX_D})"
+    if w > _MAX_W:
+        return f"W {w} > {_MAX_W}"
+    if capacity >= 2**31:
+        return f"ring capacity {capacity} >= 2^31"
+    if b * hk > 65535:
+        return f"B * Hk = {b * hk} > 65535"
+    return None
+
+
+def _aligned(x, n: int = 16):
+    return x if x.data.ptr % n == 0 else x.copy()
+
+
+def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out=True, bf16_out=False):
+    """ops_attention.attention's contract on the fast kernel: q [B,W,Hq,D], k/v [B,W,Hk,D] FP32 (or BF16
+    bits as uint16, all three alike), caches [B,C,Hk,D] BF16 / FP16 bits, frontier [B] int64, live [B]
+    int32, window S (0: full) -> (fp32 [B,W,Hq,D] or None, BF16 bits or None); rows >= live are 0."""
+    c = cp()
+    b, w, hq, d = q.shape
+    hk, cap = k.shape[2], kc_bits.shape[1]
+    if hq % hk:
+        raise ValueError(f"draft_attention: {hq} query heads are not a multiple of {hk} KV heads")
+    if cap < 1:
+        raise ValueError("draft_attention: the context cache needs capacity >= 1 (slot p mod C)")
+    why = unsupported(d, w, b, hk, cap)
+    if why is not None:
+        _last["path"] = f"exact-fallback ({why})"
+        return attention(f32(q), f32(k), f32(v), kc_bits, vc_bits, frontier, live, int(window),
+                         f32_out=f32_out, bf16_out=bf16_out)
+    _last["path"] = "fast"
+    of = c.empty(q.shape, dtype=np.float32) if f32_out else None
+    ob = c.empty(q.shape, dtype=np.uint16) if bf16_out else None
+    if q.size == 0 or (of is None and ob is None):
+        return of, ob
+    bits = all(getattr(x, "dtype", None) == np.uint16 for x in (q, k, v))
+    if bits:
+        q, k, v = (c.ascontiguousarray(x) for x in (q, k, v))
+    else:
+        q, k, v = (c.ascontiguousarray(f32(x), dtype=np.float32) for x in (q, k, v))
+    q, k, v = (_aligned(x, 8) for x in (q, k, v))
+    kc = _aligned(c.ascontiguousarray(kc_bits))
+    vc = c.ascontiguousarray(vc_bits)
+    vc = _aligned(vc.view(np.uint16) if vc.dtype == np.float16 else vc)
+    if kc.shape != (b, cap, hk, d) or vc.shape != kc.shape or kc.dtype != np.uint16 or vc.dtype != np.uint16:
+        raise ValueError(f"draft_attention: caches {kc.shape} {kc.dtype} / {vc.shape} {vc.dtype}, "
+                         f"expected [B, C, Hk, D] = {(b, cap, hk, d)} BF16 / FP16 bits")
+    frontier = c.ascontiguousarray(c.asarray(frontier), dtype=np.int64)
+    live = c.ascontiguousarray(c.asarray(live), dtype=np.int32)
+    window = int(window)
+
+    g = hq // hk
+    m_rows = w * g
+    chunks = -(-m_rows // _ROWS)
+    dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
+    main, combine, smem = _kernels(dp, mt, not bits)
+    ns = splits_for(b, hk, chunks, cap, window)
+    part_o = part_ml = None
+    if ns > 1:
+        part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
+        part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
+    sl2 = np.float32(_LOG2E / math.sqrt(d))
+    main((ns, b * hk, chunks), (32 * _WARPS,),
+         (q, k, v, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
+          np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
+          _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
+         shared_mem=smem)
+    if ns > 1:
+        rows = b * hk * m_rows
+        combine((-(-rows // 4),), (128,),
+                (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
+                 np.int32(ns), _NULL if of is None else of, _NULL if ob is None else ob))
+    return of, ob
+
+
+class FastAttentionMixin:
+    """The draft_attention Op on attention_fast (BF16 q/k/v and the caches read as they are)."""
+
+    def draft_attention(self, *, q, k, v, k_cache, v_cache, frontier, live, window=0):
+        _, out = attention_fast(bf16_bits(q), bf16_bits(k), bf16_bits(v), bf16_bits(k_cache), f16_bits(v_cache),
+                                device(frontier), device(live), int(window), f32_out=False, bf16_out=True)
+        return {"out": out}
+
+    def environment(self) -> dict:
+        base = getattr(super(), "environment", None)
+        rec = dict(base()) if base is not None else {}
+        rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
+                                 f"split-K over {_NT}-key tiles (SPLITS={SPLITS}, BLOCKS_PER_SM={BLOCKS_PER_SM}, "
+                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); exact fallback for D % 8 or D > "
+                                 f"{_MAX_D} or W > {_MAX_W}")
+        return rec
