@@ -6,6 +6,10 @@ is a production-style engine judged by the suite like any third-party one (CONTR
 0 FAIL, its ACCEPTABLE count stated). What changes, Op by Op (every other Op is the exact
 mode's, inherited):
 
+- masked_block / draft_layer: resident concatenated BF16 weights, BF16 tensor-core GEMMs and
+  fused glue kernels (kernels_cu/fast_block.py); capture-safe for a CUDA graph after one warm-up.
+- draft_attention: a one-pass flash-decoding kernel over ring + block, GQA-aware, split over keys
+  (kernels_cu/fast_attention.py); masked_block uses it too.
 - candidate_topk: one BF16 GEMM over the whole head for all B*K hidden rows (cuBLAS gemmEx,
   BF16 inputs, FP32 output, CUBLAS_COMPUTE_32F: FP32 accumulation on the tensor cores), then a
   split stable top-k per row (kernels_cu/fast_select.cu; C4 order, exact on the fp32 logits).
@@ -31,14 +35,14 @@ contraction on), recorded by ``environment()`` together with the GEMM path.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 import numpy as np
 
 from kernels_cu.backend import CudaBackend
+from kernels_cu.fast_gemm import ResidentWeights, _key, cp, gemm_bf16, gemm_path  # noqa: F401 - re-exported
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32, inv_freq
-from kernels_cu.ops_select import _per_row, _sampling_args
+from kernels_cu.ops_select import _sampling_args
 
 _NULL = np.uint64(0)
 _TOPK_MAX = 64  # fast_select.cu FT_KMAX
@@ -46,101 +50,14 @@ _FT_THREADS = 256
 _FTD_THREADS = 512
 _TARGET_BLOCKS = 16 * 132  # partial top-k blocks to aim for (several waves on an H200's 132 SMs)
 
-# cuBLAS / CUDA enums (stable ABI values)
-_OP_N, _OP_T = 0, 1
-_CUDA_R_32F, _CUDA_R_16BF = 0, 14
-_CUBLAS_COMPUTE_32F = 68
-_CUBLAS_GEMM_DEFAULT = -1
-_POINTER_MODE_HOST = 0
-
-
-def cp():
-    import cupy
-
-    return cupy
-
-
 def _fn(module: str, name: str):
     return load_module(module).get_function(name)
 
 
-def _key(a) -> tuple:
-    """Identity of a weight array: the object, its data pointer, shape, strides and dtype."""
-    if isinstance(a, np.ndarray):
-        ptr = a.__array_interface__["data"][0]
-    else:
-        ptr = a.data.ptr
-    return (id(a), ptr, tuple(a.shape), tuple(a.strides), str(a.dtype))
 
-
-class ResidentWeights:
-    """Device-resident BF16 weights keyed by the source array (held, so its id and pointer
-    cannot be reused while the entry lives). LRU over at most ``max_bytes``."""
-
-    def __init__(self, max_bytes: int = 48 << 30):
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple, tuple] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple, sources: tuple, build):
-        hit = self._entries.get(key)
-        if hit is not None:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return hit[1]
-        self.misses += 1
-        value = build()
-        self._entries[key] = (sources, value)
-        while len(self._entries) > 1 and sum(v[1].nbytes for v in self._entries.values()) > self.max_bytes:
-            self._entries.popitem(last=False)
-        return value
-
-    def clear(self):
-        self._entries.clear()
-
-
-def gemm_path() -> str:
-    try:
-        from cupy_backends.cuda.libs import cublas  # noqa: F401
-
-        return "cublas gemmEx (A, B CUDA_R_16BF; C CUDA_R_32F; CUBLAS_COMPUTE_32F; CUBLAS_GEMM_DEFAULT)"
-    except Exception as exc:  # noqa: BLE001
-        return f"fp32 cupy.matmul fallback ({type(exc).__name__})"
-
-
-def gemm_bf16(x, w, out=None):
-    """x [M, K] BF16 bits @ w [N, K] BF16 bits .T -> fp32 [M, N]; FP32 accumulation (cuBLAS
-    gemmEx, CUBLAS_COMPUTE_32F). Row-major C [M, N] is column-major C^T = w (op T) * x."""
-    c = cp()
-    x = c.ascontiguousarray(x)
-    w = c.ascontiguousarray(w)
-    M, K = x.shape
-    N = w.shape[0]
-    if w.shape[1] != K:
-        raise ValueError(f"gemm_bf16: inner dimensions differ: {x.shape} and {w.shape}")
-    if out is None:
-        out = c.empty((M, N), dtype=np.float32)
-    if M == 0 or N == 0:
-        return out
-    if K == 0:
-        out.fill(0)
-        return out
-    from cupy_backends.cuda.libs import cublas
-
-    handle = c.cuda.device.get_cublas_handle()
-    cublas.setPointerMode(handle, _POINTER_MODE_HOST)
-    alpha = np.ones(1, dtype=np.float32)
-    beta = np.zeros(1, dtype=np.float32)
-    cublas.gemmEx(handle, _OP_T, _OP_N, N, M, K, alpha.ctypes.data, w.data.ptr, _CUDA_R_16BF, K, x.data.ptr,
-                  _CUDA_R_16BF, K, beta.ctypes.data, out.data.ptr, _CUDA_R_32F, N, _CUBLAS_COMPUTE_32F,
-                  _CUBLAS_GEMM_DEFAULT)
-    return out
-
-
-class FastCudaBackend(CudaBackend):
-    """CONTRACTS C9 implementation object, fast mode. Ops not listed in the module docstring
-    are the exact mode's."""
+class FastSelectBackend(CudaBackend):
+    """The fast selection, head, target and context Ops over the exact backend (the part of the
+    fast mode defined in this module; FastCudaBackend below adds the block and the attention)."""
 
     name = "kernels_cu-fast"
     mode = "fast"
@@ -319,3 +236,15 @@ class FastCudaBackend(CudaBackend):
                  np.int32(psize), table, kc, vc),
                 shared_mem=4 * head_dim)
         return {"k_cache": kc, "v_cache": vc.view(np.float16), "frontier": cp().asarray(start + t, dtype=np.int64)}
+
+
+# The fast block and attention are mixins in their own modules; fast_block imports this module's
+# GEMM, so they are composed here, after everything it needs exists.
+from kernels_cu.fast_attention import FastAttentionMixin  # noqa: E402
+from kernels_cu.fast_block import FastBlockMixin  # noqa: E402
+
+
+class FastCudaBackend(FastBlockMixin, FastAttentionMixin, FastSelectBackend):
+    """CONTRACTS C9 implementation object, fast mode: masked_block / draft_layer
+    (kernels_cu/fast_block.py), draft_attention (kernels_cu/fast_attention.py) and the Ops of this
+    module; every other Op is the exact mode's."""

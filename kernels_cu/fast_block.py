@@ -40,7 +40,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kernels_cu.fast import _key, gemm_bf16
+from kernels_cu.fast_gemm import _key, gemm_bf16
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import attention as _exact_attention
 from kernels_cu.ops_attention import bf16_bits, device, f16_bits

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The H200 runs behind docs/reports (issues 11 and 12), one section per argument, logs and JSON
+# under $OUT (default ./h200-out). Run from the repository root on the GPU machine, where the
+# package is not installed: PYTHONPATH is set to the checkout.
+#
+#   bash tools/h200_runs.sh gpu-tests      # tests/gpu (exact, fast, round and step kernels)
+#   bash tools/h200_runs.sh suites         # the CLI over every vector: exact, fast, CudaRound
+#   bash tools/h200_runs.sh torch          # the PyTorch engine (CUDA): controls and a capture folder
+#   bash tools/h200_runs.sh bench          # benchmarks/gpu_bench.py, every Op, both modes, torch
+#   bash tools/h200_runs.sh geometry-fast  # the fast mode at the two official geometries, full width
+set -uo pipefail
+OUT=${OUT:-h200-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+PY=python3
+rc=0
+step() {  # name, command...: run it, log it, keep going, remember a failure
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local r=$?
+  [ $r -ne 0 ] && rc=1
+  printf '%-22s rc=%d %4ds  %s\n' "$name" "$r" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-150)"
+}
+for what in "$@"; do
+  case $what in
+    gpu-tests)
+      step gpu-tests env ROUND_SUITE_REPORT="$OUT/round_suite.json" FAST_SUITE_REPORT="$OUT/fast_suite.json" \
+        $PY -m pytest -q -p no:cacheprovider tests/gpu ;;
+    suites)
+      step suite-exact $PY -m conformance.cli run --json "$OUT/suite_exact.json"
+      step suite-fast $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend --json "$OUT/suite_fast.json"
+      step suite-round $PY -m conformance.cli run --impl kernels_cu.round:CudaRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_round.json" ;;
+    torch)
+      step torch-controls $PY -m tests.controls.test_controls --torch cuda --only-torch
+      step torch-capture $PY -m examples.torch_capture_engine /tmp/cap --device cuda
+      step torch-check $PY -m conformance.cli check-capture /tmp/cap
+      step torch-capture-bug $PY -m examples.torch_capture_engine /tmp/capbug --device cuda --bug context_kv
+      step torch-check-bug $PY -m conformance.cli check-capture /tmp/capbug ;;
+    bench)
+      step bench $PY -m benchmarks.gpu_bench --json "$OUT/bench.json" ;;
+    geometry-fast)
+      step geometry-fast $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/geometry_fast.json" ;;
+    *) echo "unknown section $what" >&2; exit 2 ;;
+  esac
+done
+exit $rc
