@@ -138,9 +138,25 @@ def masked_block(kw, out) -> dict:
 
 
 def logit_magnitude(hidden, head) -> np.ndarray:
-    """sum_r |h_r| |w_r| per logit: the FP32 accumulation term of any order (NaN for a NaN input)."""
+    """sum_r |h_r| |w_r| per logit (NaN for a NaN input): what one rounding of a partial sum can
+    move the result by."""
     with np.errstate(invalid="ignore"):
         return _abs64(hidden) @ _abs64(head).T
+
+
+def accumulation_depth(n: int) -> float:
+    """How many FP32 roundings a term of an n-long dot product passes through in a tree-shaped
+    accumulation (tensor-core tiles, split-K, pairwise): ceil(log2 n), at least 1. Every partial
+    sum is bounded by sum |h||w|, so depth x that sum is the running error bound of the FP32
+    accumulation (the FP32_OUTPUT envelope's "a sum log2(n) times")."""
+    return float(max(1, int(np.ceil(np.log2(max(2, int(n)))))))
+
+
+def fp32_logit_magnitude(hidden, head) -> np.ndarray:
+    """s of FP32 logits accumulated over H terms: accumulation_depth(H) x sum |h||w|. Measured need
+    (H200, 27B full width, H 5120, cuBLAS gemmEx with FP32 accumulation): 39-52 u x sum |h||w|,
+    beyond an envelope of 8 u x sum |h||w| and inside 8 x 13 = 104."""
+    return logit_magnitude(hidden, head) * accumulation_depth(np.shape(hidden)[-1])
 
 
 def softmax_scale(p, y, sy, keep) -> np.ndarray:
@@ -159,7 +175,7 @@ def softmax_scale(p, y, sy, keep) -> np.ndarray:
 
 def candidate_topk(kw, out) -> dict:
     with np.errstate(invalid="ignore"):  # a NaN score (C4: the NaN-score case) has no magnitude
-        sz = raw_mag = logit_magnitude(kw["hidden"], kw["head"])
+        sz = raw_mag = fp32_logit_magnitude(kw["hidden"], kw["head"])
         z = np.asarray(kw["hidden"], np.float64) @ np.asarray(kw["head"], np.float64).T
     m, c = float(kw.get("output_multiplier", 0.0)), float(kw.get("softcap", 0.0))
     if m > 0:
@@ -179,7 +195,7 @@ def proposal_head(kw, out) -> dict:
     head = kw["head"]
     ids = np.arange(head.shape[0]) if kw.get("shortlist") is None else np.asarray(kw["shortlist"])
     eligible = (ids >= 0) & (ids < int(kw["vocab_size"]))
-    raw = np.where(eligible, logit_magnitude(kw["hidden"], head), 0.0).max(axis=-1)
+    raw = np.where(eligible, fp32_logit_magnitude(kw["hidden"], head), 0.0).max(axis=-1)
     return {"tokens.scale": 2 * raw}
 
 

@@ -146,12 +146,15 @@ def test_generator_deterministic_ids_unique_and_margins_clear():
         assert c.inputs["head"].shape[0] <= 512
         if "bf16_logits" in c.flags:
             # near ties on purpose: below half a BF16 ulp of the logit (so BF16 logits tie), yet
-            # far outside the FP32 band (K 2^-24 * 2 max sum|h||w|, the stored scale)
+            # far outside the FP32 band (K 2^-24 * the stored scale: 2 max sum|h||w| times the
+            # accumulation depth ceil(log2 H)): ten times it, so a flipped decision is a FAIL by
+            # an order of magnitude (the room between the band and half a BF16 ulp of the logit
+            # is about 60x at H 64)
             logits = c.inputs["hidden"].astype(np.float64) @ c.inputs["head"].astype(np.float64).T
             band = 8 * 2.0**-24 * scales.proposal_head(c.kwargs(), out)["tokens.scale"]
             near = m < 2.0**-9 * logits.max(-1)
             # a column whose winner has no free row below it gets no rival (bf16_near_ties): most do
-            assert (m > 100 * band).all() and near.sum() >= near.size // 2, c.id
+            assert (m > 10 * band).all() and near.sum() >= near.size // 2, c.id
             continue
         # every decision is an exact tie or clear by > 1 logit unit (FP32 logit error here ~1e-5)
         assert ((m == 0) | (m > 1.0)).all(), c.id

@@ -1,0 +1,90 @@
+"""The FP32_OUTPUT envelope of long dot products (candidate_topk scores, proposal_head and
+candidate_topk decision scales) holds for FP32 accumulation at the official width and still
+catches the bugs it exists for.
+
+Found on the H200 (docs/reports/h200-fast-and-step.md): at the 27B geometry (H 5120) the fast
+mode's cuBLAS GEMM with FP32 accumulation (a legitimate choice, CONTRACTS C2) was 39-52 u x
+sum |h||w| off, against an envelope of 8 u x sum |h||w|: s counted one rounding per term where
+the envelope's own reasoning counts a sum log2(n) times. Here the accumulation is emulated on the
+CPU in float32 in three legitimate orders at H 5120 (sequential, pairwise, 16-wide tiles), and
+the errors are judged against the envelope with s = accumulation_depth(H) x sum |h||w|
+(reference.scales.fp32_logit_magnitude); BF16-stored logits, the bug the envelope must catch
+(PITFALLS: FP16/BF16 logits), stay far outside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conformance.registry import FP32_OUTPUT
+from reference import scales
+from reference.numerics import to_bf16
+
+U = 2.0**-24
+H, ROWS = 5120, 48
+
+
+def _terms():
+    """Head rows aligned with the hidden as a planted winner is (logit / sum |h||w| about 0.4, as
+    in the 27B case: 1512 of 4100), so the partial sums grow along the sum instead of wandering."""
+    rng = np.random.default_rng(11)
+    h = to_bf16(rng.standard_normal((4, H)))
+    align = rng.uniform(0.2, 0.6, (ROWS, 1))
+    w = to_bf16((align * np.sign(h[rng.integers(0, 4, ROWS)]) + rng.standard_normal((ROWS, H))) / np.sqrt(H))
+    return h, w
+
+
+def _sequential(t):
+    acc = np.zeros(t.shape[:-1], np.float32)
+    for j in range(t.shape[-1]):
+        acc = (acc + t[..., j]).astype(np.float32)
+    return acc
+
+
+def _pairwise(t):
+    t = t.astype(np.float32)
+    while t.shape[-1] > 1:
+        if t.shape[-1] % 2:
+            t = np.concatenate([t, np.zeros(t.shape[:-1] + (1,), np.float32)], axis=-1)
+        t = (t[..., 0::2] + t[..., 1::2]).astype(np.float32)
+    return t[..., 0]
+
+
+def _tiles(t, width=16):
+    # each tile's products summed exactly (a tensor core's wide internal sum), tiles accumulated in FP32
+    tiles = t.reshape(t.shape[:-1] + (-1, width)).astype(np.float64).sum(axis=-1).astype(np.float32)
+    return _sequential(tiles)
+
+
+def _errors(order):
+    """(error / (u x the new s), error / (u x the one-rounding s)) of ``order`` at H 5120."""
+    h, w = _terms()
+    exact = h.astype(np.float64) @ w.astype(np.float64).T
+    t = h[:, None, :].astype(np.float32) * w[None, :, :].astype(np.float32)  # BF16 x BF16: exact in FP32
+    err = np.abs(order(t).astype(np.float64) - exact)
+    return float((err / (U * scales.fp32_logit_magnitude(h, w))).max()), \
+        float((err / (U * scales.logit_magnitude(h, w))).max())
+
+
+@pytest.mark.parametrize("order", [_sequential, _pairwise, _tiles], ids=["sequential", "pairwise", "tiles16"])
+def test_fp32_accumulation_at_full_width_is_inside_the_envelope(order):
+    assert _errors(order)[0] <= FP32_OUTPUT.k
+
+
+def test_the_one_rounding_scale_fails_a_legitimate_order():
+    """What the H200 showed, on the CPU: with s = sum |h||w| (one rounding per term) a
+    legitimate order leaves the envelope at H 5120 (measured here: sequential about 16 u*s)."""
+    assert max(_errors(o)[1] for o in (_sequential, _pairwise, _tiles)) > FP32_OUTPUT.k
+
+
+def test_bf16_logits_stay_outside_the_envelope():
+    h, w = _terms()
+    exact = h.astype(np.float64) @ w.astype(np.float64).T
+    ratio = np.abs(to_bf16(exact) - exact) / (U * scales.fp32_logit_magnitude(h, w))
+    assert ratio.max() > 10 * FP32_OUTPUT.k
+
+
+@pytest.mark.parametrize("n, depth", [(1, 1), (2, 1), (3, 2), (16, 4), (17, 5), (5120, 13), (2048, 11)])
+def test_accumulation_depth_by_hand(n, depth):
+    assert scales.accumulation_depth(n) == depth
