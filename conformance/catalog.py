@@ -1349,10 +1349,10 @@ def _min_p_on_logits(logits, prompt_mask, output_counts, vocab_size, temperature
 
 class _TargetMutant(Mutant):
     op = "target_distribution"
-    row = None
+    target_row = None  # the buggy C5 row function (``row`` is the PITFALLS row every mutant names)
 
     def target_distribution(self, **kw):
-        row = type(self).row
+        row = type(self).target_row
         return self._baseline(lambda **a: _target_rows(row, **a), **kw)
 
 
@@ -1360,14 +1360,14 @@ class TemperatureAfterFilters(_TargetMutant):
     """top-k/top-p/min-p chosen on the unscaled logits, temperature applied after (sglang-jax #1563)."""
 
     pitfall = "temperature_after_filters"
-    row = staticmethod(_temperature_after_filters)
+    target_row = staticmethod(_temperature_after_filters)
 
 
 class MinPOnLogits(_TargetMutant):
     """min-p applied to logits (z < min_p * max z) instead of probabilities (Camelid #534)."""
 
     pitfall = "min_p_on_logits"
-    row = staticmethod(_min_p_on_logits)
+    target_row = staticmethod(_min_p_on_logits)
 
 
 class PenaltiesMissing(_ArgsMutant):
