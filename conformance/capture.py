@@ -136,6 +136,7 @@ def _default_masks(op: str, inputs: Mapping, params: Mapping, outputs: Mapping) 
     """The specified elements of Ops whose outputs hold unspecified parts (C7 live slots, live
     columns), as the golden vectors mask them."""
     from reference.context_kv import live_mask
+    from reference.speculative_step import verified_proposals
 
     if op == "context_kv" and "k_cache" in outputs:
         rows = np.shape(inputs["context"])[0]
@@ -152,8 +153,7 @@ def _default_masks(op: str, inputs: Mapping, params: Mapping, outputs: Mapping) 
                 "v_cache": ring}
     if op == "speculative_step" and "proposals" in outputs:
         K = np.shape(outputs["proposals"])[1]
-        P = np.minimum(K, np.asarray(inputs["budget"], np.int64) - 1)
-        return {"proposals": np.arange(K)[None, :] < P[:, None]}
+        return {"proposals": np.arange(K)[None, :] < verified_proposals(K, inputs["budget"])[:, None]}
     if op == "masked_block" and "hidden" in outputs:
         K = int(params["num_drafts"])
         cols = np.arange(1, K + 1)[None, :] < np.asarray(inputs["live"])[:, None]

@@ -22,12 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance import capture, registry
+from conformance import capture, registry, rounds
 from conformance.baseline import Float32Baseline
 from conformance.runner import load_selection, read_entry, to_numpy
 from reference import numerics
-from reference import proposal_round as pr
-from reference import speculative_step as ss
 
 ROUND_OPS = ("feature_capture", "context_kv", "masked_block", "proposal_head", "candidate_topk",
              "candidate_selector")
@@ -77,21 +75,20 @@ class CaptureEngine:
         self.folder, self.kernels, self.rounds = Path(folder), Kernels(kernels, bug), 0
 
     def proposal_round(self, **kw):
-        return self._captured("proposal_round", pr.run, kw)
+        return self._captured("proposal_round", kw)
 
     def speculative_step(self, **kw):
         """The whole step (round, target verify, accept, commit) with its Op calls captured too."""
-        return self._captured("speculative_step", ss.run, kw)
+        return self._captured("speculative_step", kw)
 
-    def _captured(self, op, run, kw):
+    def _captured(self, op, kw):
         rnd = f"r{self.rounds:03d}"
         self.rounds += 1
         spec = registry.get(op)
         inputs = {k: copy.deepcopy(v) for k, v in kw.items() if k not in spec.params}
         params = {k: v for k, v in kw.items() if k in spec.params}
         rec = capture.Recorder(self.folder, round=rnd)
-        out = run(self.kernels, record=rec, **kw)
-        out = {o.name: out[o.name] for o in spec.outputs}
+        out = rounds.composed(op, self.kernels, record=rec, **kw)
         capture.write(self.folder, op, inputs, out, params, round=rnd, seq=rec.seq)
         return out
 

@@ -21,9 +21,8 @@ import ml_dtypes
 import numpy as np
 
 from conformance import registry
+from conformance.rounds import ComposedRounds
 from kernels_cu.backend import CudaBackend
-from reference import proposal_round as pr
-from reference import speculative_step as ss
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -62,22 +61,16 @@ class _HostOps:
         return call
 
 
-class CudaRound(CudaBackend):
-    """CudaBackend with proposal_round composed from its kernels."""
+class CudaRound(ComposedRounds, CudaBackend):
+    """CudaBackend with proposal_round and speculative_step composed from its kernels."""
 
     name = "kernels_cu (proposal_round composed from the Op kernels)"
 
-    def proposal_round(self, **kw):
-        out = pr.run(_HostOps(self), **_host_kwargs(kw))
-        return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
+    def _round_ops(self):
+        return _HostOps(self)
 
-    def speculative_step(self, **kw):
-        out = ss.run(_HostOps(self), **_host_kwargs(kw))
-        return {o.name: out[o.name] for o in registry.get("speculative_step").outputs}
-
-
-def _host_kwargs(kw: dict) -> dict:
-    """The harness's arguments on the host, BF16 as ml_dtypes.bfloat16 (uint16 bit patterns viewed)."""
-    kw = {k: (v.get() if hasattr(v, "get") and not isinstance(v, (dict, list)) else v) for k, v in kw.items()}
-    return {k: (np.asarray(v).view(BF16) if isinstance(v, np.ndarray) and v.dtype == np.uint16 else v)
-            for k, v in kw.items()}
+    def _round_inputs(self, kw: dict) -> dict:
+        """The harness's arguments on the host, BF16 as ml_dtypes.bfloat16 (uint16 bit patterns viewed)."""
+        kw = {k: (v.get() if hasattr(v, "get") and not isinstance(v, (dict, list)) else v) for k, v in kw.items()}
+        return {k: (np.asarray(v).view(BF16) if isinstance(v, np.ndarray) and v.dtype == np.uint16 else v)
+                for k, v in kw.items()}

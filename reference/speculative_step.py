@@ -75,6 +75,11 @@ STEP_BUGS = ("commit_first_unverified", "rng_zero_proposal_offset")
 MAX_TARGET_BLOCKS = 8
 
 
+def verified_proposals(num_drafts: int, budget) -> np.ndarray:
+    """P per request: min(K, R - 1), the proposals whose all-accept outputs fit the budget R."""
+    return np.minimum(int(num_drafts), np.asarray(budget, np.int64) - 1).astype(np.int32)
+
+
 def target_names(blocks: int = MAX_TARGET_BLOCKS) -> tuple[str, ...]:
     """Every ``target.*`` input name a step may carry (up to ``blocks`` target blocks)."""
     return tuple(f"{TARGET}layers.{layer}.{w}" for layer in range(blocks) for w in tt.BLOCK_WEIGHTS) + (
@@ -138,7 +143,7 @@ def run(ops, *, config, num_drafts, vocab_size, target_config, anchor, frontier,
     if np.any(budget < 1):
         raise ValueError(f"speculative_step: budget {budget.tolist()} must be >= 1 for every request")
     target = make_target(weights, embed, head, vocab_size, target_config)
-    P = np.minimum(K, budget - 1).astype(np.int32)
+    P = verified_proposals(K, budget)
     rnd = pr.run(ops, config=config, num_drafts=K, vocab_size=vocab_size, anchor=anchor, frontier=frontier,
                  ctx_frontier=ctx_frontier, live=P + 1, temperature=temperature, seed=seed, embed=embed, head=head,
                  record=record, bug=round_bug, **rest)

@@ -6,7 +6,8 @@ Found on the H200 (docs/reports/h200-fast-and-step.md): at the 27B geometry (H 5
 mode's cuBLAS GEMM with FP32 accumulation (a legitimate choice, CONTRACTS C2) was 39-52 u x
 sum |h||w| off, against an envelope of 8 u x sum |h||w|: s counted one rounding per term where
 the envelope's own reasoning counts a sum log2(n) times. Here the accumulation is emulated on the
-CPU in float32 in three legitimate orders at H 5120 (sequential, pairwise, 16-wide tiles), and
+CPU at H 5120 in the control set's own sequential, pairwise and split-K orders
+(tests/controls/variants.py) and in exact 16-wide tiles rounded between them, and
 the errors are judged against the envelope with s = accumulation_depth(H) x sum |h||w|
 (reference.scales.fp32_logit_magnitude); BF16-stored logits, the bug the envelope must catch
 (PITFALLS: FP16/BF16 logits), stay far outside.
@@ -20,6 +21,7 @@ import pytest
 from conformance.registry import FP32_OUTPUT
 from reference import scales
 from reference.numerics import to_bf16
+from tests.controls.variants import VARIANTS
 
 U = 2.0**-24
 H, ROWS = 5120, 48
@@ -35,39 +37,32 @@ def _terms():
     return h, w
 
 
-def _sequential(t):
-    acc = np.zeros(t.shape[:-1], np.float32)
-    for j in range(t.shape[-1]):
-        acc = (acc + t[..., j]).astype(np.float32)
-    return acc
-
-
-def _pairwise(t):
-    t = t.astype(np.float32)
-    while t.shape[-1] > 1:
-        if t.shape[-1] % 2:
-            t = np.concatenate([t, np.zeros(t.shape[:-1] + (1,), np.float32)], axis=-1)
-        t = (t[..., 0::2] + t[..., 1::2]).astype(np.float32)
-    return t[..., 0]
-
-
 def _tiles(t, width=16):
-    # each tile's products summed exactly (a tensor core's wide internal sum), tiles accumulated in FP32
+    """Each tile's products summed exactly (a tensor core's wide internal sum), the tiles
+    accumulated in FP32 with round-to-nearest."""
     tiles = t.reshape(t.shape[:-1] + (-1, width)).astype(np.float64).sum(axis=-1).astype(np.float32)
-    return _sequential(tiles)
+    return SEQUENTIAL._reduce_last(tiles)
+
+
+# the control set's own accumulation variants (tests/controls/variants.py) where they model an
+# order, and exact tiles rounded between them
+SEQUENTIAL = next(v for v in VARIANTS if v.opt["accum"] == "sequential")
+ORDERS = {v.key: v._reduce_last for v in VARIANTS if v.opt["accum"] in ("sequential", "pairwise", "split_k")}
+ORDERS["exact_tiles16"] = _tiles
 
 
 def _errors(order):
-    """(error / (u x the new s), error / (u x the one-rounding s)) of ``order`` at H 5120."""
+    """(error / (u x the new s), error / (u x the one-rounding s)) of the FP32 logits summed in
+    ``order`` at H 5120."""
     h, w = _terms()
     exact = h.astype(np.float64) @ w.astype(np.float64).T
     t = h[:, None, :].astype(np.float32) * w[None, :, :].astype(np.float32)  # BF16 x BF16: exact in FP32
-    err = np.abs(order(t).astype(np.float64) - exact)
+    err = np.abs(ORDERS[order](t).astype(np.float64) - exact)
     return float((err / (U * scales.fp32_logit_magnitude(h, w))).max()), \
         float((err / (U * scales.logit_magnitude(h, w))).max())
 
 
-@pytest.mark.parametrize("order", [_sequential, _pairwise, _tiles], ids=["sequential", "pairwise", "tiles16"])
+@pytest.mark.parametrize("order", sorted(ORDERS))
 def test_fp32_accumulation_at_full_width_is_inside_the_envelope(order):
     assert _errors(order)[0] <= FP32_OUTPUT.k
 
@@ -75,7 +70,7 @@ def test_fp32_accumulation_at_full_width_is_inside_the_envelope(order):
 def test_the_one_rounding_scale_fails_a_legitimate_order():
     """What the H200 showed, on the CPU: with s = sum |h||w| (one rounding per term) a
     legitimate order leaves the envelope at H 5120 (measured here: sequential about 16 u*s)."""
-    assert max(_errors(o)[1] for o in (_sequential, _pairwise, _tiles)) > FP32_OUTPUT.k
+    assert max(_errors(o)[1] for o in ORDERS) > FP32_OUTPUT.k
 
 
 def test_bf16_logits_stay_outside_the_envelope():

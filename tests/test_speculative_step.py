@@ -17,11 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import checkpoint as ck
 from conformance.cases import speculative_step as c
 from reference import round as rd
 from reference import speculative_step as ss
-from reference import state_dict as sdm
 from reference import toy_target as tt
 from reference.numerics import to_bf16
 from reference.target_distribution import add_to_history, row_probs
@@ -29,13 +27,7 @@ from reference.target_distribution import add_to_history, row_probs
 
 def _setup(seed: int, variant: str, K: int, prompts, temperature=0.0, penalties=False, warm=1):
     rng = np.random.default_rng(seed)
-    B = len(prompts)
-    cfg = ck.tiny_config(variant, hidden=c.H, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=c.S,
-                         vocab=c.ROWS, rank=8, top_k=8, target_layer_ids=(1, 3), num_target_layers=c.BLOCKS, K=K, B=B)
-    target = c._stored_target(tt.random_target(rng, vocab_size=c.VOCAB, rows=c.ROWS, hidden=c.H, n_blocks=c.BLOCKS,
-                                               head_spread=1.0))
-    sd = sdm.random_state_dict(cfg, rng)
-    drafter = rd.make_drafter(sd, cfg, target)
+    cfg, sd, drafter, target = c.world(rng, variant, K, len(prompts), spread=1.0, codebook=False)
     sampling = rd.Sampling(temperature=temperature, **(c.PENALTIES if penalties else {}))
     requests = [rd.Request(tuple(int(t) for t in rng.integers(0, c.VOCAB, n)), budget=int(rng.integers(1, 3 * K)),
                            seed=int(rng.integers(0, 2**63)), sampling=sampling) for n in prompts]
@@ -49,8 +41,8 @@ def _setup(seed: int, variant: str, K: int, prompts, temperature=0.0, penalties=
 
 def _as_stored(state: rd.RequestState) -> rd.RequestState:
     """The state with the values the step's inputs store: pending block outputs BF16, cache FP32."""
-    f32 = lambda a: np.asarray(np.asarray(a, np.float32), np.float64)  # noqa: E731
-    cache = tt.TargetCache(k=tuple(f32(k) for k in state.target_cache.k), v=tuple(f32(v) for v in state.target_cache.v))
+    cache = tt.TargetCache(k=tuple(c.as_fp32(k) for k in state.target_cache.k),
+                           v=tuple(c.as_fp32(v) for v in state.target_cache.v))
     return dataclasses.replace(state, pending=to_bf16(state.pending), target_cache=cache)
 
 

@@ -55,12 +55,16 @@ GARBAGE = prc.GARBAGE
 PENALTIES = dict(repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.05)
 
 
+def as_fp32(a) -> np.ndarray:
+    """float64 of the FP32 rounding (how the vectors store the target's weights and cache)."""
+    return np.asarray(np.asarray(a, np.float32), np.float64)
+
+
 def _stored_target(target: tt.ToyTarget) -> tt.ToyTarget:
     """The target as the vectors store it: embed / head BF16, block weights FP32."""
-    f32 = lambda a: np.asarray(np.asarray(a, np.float32), np.float64)  # noqa: E731
     return dataclasses.replace(
-        target, embed=to_bf16(target.embed), head=to_bf16(target.head), final_norm=f32(target.final_norm),
-        blocks=tuple({w: f32(v) for w, v in blk.items()} for blk in target.blocks))
+        target, embed=to_bf16(target.embed), head=to_bf16(target.head), final_norm=as_fp32(target.final_norm),
+        blocks=tuple({w: as_fp32(v) for w, v in blk.items()} for blk in target.blocks))
 
 
 def _bf16_forward(target: tt.ToyTarget, cache: tt.TargetCache, tokens) -> tt.TargetStep:
@@ -157,6 +161,21 @@ def _round_case(kw, P) -> Case:
     return Case("proposal_round/of_a_step", inputs, params)
 
 
+def world(rng, variant: str, K: int, B: int, *, ids=(1, 3), spread: float = 1.5, codebook: bool = True):
+    """(config, state dict, drafter, target) of one draw: the proposal_round geometry's draft
+    (DFlash2 codebooks scaled by proposal_round's CODEBOOK when ``codebook``) against a random toy
+    target stored as the vectors store it."""
+    cfg = ck.tiny_config(variant, hidden=H, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64, window=S,
+                         vocab=ROWS, rank=8, top_k=8, target_layer_ids=ids, num_target_layers=BLOCKS, K=K, B=B)
+    target = _stored_target(tt.random_target(rng, vocab_size=VOCAB, rows=ROWS, hidden=H, n_blocks=BLOCKS,
+                                             head_spread=spread))
+    sd = sdm.random_state_dict(cfg, rng)
+    for key in (sdm.PREDECESSOR, sdm.SUCCESSOR):
+        if codebook and key in sd:
+            sd[key] = storage(prc.CODEBOOK * np.asarray(sd[key], np.float64), "bf16")
+    return cfg, sd, rd.make_drafter(sd, cfg, target), target
+
+
 def build(cid, flags=(), *, variant, K, prompts, budget, warm=1, temperature=0.0, penalties=False, seed=None,
           top_k=0, top_p=1.0, min_p=0.0, eos=False, want=(), bug=None, spread=1.5, ids=(1, 3), tries=80) -> Case:
     """A step over len(prompts) requests (prompt lengths ``prompts``) after ``warm`` rounds, with the
@@ -166,21 +185,12 @@ def build(cid, flags=(), *, variant, K, prompts, budget, warm=1, temperature=0.0
     B = len(prompts)
     budget = np.broadcast_to(np.asarray(budget, np.int64), (B,)).copy()
     temps = np.broadcast_to(np.asarray(temperature, np.float64), (B,))
-    P = np.minimum(K, budget - 1)
+    P = ss.verified_proposals(K, budget)
     compared = np.arange(K)[None, :] < P[:, None]
     clear = CLEAR if temps.max() <= 0 else 1.0
     last = None
     for _ in range(tries):
-        cfg = ck.tiny_config(variant, hidden=H, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64,
-                             window=S, vocab=ROWS, rank=8, top_k=8, target_layer_ids=ids, num_target_layers=BLOCKS,
-                             K=K, B=B)
-        target = _stored_target(tt.random_target(rng, vocab_size=VOCAB, rows=ROWS, hidden=H, n_blocks=BLOCKS,
-                                                 head_spread=spread))
-        sd = sdm.random_state_dict(cfg, rng)
-        for key in (sdm.PREDECESSOR, sdm.SUCCESSOR):
-            if key in sd:
-                sd[key] = storage(prc.CODEBOOK * np.asarray(sd[key], np.float64), "bf16")
-        drafter = rd.make_drafter(sd, cfg, target)
+        cfg, sd, drafter, target = world(rng, variant, K, B, ids=ids, spread=spread)
         requests = []
         for b in range(B):
             sampling = rd.Sampling(temperature=float(temps[b]), top_k=top_k, top_p=top_p, min_p=min_p,

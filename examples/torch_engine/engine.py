@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from conformance.baseline import Float32Baseline
+from conformance.rounds import ComposedRounds
 from reference.context_kv import chunk_rows, paged_rows, ring_slots
 from reference.draft_attention import allowed
 from reference.masked_block import block_tokens
@@ -50,7 +51,7 @@ LAYER_WEIGHTS = ("input_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "post
 CONV_WEIGHTS = ("attn_conv_base", "mlp_conv_base", "attn_conv_proj", "mlp_conv_proj")
 
 
-class TorchEngine:
+class TorchEngine(ComposedRounds):
     key = "torch_hf_bf16"
     reason = ("a production PyTorch BF16 engine (HF/vLLM style: separate norm and RoPE kernels, BF16 cos/sin, "
               "SDPA, BF16 SiLU MLP and residual, eager BF16 conv) with its six spec deviations fixed")
@@ -377,23 +378,11 @@ class TorchEngine:
     def preview_commit(self, **kw):
         return self._discrete.preview_commit(**kw)
 
-    # --- one level up (CONTRACTS C10): the round and the step composed from the Op methods above --
+    # --- one level up (CONTRACTS C10): proposal_round and speculative_step come from
+    # ComposedRounds, over this engine's Op methods with their outputs on the host
 
-    def proposal_round(self, **kw):
-        from conformance import registry
-        from reference import proposal_round as pr
-
-        out = pr.run(_OnHost(self), **kw)
-        return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
-
-    def speculative_step(self, **kw):
-        """The step; its target verify is the case's toy target (reference.toy_target), standing in
-        for the engine's own target model."""
-        from conformance import registry
-        from reference import speculative_step as ss
-
-        out = ss.run(_OnHost(self), **kw)
-        return {o.name: out[o.name] for o in registry.get("speculative_step").outputs}
+    def _round_ops(self):
+        return _OnHost(self)
 
 
 class _OnHost:

@@ -61,6 +61,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.baseline import Float32Baseline
+from conformance.rounds import ComposedRounds
 from reference import numerics
 from reference.context_kv import chunk_rows, paged_rows, ring_slots
 from reference.draft_attention import allowed
@@ -179,7 +180,7 @@ def rational_tanh(x) -> np.ndarray:
     return np.where(np.abs(x) < F32(0.0004), x, out).astype(np.float32)
 
 
-class Engine:
+class Engine(ComposedRounds):
     """One NumPy engine, its numerical choices as options (see the module docstring)."""
 
     def __init__(self, name: str | None = None, reason: str = "", **options):
@@ -562,23 +563,6 @@ class Engine:
     @staticmethod
     def _gid(rows: int, shortlist) -> np.ndarray:
         return np.arange(rows, dtype=np.int64) if shortlist is None else np.asarray(shortlist, dtype=np.int64)
-
-    def proposal_round(self, **kw):
-        """A fused engine's round (CONTRACTS C10) composed from this engine's own Op methods."""
-        from conformance import registry
-        from reference import proposal_round as pr
-
-        out = pr.run(self, **kw)
-        return {o.name: out[o.name] for o in registry.get("proposal_round").outputs}
-
-    def speculative_step(self, **kw):
-        """The step (issue 11) composed from this engine's Op methods; the target verify is the
-        step's toy target (the engine's own target model)."""
-        from conformance import registry
-        from reference import speculative_step as ss
-
-        out = ss.run(self, **kw)
-        return {o.name: out[o.name] for o in registry.get("speculative_step").outputs}
 
     def proposal_head(self, hidden, head, vocab_size, shortlist=None):
         logits = self._linear(f32(hidden), head)  # FP32, never rounded
