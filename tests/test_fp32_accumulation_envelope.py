@@ -83,3 +83,19 @@ def test_bf16_logits_stay_outside_the_envelope():
 @pytest.mark.parametrize("n, depth", [(1, 1), (2, 1), (3, 2), (16, 4), (17, 5), (5120, 13), (2048, 11)])
 def test_accumulation_depth_by_hand(n, depth):
     assert scales.accumulation_depth(n) == depth
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (issue 12 note): the control set's truncating tensor-core "
+                   "tiles at H 5120 are 25.5 u x the depth-scaled s off, beyond K 8; the depth ceil(log2 H) "
+                   "covers tree orders, not a chain of H/16 truncated tile steps")
+def test_truncating_tensor_core_tiles_at_full_width_are_inside_the_envelope():
+    """The control set's tensor_core_tiles variant (aligned, truncated accumulation, Fasi et al.
+    2021) is legitimate (CONTRACTS C2) but is only run on vectors with H <= 64, where it stays
+    inside. At H 5120 its logits leave the envelope even with the accumulation depth: the scale
+    for long FP32 accumulations is not settled (the H200's cuBLAS measured 39-52 u x sum |h||w|,
+    inside the depth-scaled envelope; this emulation is more pessimistic)."""
+    tiles = next(v for v in VARIANTS if v.opt["accum"] == "tc_tiles")
+    h, w = _terms()
+    exact = h.astype(np.float64) @ w.astype(np.float64).T
+    err = np.abs(tiles._linear(h, w).astype(np.float64) - exact)
+    assert (err / (U * scales.fp32_logit_magnitude(h, w))).max() <= FP32_OUTPUT.k
