@@ -64,8 +64,15 @@ def context_kv(
     v = represent(represent(v_raw, "bf16"), "fp16")
 
     k_out, v_out = work(k_cache).copy(), work(v_cache).copy()
+    store_rows(k_out, v_out, positions, k, v, storage, page_table, page_size)
+    return {"k_cache": k_out, "v_cache": v_out, "frontier": np.asarray(start + rows, dtype=np.int64)}
+
+
+def store_rows(k_out, v_out, positions, k, v, storage: str, page_table=None, page_size=None) -> None:
+    """Write the chunk's rows (positions ``positions``) into the caches in place (C7): a ring keeps
+    the chunk's last capacity rows at slot p mod capacity; pages go through the page table."""
     if storage == "ring":
-        keep = chunk_rows(rows, k_out.shape[0])
+        keep = chunk_rows(len(positions), k_out.shape[0])
         slots = ring_slots(positions[keep], k_out.shape[0])
         k_out[slots], v_out[slots] = k[keep], v[keep]
     elif storage == "paged":
@@ -73,4 +80,3 @@ def context_kv(
         k_out[page, row], v_out[page, row] = k, v
     else:
         raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
-    return {"k_cache": k_out, "v_cache": v_out, "frontier": np.asarray(start + rows, dtype=np.int64)}

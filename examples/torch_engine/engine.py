@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from conformance.baseline import Float32Baseline
 from conformance.rounds import ComposedRounds
-from reference.context_kv import chunk_rows, paged_rows, ring_slots
+from reference.context_kv import store_rows
 from reference.draft_attention import allowed
 from reference.masked_block import block_tokens
 from reference.rng import Purpose, exponential_race
@@ -197,15 +197,7 @@ class TorchEngine(ComposedRounds):
         v = self.np_(v)
         k_out, v_out = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
         pos = start + np.arange(rows, dtype=np.int64)
-        if storage == "ring":
-            keep = chunk_rows(rows, k_out.shape[0])
-            slots = ring_slots(pos[keep], k_out.shape[0])
-            k_out[slots], v_out[slots] = k[keep], v[keep]
-        elif storage == "paged":
-            page, row = paged_rows(pos, page_table, int(page_size))
-            k_out[page, row], v_out[page, row] = k, v
-        else:
-            raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
+        store_rows(k_out, v_out, pos, k, v, storage, page_table, page_size)
         return {"k_cache": k_out, "v_cache": v_out, "frontier": np.asarray(start + rows, dtype=np.int64)}
 
     def draft_attention(self, q, k, v, k_cache, v_cache, frontier, live, window):

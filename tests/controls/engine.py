@@ -63,7 +63,7 @@ import numpy as np
 from conformance.baseline import Float32Baseline
 from conformance.rounds import ComposedRounds
 from reference import numerics
-from reference.context_kv import chunk_rows, paged_rows, ring_slots
+from reference.context_kv import store_rows
 from reference.draft_attention import allowed
 from reference.masked_block import block_tokens
 from reference.rng import Purpose, exponential_race
@@ -378,15 +378,7 @@ class Engine(ComposedRounds):
         k = numerics.storage(self._head_norm_rope(k_raw, k_norm, eps, positions, theta), "bf16")
         v = numerics.storage(bf16(self._linear(c, wv).reshape(k.shape)).astype(np.float64), "fp16")
         k_out, v_out = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
-        if storage == "ring":
-            keep = chunk_rows(rows, k_out.shape[0])
-            slots = ring_slots(positions[keep], k_out.shape[0])
-            k_out[slots], v_out[slots] = k[keep], v[keep]
-        elif storage == "paged":
-            page, row = paged_rows(positions, page_table, int(page_size))
-            k_out[page, row], v_out[page, row] = k, v
-        else:
-            raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
+        store_rows(k_out, v_out, positions, k, v, storage, page_table, page_size)
         return {"k_cache": k_out, "v_cache": v_out, "frontier": np.asarray(start + rows, dtype=np.int64)}
 
     # --- attention --------------------------------------------------------------------------------
