@@ -105,7 +105,9 @@ BF16_CHAIN = Envelope(8, 4, "s sums one rounding per term, but a legitimate chai
 BF16_CONV_CHAIN = Envelope(BF16_CHAIN.k, BF16_CHAIN.n, BF16_CHAIN.why + "; no bias check: the conv's (base + delta) "
                            "is a sum of two BF16 values, an exact tie half the time, and ties to even lean one "
                            "way on structured inputs", bias=False)
-FP32_OUTPUT = Envelope(8, 4, "s counts each FP32 operation once (a sum log2(n) times, exp's argument by its "
+FP32_OUTPUT = Envelope(8, 4, "s counts each FP32 operation once (a long dot product's term once per rounding it "
+                       "passes through: reference.scales.accumulation_weights, the tensor-core tile chain plus "
+                       "the split-K tree; another sum log2(n) times; exp's argument by its "
                        "magnitude, which covers fast-math __expf's 2 + 1.17|x| ulp); a libm within 2 ulp doubles "
                        "a term: 2, times 2 for the order of the sum and 2 to spare")
 BIAS_LIMIT = 0.2

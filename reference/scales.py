@@ -146,17 +146,42 @@ def logit_magnitude(hidden, head) -> np.ndarray:
 
 def accumulation_depth(n: int) -> float:
     """How many FP32 roundings a term of an n-long dot product passes through in a tree-shaped
-    accumulation (tensor-core tiles, split-K, pairwise): ceil(log2 n), at least 1. Every partial
-    sum is bounded by sum |h||w|, so depth x that sum is the running error bound of the FP32
-    accumulation (the FP32_OUTPUT envelope's "a sum log2(n) times")."""
+    accumulation (pairwise, the combine of split-K partials): ceil(log2 n), at least 1."""
     return float(max(1, int(np.ceil(np.log2(max(2, int(n)))))))
 
 
+TILE = 16  # the k of one BF16 tensor-core step (mma.sync m16n8k16, wgmma k16)
+
+
+def accumulation_weights(n: int) -> np.ndarray:
+    """Per term j of an n-long FP32 dot product: how many FP32 roundings it passes through in the
+    legitimate orders together (CONTRACTS C2: s sums, over the rounding points an implementation
+    may add, the magnitude of the value rounded there).
+
+    - A GEMM main loop adds one TILE-wide tile of products to the FP32 accumulator per step, k
+      ascending (cuBLAS, CUTLASS, mma kernels), and tensor cores round that step by truncation
+      (Fasi et al. 2021). Truncation is biased, so these errors add up linearly instead of
+      cancelling: term j passes through the accumulator's rounding at its own tile step and every
+      later one, ceil(n / TILE) - floor(j / TILE) roundings, each bounded by the partial sum,
+      which is at most the sum of the |terms| already in it.
+    - The split-K combine or a pairwise sum then adds ceil(log2 n) (accumulation_depth).
+
+    Round-to-nearest chains (sequential CUDA-core loops) are unbiased and stay well inside these
+    weights (tests/test_fp32_accumulation_envelope.py measures every order at H 5120)."""
+    n = int(n)
+    tiles = -(-n // TILE)
+    return accumulation_depth(n) + tiles - np.arange(n) // TILE
+
+
 def fp32_logit_magnitude(hidden, head) -> np.ndarray:
-    """s of FP32 logits accumulated over H terms: accumulation_depth(H) x sum |h||w|. Measured need
-    (H200, 27B full width, H 5120, cuBLAS gemmEx with FP32 accumulation): 39-52 u x sum |h||w|,
-    beyond an envelope of 8 u x sum |h||w| and inside 8 x 13 = 104."""
-    return logit_magnitude(hidden, head) * accumulation_depth(np.shape(hidden)[-1])
+    """s of FP32 logits accumulated over H terms: sum_j |h_j| |w_j| x accumulation_weights(H)_j.
+    At H 5120 the weights run from 333 (first tile) to 14 (last). Measured need at that width
+    (docs/reports/h200-fast-and-step.md, tests/test_fp32_accumulation_envelope.py): the H200's
+    cuBLAS gemmEx 39-52 u x sum |h||w|, the control set's truncating tensor-core tiles 332 u x
+    sum |h||w|; BF16-stored logits (the bug) stay far outside."""
+    h = _abs64(hidden)
+    with np.errstate(invalid="ignore"):
+        return (h * accumulation_weights(h.shape[-1])) @ _abs64(head).T
 
 
 def softmax_scale(p, y, sy, keep) -> np.ndarray:
