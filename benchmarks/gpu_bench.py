@@ -522,6 +522,127 @@ def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, co
         torch.cuda.empty_cache()
 
 
+# --- proposal_round (fast_round.py) --------------------------------------------------------
+
+
+def _torch_round_head(torch, F, hidden, tr, cfg, vocab, anchor):
+    """The round's head in PyTorch BF16 on the block's hidden [b, K, H]: DFlash argmax over the head
+    logits; DFlash2 top-k of the head logits (no multiplier / softcap at this geometry), g = F.linear
+    BF16, then the greedy selector walk as gathers and an argmax per position (temperature 0)."""
+    z = F.linear(hidden, tr["head"]).float()
+    z[..., vocab:] = -math.inf
+    if cfg.variant == "dflash":
+        return z.argmax(-1)
+    u, ids = torch.topk(z, cfg.selector_top_k, dim=-1)
+    g = F.linear(hidden, tr["w_hidden"]).float()
+    pred = anchor.long()
+    tokens = []
+    for i in range(hidden.shape[1]):
+        pg = tr["w_pred"][pred].float() * g[:, i]  # [b, R]
+        e = u[:, i] + torch.einsum("bkr,br->bk", tr["w_succ"][ids[:, i]].float(), pg)
+        pred = ids[:, i].gather(1, e.argmax(-1, keepdim=True))[:, 0]
+        tokens.append(pred)
+    return torch.stack(tokens, 1)
+
+
+def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, context=4096):
+    """The round's device part (masked_block, then DFlash proposal_head / DFlash2 candidate_topk +
+    candidate_selector, temperature 0) at both official geometries, full width, random weights, F =
+    context: kernels_cu.fast_round.FastRound's captured graph replayed (the step's graph, launched on
+    the timer's stream) against torch.cuda.CUDAGraph replay of the same math (_torch_block then
+    _torch_round_head). Rows: proposal_round (eager: FastRound.step(graph=False) / torch eager) and
+    proposal_round[graph]; floor = the block's and the head's weights once at the copy bandwidth
+    (the selector's codebook rows and the rings are left out; the rings' bytes are in the checks)."""
+    import torch.nn.functional as F
+
+    from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
+    from kernels_cu.fast_round import FastRound
+    from reference.config import PRESETS
+
+    for label, geo in [("27B DFlash2", "dflash2-27b"), ("35B DFlash", "dflash-35b-a3b")]:
+        cfg = PRESETS[GEOMETRIES[geo]]
+        L, hk, d, h = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        vr, vocab = cfg.vocab_size, cfg.vocab_size - PUBLIC_VOCAB_MARGIN
+        tw, extra = _block_weights(torch, cfg)
+        wbits = {k: bits(cp, v) for k, v in tw.items()}
+        block_bytes = sum(v.numel() * 2 for k, v in tw.items() if not k.endswith("norm") and "base" not in k)
+        tw.update(extra, wqkv=torch.cat([tw["wq"], tw["wk"], tw["wv"]], 1),
+                  wgu=torch.cat([tw["w_gate"], tw["w_up"]], 1),
+                  inv_freq=cfg.rope_theta ** (-torch.arange(d // 2, device="cuda", dtype=torch.float64) * 2 / d))
+        g0 = torch.Generator(device="cuda").manual_seed(7)
+        tr = {"head": (torch.randn(vr, h, device="cuda", generator=g0) * h**-0.5).to(torch.bfloat16)}
+        sel = {}
+        if cfg.variant == "dflash2":
+            r = cfg.selector_rank
+            tr.update(w_hidden=(torch.randn(r, h, device="cuda", generator=g0) * h**-0.5).to(torch.bfloat16),
+                      w_pred=torch.randn(vr, r, device="cuda", generator=g0).to(torch.bfloat16),
+                      w_succ=torch.randn(vr, r, device="cuda", generator=g0).to(torch.bfloat16))
+            sel = {"top_k": cfg.selector_top_k, **{k: bits(cp, tr[k]) for k in ("w_hidden", "w_pred", "w_succ")}}
+        weight_bytes = block_bytes + tr["head"].numel() * 2
+        fr = FastRound()
+        fr.load(variant=cfg.variant, weights=wbits, embed=bits(cp, tw["embed"]), final_norm=bits(cp, tw["final_norm"]),
+                head=bits(cp, tr["head"]), vocab_size=vocab, windows=list(cfg.windows), eps=cfg.rms_norm_eps,
+                theta=cfg.rope_theta, head_dim=d, mask_token_id=cfg.mask_token_id, **sel)
+        cap = _capacity(cfg, context)
+        for b, w in shapes:
+            g = torch.Generator(device="cuda").manual_seed(b * 100 + w)
+            frontier = context - 3 * torch.arange(b, device="cuda", dtype=torch.int64)
+            if cfg.variant == "dflash":
+                live = torch.clamp(w - torch.arange(b, device="cuda") % 4, min=1).to(torch.int32)
+            else:
+                live = torch.full((b,), w, dtype=torch.int32, device="cuda")
+            kc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16)
+            vc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16).abs().to(torch.float16)
+            anchor = torch.randint(0, vocab, (b,), device="cuda", generator=g, dtype=torch.int32)
+            temperature = torch.zeros(b, device="cuda")
+            seed = torch.arange(b, device="cuda", dtype=torch.int64)
+            shape = f"{label} B{b} W{w} F{context}"
+            floor = weight_bytes / floor_bw * 1e3
+            kw = {"anchor": cp.from_dlpack(anchor), "frontier": cp.from_dlpack(frontier), "live": cp.from_dlpack(live),
+                  "context_k": bits(cp, kc), "context_v": cp.from_dlpack(vc), "num_drafts": w - 1,
+                  "temperature": cp.from_dlpack(temperature), "seed": cp.from_dlpack(seed).view(cp.uint64)}
+            checks = {"shape": shape, "weight_bytes": weight_bytes, "ring_bytes": L * b * cap * hk * d * 4}
+
+            def tor():
+                hid = _torch_block(torch, F, tw, kc, vc, anchor, frontier, live, cfg, w)
+                return _torch_round_head(torch, F, hid, tr, cfg, vocab, anchor)
+
+            t_eager = t_graph = t_torch_graph = math.nan
+            try:
+                ws = fr.workspace(b, w, cap)
+                eager = {k: v.copy() for k, v in fr.step(**kw, graph=False).items()}  # copies the rings in
+                kw_ws = dict(kw, context_k=ws.ck, context_v=ws.cv)  # from now on the rings are in place
+                paths = []
+                for _ in range(3):  # the eager call above warmed this shape: capture, then replays
+                    out = fr.step(**kw_ws)
+                    paths.append(fr.last_path)
+                checks["paths"] = paths
+                checks["graph_equals_eager"] = all(bool(cp.array_equal(out[k], eager[k])) for k in eager)
+                tt = torch.from_dlpack(out["tokens"]).long()
+                checks["tokens_equal_torch"] = float((tt == tor().long()).float().mean())
+                t_eager = _safe(f"{shape} fast eager", lambda: timer(lambda: fr.step(**kw_ws, graph=False)))
+                t_graph = timer(lambda: ws.graph.launch())
+                # the whole step (its input copies, events and Python) replaying the graph
+                checks["fast_step_ms"] = timer(lambda: fr.step(**kw_ws))
+            except Exception as exc:  # noqa: BLE001
+                checks["fast_graph_error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row("proposal_round", shape, None, t_eager, _safe(f"{shape} torch", lambda: timer(tor)),
+                            floor))
+            try:
+                tgraph, _ = _torch_graph(torch, tor)
+                t_torch_graph = timer(lambda: tgraph.replay())
+            except Exception as exc:  # noqa: BLE001
+                checks["torch_graph_error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row("proposal_round[graph]", shape, None, t_graph, t_torch_graph, floor))
+            print(json.dumps(checks), flush=True)
+            del kc, vc
+        fr.drop()
+        fr.resident.clear()
+        del fr, tw, tr, wbits, extra
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+
+
 BENCHES = {
     "candidate_topk": bench_candidate_topk,
     "proposal_head": bench_proposal_head,
@@ -529,6 +650,7 @@ BENCHES = {
     "context_kv": bench_context_kv,
     "draft_attention": bench_draft_attention,
     "masked_block": bench_masked_block,
+    "proposal_round": bench_proposal_round,
 }
 
 
