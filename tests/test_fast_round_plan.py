@@ -86,3 +86,226 @@ def test_selector_walk_into_launches_as_the_op(rec, B, K, k, R, H):
     fr.selector_walk_into(g.reshape(B, K, R), scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier,
                           np.empty((B, K), np.int32), np.empty((B, K), np.int32), np.empty((B, K, k), np.float32))
     assert rec.calls == op_calls and [c[1] for c in op_calls] == ["bf16_rowdot", "selector_walk"]
+
+
+# --- FastRound.step's control flow on a stand-in for CuPy streams and graphs ----------------------
+#
+# The device calls of a step (block_forward, the head GEMM, the top-k, g, the walk) are replaced by
+# NumPy stand-ins whose outputs follow their inputs (hidden from anchor and frontier, ids from the
+# hidden, tokens from ids and seed). A stream records what is launched while it captures; a graph
+# launch re-runs those launches. Checked: eager on the first call per (B, W, C), capture on the
+# second, replay after; a replay reads the inputs copied into the captured buffers; a new shape gets
+# its own workspace, stream and graph; a failing capture falls back to eager and says why; every
+# device call runs on the workspace's stream; no device synchronisation inside a step.
+
+
+class _Fake:
+    def __init__(self):
+        self.current = [None]
+        self.syncs = 0
+        self.calls = []  # (name, stream, capturing)
+        fake = self
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.capturing, self.ops = False, []
+
+            def __enter__(self):
+                fake.current.append(self)
+                return self
+
+            def __exit__(self, *exc):
+                fake.current.pop()
+
+            def begin_capture(self, mode=None):
+                self.capturing, self.ops = True, []
+
+            def end_capture(self):
+                self.capturing = False
+                return Graph(self.ops)
+
+            def is_capturing(self):
+                return self.capturing
+
+            def record(self, event=None):
+                return event
+
+            def wait_event(self, event):
+                pass
+
+            def synchronize(self):
+                fake.syncs += 1
+
+        class Graph:
+            def __init__(self, ops):
+                self.ops = list(ops)
+
+            def launch(self, stream=None):
+                for op in self.ops:
+                    op()
+
+        class Device:
+            def synchronize(self):
+                fake.syncs += 1
+
+        class Cuda:
+            pass
+
+        cuda = Cuda()
+        cuda.Stream, cuda.Event, cuda.Device = Stream, (lambda **kw: object()), Device
+        cuda.get_current_stream = lambda: fake.current[-1] or Stream()
+        self.cuda = cuda
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def launch(self, name, effect):
+        s = self.current[-1]
+        capturing = bool(s is not None and s.capturing)
+        self.calls.append((name, s, capturing))
+        if capturing:
+            s.ops.append(effect)
+        else:
+            effect()
+
+
+class _Eng:
+    empty = staticmethod(lambda shape, dtype: np.zeros(shape, dtype))
+    full = staticmethod(lambda shape, value, dtype: np.full(shape, value, dtype))
+
+    def __init__(self, fake):
+        self.fake, self.fail_capture = fake, False
+        self.capture_gemm_always, self._capture_gemm = True, True
+
+    def gemm(self, x, w, out):
+        def effect():
+            out[...] = x[:, :1].astype(np.float32)
+
+        self.fake.launch("gemm", effect)
+
+
+@pytest.fixture
+def flow(monkeypatch):
+    fake = _Fake()
+    monkeypatch.setattr(fr, "cp", lambda: fake)
+
+    def block_forward(eng, ws, dm, wts, layers, *, frontier, live, eps, freqs, entry, exit):
+        if eng.fail_capture and fake.current[-1].capturing:
+            raise RuntimeError("planted capture failure")
+        assert len(layers) == 2 and live.shape == (dm.B,)
+        hidden = exit["norm_hi"]
+
+        def effect():
+            hidden[...] = (entry["tok"][:, None, None] + 10 * frontier[:, None, None]).astype(np.uint16)
+
+        fake.launch("block", effect)
+
+    def topk_into(logits, sl, vocab, k, mult, cap, partial, scores, ids):
+        def effect():
+            ids[...] = logits[:, :1].astype(np.int32) + np.arange(k, dtype=np.int32)
+            if scores is not None:
+                scores[...] = 1.0
+
+        fake.launch("topk", effect)
+
+    def rowdot_bits_into(x, w, out):
+        fake.launch("rowdot", lambda: out.fill(1))
+
+    def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q):
+        def effect():
+            tokens[...] = ids[..., 0] + 1000 * seed[:, None].astype(np.int32)
+            q[...] = 0.25
+
+        fake.launch("walk", effect)
+
+    for name, f in [("block_forward", block_forward), ("topk_into", topk_into), ("rowdot_bits_into", rowdot_bits_into),
+                    ("selector_walk_into", selector_walk_into)]:
+        monkeypatch.setattr(fr, name, f)
+    rnd = fr.FastRound()
+    rnd._round_eng = _Eng(fake)
+    H, V = 32, 50
+    rnd.drafter = fr.Drafter(variant="dflash2", wts={}, embed=np.zeros((V, H), np.uint16), final_norm=None,
+                             head=np.zeros((V, H), np.uint16), freqs=None, vocab_size=V - 2, windows=[4, 0], eps=1e-6,
+                             head_dim=8, mask_token_id=V - 1, hq=4, hk=2, inter=64, top_k=4,
+                             w_hidden=np.zeros((8, H), np.uint16), w_pred=np.zeros((V, 8), np.uint16),
+                             w_succ=np.zeros((V, 8), np.uint16))
+    return rnd, fake
+
+
+def _args(B, K, C=16, anchor0=3, seed0=0):
+    return {"anchor": np.arange(anchor0, anchor0 + B, dtype=np.int32), "frontier": np.full(B, 5, np.int64),
+            "live": np.full(B, K + 1, np.int32), "context_k": np.zeros((2, B, C, 2, 8), np.uint16),
+            "context_v": np.zeros((2, B, C, 2, 8), np.float16), "num_drafts": K,
+            "temperature": np.zeros(B, np.float32), "seed": np.full(B, seed0, np.uint64)}
+
+
+def _want(a):
+    return (a["anchor"] + 10 * a["frontier"]).astype(np.int32)[:, None] + 1000 * a["seed"].astype(np.int32)[:, None]
+
+
+def test_step_runs_eager_then_captures_then_replays(flow):
+    rnd, fake = flow
+    a = _args(2, 3)
+    paths, outs = [], []
+    for _ in range(3):
+        out = rnd.step(**a)
+        paths.append(rnd.last_path)
+        outs.append(out["tokens"].copy())
+    assert paths == ["eager", "capture", "graph"]
+    ws = rnd._ws[(2, 4, 16)]
+    assert all(np.array_equal(o, np.broadcast_to(_want(a), (2, 3))) for o in outs)
+    assert fake.syncs == 0
+    assert {c[1] for c in fake.calls} == {ws.stream}  # every device call on the workspace's stream
+    assert [c[0] for c in fake.calls if c[2]] == ["block", "gemm", "topk", "rowdot", "walk"]  # one capture
+    n = len(fake.calls)
+    b = _args(2, 3, anchor0=11, seed0=2)  # new inputs into the captured buffers
+    out = rnd.step(**b)
+    assert rnd.last_path == "graph" and len(fake.calls) == n  # replayed: nothing launched from Python
+    assert np.array_equal(out["tokens"], np.broadcast_to(_want(b), (2, 3)))
+    assert np.array_equal(out["q_ids"][..., 0], out["tokens"] - 1000 * 2)
+    eager = rnd.step(**b, graph=False)
+    assert rnd.last_path == "eager" and np.array_equal(eager["tokens"], out["tokens"])
+
+
+def test_new_shape_gets_its_own_graph_and_the_old_one_replays(flow):
+    rnd, fake = flow
+    a, big, wide = _args(2, 3), _args(4, 3, seed0=1), _args(2, 5)
+    for _ in range(3):
+        rnd.step(**a)
+    paths = []
+    for args in (big, big, big, wide, wide, wide):
+        out = rnd.step(**args)
+        paths.append(rnd.last_path)
+        assert np.array_equal(out["tokens"], np.broadcast_to(_want(args), out["tokens"].shape))
+    assert paths == ["eager", "capture", "graph"] * 2
+    assert set(rnd._ws) == {(2, 4, 16), (4, 4, 16), (2, 6, 16)}
+    assert len({ws.stream for ws in rnd._ws.values()}) == 3
+    out = rnd.step(**a)
+    assert rnd.last_path == "graph" and np.array_equal(out["tokens"], np.broadcast_to(_want(a), (2, 3)))
+    assert fake.syncs == 0
+
+
+def test_failed_capture_falls_back_to_eager(flow):
+    rnd, fake = flow
+    rnd._round_eng.fail_capture = True
+    a = _args(1, 2)
+    paths = []
+    for _ in range(3):
+        out = rnd.step(**a)
+        paths.append(rnd.last_path)
+        assert np.array_equal(out["tokens"], np.broadcast_to(_want(a), (1, 2)))
+    assert paths[0] == "eager" and all(p.startswith("eager (capture failed: RuntimeError: planted") for p in paths[1:])
+    assert rnd._ws[(1, 3, 16)].graph is None
+
+
+def test_rings_passed_as_the_workspace_arrays_are_not_copied(flow, monkeypatch):
+    rnd, fake = flow
+    a = _args(2, 3)
+    rnd.step(**a)
+    ws = rnd._ws[(2, 4, 16)]
+    copied = []
+    real = fr._put
+    monkeypatch.setattr(fr, "_put", lambda dst, src, dtype=None: (copied.append(src is not dst and src is not None),
+                                                                  real(dst, src)))
+    rnd.step(**dict(a, context_k=ws.ck, context_v=ws.cv))
+    assert copied == [True, True, True, False, False, True, True]  # anchor, frontier, live, rings, temp, seed
