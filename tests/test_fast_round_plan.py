@@ -286,7 +286,7 @@ def test_new_shape_gets_its_own_graph_and_the_old_one_replays(flow):
 
 
 def test_failed_capture_falls_back_to_eager(flow):
-    rnd, fake = flow
+    rnd, _fake = flow
     rnd._round_eng.fail_capture = True
     a = _args(1, 2)
     paths = []
@@ -299,7 +299,7 @@ def test_failed_capture_falls_back_to_eager(flow):
 
 
 def test_rings_passed_as_the_workspace_arrays_are_not_copied(flow, monkeypatch):
-    rnd, fake = flow
+    rnd, _fake = flow
     a = _args(2, 3)
     rnd.step(**a)
     ws = rnd._ws[(2, 4, 16)]
