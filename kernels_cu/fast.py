@@ -54,6 +54,59 @@ def _fn(module: str, name: str):
     return load_module(module).get_function(name)
 
 
+# --- target_distribution, split path (kernels_cu/fast_target.cu ftd_split_*) ----------------------
+_FTD_SPLIT_MAX_ROWS = 63  # N <= this: split path; N 128 keeps one block per row (it fills the GPU)
+_FTD_SMS = 132  # an H200's SMs: the block counts to aim for
+_FTD_BINS = 2048  # fast_target.cu FTD_BINS
+_FTD_CAP = 2048  # fast_target.cu FTD_CAP
+_FTD_CHAINS = 16  # fast_target.cu FTD_CHAINS (x 32 chains = the exact kernel's 512 threads)
+_FTD_STATE_BYTES = 512  # per row, >= sizeof(RowState) (static_assert in fast_target.cu)
+
+
+def _ftd_split_plan(N: int, Vr: int) -> dict:
+    """Launch shapes of the split path for N rows of Vr tokens (fixed per (N, Vr): capturable).
+    chunk / C: the streaming passes (process, compact, write), about 2 waves of 512-thread blocks;
+    hchunk / HC: the histogram pass 0, about one wave (each chunk writes a 2048-bin partial that
+    the row's last block merges, so fewer, larger chunks). Chunks are multiples of 512 tokens."""
+    if N <= 0 or Vr <= 0:
+        raise ValueError(f"_ftd_split_plan: N {N}, Vr {Vr}")
+
+    def cut(blocks_per_row: int, min_chunk: int):
+        units = -(-Vr // _FTD_THREADS)  # 512-token units
+        c = max(1, min(blocks_per_row, -(-Vr // min_chunk)))
+        chunk = -(-units // c) * _FTD_THREADS
+        return chunk, -(-Vr // chunk)
+
+    chunk, C = cut(-(-2 * _FTD_SMS // N), 4096)
+    hchunk, HC = cut(min(32, -(-_FTD_SMS // N)), 8192)
+    return {"chunk": chunk, "C": C, "hchunk": hchunk, "HC": HC, "chains": _FTD_CHAINS}
+
+
+def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size: int, scratch, probs):
+    """The split path: ten launches, no host synchronisation; per-row state and partials in
+    device scratch (the state zeroed per call: its tickets and counters start at 0)."""
+    c = cp()
+    plan = _ftd_split_plan(N, Vr)
+    C, HC, chunk, hchunk = plan["C"], plan["HC"], np.int32(plan["chunk"]), np.int32(plan["hchunk"])
+    state = c.zeros(N * _FTD_STATE_BYTES // 8, dtype=np.uint64)
+    pcnt = c.empty(N * HC * _FTD_BINS, dtype=np.int32)
+    pmass = c.empty(N * HC * _FTD_BINS, dtype=np.float64)
+    cand = c.empty(N * _FTD_CAP, dtype=np.uint64)
+    n, v = np.int32(N), np.int32(Vr)
+    T = (_FTD_THREADS,)
+    _fn("fast_target", "ftd_split_process")(
+        (C, N), T, (logits, prompt, counts, *sampling, n, v, np.int32(vocab_size), chunk, scratch, state))
+    for stage in (0, 1):  # 0: top-k (counts), 1: top-p (kept mass, over the top-k survivors)
+        st = np.int32(stage)
+        if stage == 1:
+            _fn("fast_target", "ftd_split_chain")((_FTD_CHAINS, N), (32,), (scratch, *sampling, n, v, st, state))
+        _fn("fast_target", "ftd_split_hist0")((HC, N), T, (scratch, *sampling, n, v, hchunk, st, state, pcnt, pmass))
+        _fn("fast_target", "ftd_split_compact")((C, N), T, (scratch, *sampling, n, v, chunk, st, state, cand))
+        _fn("fast_target", "ftd_split_fallback")((N,), T, (scratch, *sampling, n, v, st, state))
+    _fn("fast_target", "ftd_split_chain")((_FTD_CHAINS, N), (32,), (scratch, *sampling, n, v, np.int32(1), state))
+    _fn("fast_target", "ftd_split_write")((C, N), T, (scratch, *sampling, n, v, chunk, state, probs))
+
+
 
 class FastSelectBackend(CudaBackend):
     """The fast selection, head, target and context Ops over the exact backend (the part of the
@@ -177,6 +230,10 @@ class FastSelectBackend(CudaBackend):
         _, ids = self._topk_rows(logits, sl, int(vocab_size), 1, want_scores=False)
         return {"tokens": ids.reshape(*lead)}
 
+    # target_distribution: rows N <= this take the split path (kernels_cu/fast_target.cu, ftd_split_*);
+    # more rows, one block per row. Tests set it (0: never split; a large number: always).
+    target_split_max_rows = _FTD_SPLIT_MAX_ROWS
+
     def target_distribution(self, *, logits, prompt_mask, output_counts, temperature, top_p, min_p,
                             repetition_penalty, frequency_penalty, presence_penalty, top_k, vocab_size):
         c = cp()
@@ -191,10 +248,13 @@ class FastSelectBackend(CudaBackend):
         probs = c.empty((N, Vr), dtype=np.float32)
         if N and Vr:
             scratch = c.empty((N, Vr), dtype=np.float32)
-            _fn("fast_target", "fast_target_distribution_rows")(
-                (N,), (_FTD_THREADS,),
-                (logits, prompt, counts, *_sampling_args(N, kw), np.int32(N), np.int32(Vr), np.int32(vocab_size),
-                 scratch, probs))
+            if N <= self.target_split_max_rows:  # few rows: each row split over many blocks
+                _target_split(logits, prompt, counts, _sampling_args(N, kw), N, Vr, int(vocab_size), scratch, probs)
+            else:  # one block per row (already fills the GPU)
+                _fn("fast_target", "fast_target_distribution_rows")(
+                    (N,), (_FTD_THREADS,),
+                    (logits, prompt, counts, *_sampling_args(N, kw), np.int32(N), np.int32(Vr), np.int32(vocab_size),
+                     scratch, probs))
         return {"probs": probs}
 
     # --- context -----------------------------------------------------------------------------

@@ -249,41 +249,16 @@ __device__ int find_crossing(const Hist& h, int nb, bool desc, bool mass_mode, i
     return bin;
 }
 
-// Threshold search. mass_mode = false: the k-th largest key over all Vr keys (need = k).
-// mass_mode = true: the key of the token where the kept mass, walked in key order, first
-// reaches top_p of total (kept = finite and key >= base.threshold); the exact kernel's
-// "largest t with S(t) / total >= top_p" selects the same set.
-__device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int need, const Keep& base, double total,
-                                double top_p, u64 best_finite, Hist& h) {
+// Threshold search, pass 0 (the 2048-bin histogram) done; the radix passes over the key inside
+// bin b0 until the bucket that crosses the target is taken whole (top-k) or holds one token
+// (top-p), then the smallest key of that bucket. need / above: the count still needed / the
+// kept mass in earlier bins; taken: the tokens in bin b0. The single-block kernel runs it after
+// its own pass 0; the split path's fallback (bin b0 too full to compact) after the split pass 0.
+__device__ u64 radix_rest(const float* zs, int Vr, bool mass_mode, int need, double above, int taken, int b0,
+                          const Keep& base, double total, double top_p, u64 best_finite, Hist& h) {
     const float zmaxf = dflash::f64_to_f32_rn(base.zmax);  // exact: zmax is an fp32 value
-    // pass 0
-    for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
-        h.cnt[i] = 0;
-        h.mass[i] = 0.0;
-    }
-    __syncthreads();
-    row_scan(zs, Vr, [&](float z, int v) {
-        const u64 key = order_key(z, v);
-        if (mass_mode) {
-            double e;
-            if (!kept(z, v, base, &e)) return;
-            const int b = bin0(z, key, zmaxf, best_finite);
-            atomicAdd(&h.cnt[b], 1);
-            atomicAdd(&h.mass[b], e);
-        } else {
-            atomicAdd(&h.cnt[bin0(z, key, zmaxf, best_finite)], 1);
-        }
-    });
-    __syncthreads();
     int bc;
     double bm;
-    const int b0 = find_crossing(h, FTD_BINS, false, mass_mode, need, 0.0, total, top_p, &bc, &bm);
-    if (b0 < 0) return base.threshold;  // as the exact search with lo > hi: t = lo
-    double above = bm;
-    need -= bc;
-    int taken = h.cnt[b0];  // tokens in the current candidate set
-    __syncthreads();
-    // radix passes over the key inside bin b0
     u64 prefix = 0;
     int hi = 64;
     bool whole = mass_mode ? taken == 1 : taken == need;
@@ -329,6 +304,41 @@ __device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int nee
         mn = key < mn ? key : mn;
     });
     return block_min_u64(mn);
+}
+
+// Threshold search. mass_mode = false: the k-th largest key over all Vr keys (need = k).
+// mass_mode = true: the key of the token where the kept mass, walked in key order, first
+// reaches top_p of total (kept = finite and key >= base.threshold); the exact kernel's
+// "largest t with S(t) / total >= top_p" selects the same set.
+__device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int need, const Keep& base, double total,
+                                double top_p, u64 best_finite, Hist& h) {
+    const float zmaxf = dflash::f64_to_f32_rn(base.zmax);  // exact: zmax is an fp32 value
+    // pass 0
+    for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
+        h.cnt[i] = 0;
+        h.mass[i] = 0.0;
+    }
+    __syncthreads();
+    row_scan(zs, Vr, [&](float z, int v) {
+        const u64 key = order_key(z, v);
+        if (mass_mode) {
+            double e;
+            if (!kept(z, v, base, &e)) return;
+            const int b = bin0(z, key, zmaxf, best_finite);
+            atomicAdd(&h.cnt[b], 1);
+            atomicAdd(&h.mass[b], e);
+        } else {
+            atomicAdd(&h.cnt[bin0(z, key, zmaxf, best_finite)], 1);
+        }
+    });
+    __syncthreads();
+    int bc;
+    double bm;
+    const int b0 = find_crossing(h, FTD_BINS, false, mass_mode, need, 0.0, total, top_p, &bc, &bm);
+    if (b0 < 0) return base.threshold;  // as the exact search with lo > hi: t = lo
+    const int taken = h.cnt[b0];  // tokens in the current candidate set
+    __syncthreads();
+    return radix_rest(zs, Vr, mass_mode, need - bc, bm, taken, b0, base, total, top_p, best_finite, h);
 }
 
 __device__ __forceinline__ RowParams row_params(int r, const float* temperature, const float* top_p,
@@ -432,6 +442,422 @@ fast_target_distribution_rows(const float* __restrict__ logits, const unsigned c
     });
     const double total = block_sum_f64(s);
     row_scan(zs, Vr, [&](float z, int v) {
+        double e;
+        p[v] = kept(z, v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
+    });
+}
+
+// ------------------------------------------------------------------------------------------
+// Split path (few rows): every row is cut into chunks of consecutive tokens, one block per
+// (chunk, row), so that at N = 8 the whole GPU reads the row instead of 8 SMs. The same
+// numbers as the single-block kernel above, step by step:
+//   ftd_split_process   processed logits zs, the row's best keys and finite count (atomics:
+//                       max and integer sums are order-free);
+//   per filter (stage 0: top-k, counts; stage 1: top-p, kept mass):
+//     ftd_split_hist0    pass 0 per chunk into global partial histograms; the last block of
+//                        the row merges them (chunk order fixed) and finds bin b0;
+//     ftd_split_compact  bin b0 (at most FTD_CAP tokens: the usual case) compacted; the last
+//                        block sorts its keys and walks them (count, or cumulative mass from
+//                        the mass above b0): the threshold;
+//     ftd_split_fallback bin b0 too full (massive ties): one block per row runs the
+//                        single-block kernel's radix passes (radix_rest) from b0;
+//   ftd_split_chain     the normalisers (the top-p total, the final total);
+//   ftd_split_write     the probabilities.
+// Every launch has a fixed shape per (N, Vr); a stage a row does not need exits at once; no
+// host synchronisation (CUDA-graph capturable). "Last block" hand-offs: each block writes its
+// part, fences, takes a ticket; the block that takes the last ticket of its row goes on.
+//
+// Normalisers: the exact kernel sums kept weights per thread t of 512 (tokens t, t + 512, ...
+// in order, rounded double additions), then warp shuffles and the 16 warp sums in order.
+// ftd_split_chain runs those same 512 chains (16 blocks of one warp per row, so a row's chains
+// spread over 16 SMs) and the same tree, so both totals are the exact kernel's doubles bit for
+// bit, and so is every probability fp32(e / total). Only the mass histograms (which steer the
+// top-p threshold, never a probability) are summed in another order: shared-memory atomics
+// within a chunk, as in the single-block kernel, then the chunks in a fixed order; a decision
+// could differ only if S(t) / total were within a few double ulps of top_p.
+
+#define FTD_CAP 2048       // largest bin b0 the split path compacts (sorted in shared memory)
+#define FTD_CHAINS 16      // ftd_split_chain blocks per row (32 chains each: 512)
+
+namespace {
+
+struct RowState {
+    u64 best, best_finite;  // atomicMax over the chunks
+    int finite;             // atomicAdd over the chunks
+    int pad0;
+    u64 threshold;          // the filters' result so far (0: keep all)
+    double total_p;         // top-p total (kept after top-k)
+    double total;           // final normaliser
+    int b0[2], need[2], taken[2], mode[2];  // per stage; mode 1: compact, 2: fallback, 0: done
+    double above[2];
+    unsigned ncand[2];
+    unsigned ticket[8];
+    double wsum[2][FTD_CHAINS];
+};
+static_assert(sizeof(RowState) <= 512, "RowState: fast.py allocates 512 bytes per row");
+
+enum { TK_HIST0 = 0, TK_COMPACT = 2, TK_CHAIN = 4 };
+
+__device__ __forceinline__ float key_z(u64 key) {
+    const u32 ord = (u32)(key >> 32);
+    return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
+}
+
+// Visit v0 <= v < v1 (v1 - v0 <= chunk), thread tid at v0 + tid, v0 + tid + T, ...
+template <class F>
+__device__ __forceinline__ void chunk_scan(const float* __restrict__ zs, int v0, int v1, F&& f) {
+    const int T = FTD_THREADS;
+    int v = v0 + threadIdx.x;
+    for (; v + 3 * T < v1; v += 4 * T) {
+        const float a = zs[v], b = zs[v + T], c = zs[v + 2 * T], d = zs[v + 3 * T];
+        f(a, v);
+        f(b, v + T);
+        f(c, v + 2 * T);
+        f(d, v + 3 * T);
+    }
+    for (; v < v1; v += T) f(zs[v], v);
+}
+
+// Every thread of the block calls it after writing its part; true in the block that took the
+// row's last ticket (every thread), which may then read the others' parts (through L2).
+__device__ bool last_block(unsigned* ticket, unsigned blocks) {
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1u) == blocks - 1;
+    __syncthreads();
+    const bool last = s_last != 0;
+    if (last) __threadfence();
+    return last;
+}
+
+__device__ __forceinline__ bool row_live(const RowState* st, const RowParams& prm) {
+    return !(prm.temperature <= 0.0f) && st->finite > 0;
+}
+
+__device__ __forceinline__ bool stage_active(const RowState* st, const RowParams& prm, int stage) {
+    if (!row_live(st, prm)) return false;
+    return stage == 0 ? (prm.top_k > 0 && prm.top_k < st->finite) : prm.top_p < 1.0f;
+}
+
+// The Keep of a stage: the threshold so far, min-p only for the final normaliser.
+__device__ __forceinline__ Keep stage_keep(const RowState* st, const float* zs, bool with_min_p, const RowParams& prm) {
+    Keep k;
+    k.threshold = st->threshold;
+    k.min_e = with_min_p && prm.min_p > 0.0f ? dflash::f32_to_f64(prm.min_p) : 0.0;
+    k.zmax = dflash::f32_to_f64(zs[key_id(st->best_finite)]);
+    return k;
+}
+
+#define FTD_SAMPLING_PARAMS                                                                              \
+    const float *temperature, const float *top_p, const float *min_p, const float *rho, const float *freq, \
+        const float *pres, const int *top_k
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(FTD_THREADS)
+ftd_split_process(const float* __restrict__ logits, const unsigned char* __restrict__ prompt_mask,
+                  const int* __restrict__ output_counts, FTD_SAMPLING_PARAMS, int N, int Vr, int vocab_size,
+                  int chunk, float* __restrict__ scratch, RowState* __restrict__ states) {
+    const int n = blockIdx.y;
+    if (n >= N) return;
+    const size_t off = (size_t)n * Vr;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    const float* lg = logits + off;
+    const unsigned char* prompt = prompt_mask + off;
+    const int* counts = output_counts + off;
+    float* zs = scratch + off;
+    const int v0 = blockIdx.x * chunk;
+    const int v1 = min(Vr, v0 + chunk);
+
+    const bool greedy = prm.temperature <= 0.0f;
+    u64 best = 0, best_finite = 0;
+    int finite = 0;
+    auto process = [&](float z, int cnt, unsigned char pm, int v) {  // the single-block kernel's
+        if (v >= vocab_size) z = neg_inf();
+        const bool seen_out = cnt > 0;
+        if (prm.rho != 1.0f && (pm != 0 || seen_out))
+            z = z > 0.0f ? __fdiv_rn(z, prm.rho) : __fmul_rn(z, prm.rho);
+        const float pen = __fadd_rn(__fmul_rn(prm.freq, (float)cnt), __fmul_rn(prm.pres, seen_out ? 1.0f : 0.0f));
+        z = __fsub_rn(z, pen);
+        if (!greedy) z = __fdiv_rn(z, prm.temperature);
+        zs[v] = z;
+        const u64 key = order_key(z, v);
+        best = key > best ? key : best;
+        if (isfinite(z)) {
+            best_finite = key > best_finite ? key : best_finite;
+            ++finite;
+        }
+    };
+    {
+        const int T = FTD_THREADS;
+        int v = v0 + threadIdx.x;
+        for (; v + 3 * T < v1; v += 4 * T) {
+            float z[4];
+            int c[4];
+            unsigned char m[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                z[j] = lg[v + j * T];
+                c[j] = counts[v + j * T];
+                m[j] = prompt[v + j * T];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) process(z[j], c[j], m[j], v + j * T);
+        }
+        for (; v < v1; v += T) process(lg[v], counts[v], prompt[v], v);
+    }
+    best = block_max_u64(best);
+    best_finite = block_max_u64(best_finite);
+    finite = block_sum_int(finite);
+    if (threadIdx.x == 0) {
+        RowState* st = states + n;
+        atomicMax(&st->best, best);
+        atomicMax(&st->best_finite, best_finite);
+        atomicAdd(&st->finite, finite);
+    }
+}
+
+// Pass 0 of stage `stage` over one chunk (hchunk tokens), partial histograms to
+// pcnt / pmass [N][HC][FTD_BINS]; the row's last block merges them and finds bin b0.
+extern "C" __global__ void __launch_bounds__(FTD_THREADS)
+ftd_split_hist0(const float* __restrict__ scratch, FTD_SAMPLING_PARAMS, int N, int Vr, int hchunk, int stage,
+                RowState* __restrict__ states, int* __restrict__ pcnt, double* __restrict__ pmass) {
+    __shared__ Hist h;
+    const int n = blockIdx.y;
+    if (n >= N) return;
+    RowState* st = states + n;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    if (!stage_active(st, prm, stage)) return;
+    const bool mass_mode = stage == 1;
+    const float* zs = scratch + (size_t)n * Vr;
+    const Keep base = stage_keep(st, zs, false, prm);
+    const u64 best_finite = st->best_finite;
+    const float zmaxf = dflash::f64_to_f32_rn(base.zmax);
+    const int HC = gridDim.x;
+    for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
+        h.cnt[i] = 0;
+        h.mass[i] = 0.0;
+    }
+    __syncthreads();
+    const int v0 = blockIdx.x * hchunk;
+    chunk_scan(zs, v0, min(Vr, v0 + hchunk), [&](float z, int v) {  // the single-block pass 0
+        const u64 key = order_key(z, v);
+        if (mass_mode) {
+            double e;
+            if (!kept(z, v, base, &e)) return;
+            const int b = bin0(z, key, zmaxf, best_finite);
+            atomicAdd(&h.cnt[b], 1);
+            atomicAdd(&h.mass[b], e);
+        } else {
+            atomicAdd(&h.cnt[bin0(z, key, zmaxf, best_finite)], 1);
+        }
+    });
+    __syncthreads();
+    const size_t row0 = (size_t)n * HC * FTD_BINS;
+    {
+        const size_t mine = row0 + (size_t)blockIdx.x * FTD_BINS;
+        for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
+            pcnt[mine + i] = h.cnt[i];
+            if (mass_mode) pmass[mine + i] = h.mass[i];
+        }
+    }
+    if (!last_block(&st->ticket[TK_HIST0 + stage], HC)) return;
+    // the row's last block: merge (chunks in order), then the crossing bin
+    for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
+        int c = 0;
+        double m = 0.0;
+        for (int j = 0; j < HC; ++j) {
+            c += __ldcg(pcnt + row0 + (size_t)j * FTD_BINS + i);
+            if (mass_mode) m = __dadd_rn(m, __ldcg(pmass + row0 + (size_t)j * FTD_BINS + i));
+        }
+        h.cnt[i] = c;
+        h.mass[i] = m;
+    }
+    __syncthreads();
+    const double total = mass_mode ? st->total_p : 1.0;
+    const double tp = mass_mode ? dflash::f32_to_f64(prm.top_p) : 1.0;
+    const int need = mass_mode ? 0 : prm.top_k;
+    int bc;
+    double bm;
+    const int b0 = find_crossing(h, FTD_BINS, false, mass_mode, need, 0.0, total, tp, &bc, &bm);
+    if (threadIdx.x == 0) {
+        if (b0 < 0) {
+            st->mode[stage] = 0;  // as the exact search with lo > hi: the threshold stays
+        } else {
+            const int taken = h.cnt[b0];
+            st->b0[stage] = b0;
+            st->need[stage] = need - bc;
+            st->above[stage] = bm;
+            st->taken[stage] = taken;
+            st->mode[stage] = taken <= FTD_CAP ? 1 : 2;
+        }
+    }
+}
+
+// Bin b0 of stage `stage` compacted into cand [N][FTD_CAP]; the row's last block sorts the keys
+// (descending) and takes the need-th (top-k) or the first whose cumulative kept mass, added to
+// the mass above b0, reaches top_p of the total (top-p).
+extern "C" __global__ void __launch_bounds__(FTD_THREADS)
+ftd_split_compact(const float* __restrict__ scratch, FTD_SAMPLING_PARAMS, int N, int Vr, int chunk, int stage,
+                  RowState* __restrict__ states, u64* __restrict__ cand) {
+    __shared__ Hist h;
+    __shared__ u64 keys[FTD_CAP];
+    const int n = blockIdx.y;
+    if (n >= N) return;
+    RowState* st = states + n;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    if (!stage_active(st, prm, stage) || st->mode[stage] != 1) return;
+    const bool mass_mode = stage == 1;
+    const float* zs = scratch + (size_t)n * Vr;
+    const Keep base = stage_keep(st, zs, false, prm);
+    const u64 best_finite = st->best_finite;
+    const float zmaxf = dflash::f64_to_f32_rn(base.zmax);
+    const int b0 = st->b0[stage];
+    u64* mine = cand + (size_t)n * FTD_CAP;
+    const int v0 = blockIdx.x * chunk;
+    chunk_scan(zs, v0, min(Vr, v0 + chunk), [&](float z, int v) {  // the single-block radix filter
+        const u64 key = order_key(z, v);
+        double e;
+        if (mass_mode && !kept(z, v, base, &e)) return;
+        if (bin0(z, key, zmaxf, best_finite) != b0) return;
+        const unsigned i = atomicAdd(&st->ncand[stage], 1u);
+        if (i < FTD_CAP) mine[i] = key;
+    });
+    if (!last_block(&st->ticket[TK_COMPACT + stage], gridDim.x)) return;
+    const int m = min((int)atomicAdd(&st->ncand[stage], 0u), FTD_CAP);  // == taken
+    int P = 1;
+    while (P < m) P <<= 1;
+    for (int i = threadIdx.x; i < P; i += FTD_THREADS) keys[i] = i < m ? __ldcg(mine + i) : 0ull;  // 0: below all
+    __syncthreads();
+    for (int k = 2; k <= P; k <<= 1) {  // bitonic sort, descending (keys are distinct)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < P; i += FTD_THREADS) {
+                const int l = i ^ j;
+                if (l > i) {
+                    const u64 a = keys[i], b = keys[l];
+                    const bool down = (i & k) == 0;
+                    if (down ? a < b : a > b) {
+                        keys[i] = b;
+                        keys[l] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    u64 thr = base.threshold;
+    if (!mass_mode) {
+        const int need = st->need[stage];  // 1 <= need <= taken
+        if (need >= 1 && need <= m) thr = keys[need - 1];
+    } else {
+        for (int i = threadIdx.x; i < m; i += FTD_THREADS) {
+            h.cnt[i] = 1;
+            h.mass[i] = weight_of(key_z(keys[i]), base.zmax);
+        }
+        __syncthreads();
+        int bc;
+        double bm;
+        const int d = find_crossing(h, m, false, true, 0, st->above[stage], st->total_p,
+                                    dflash::f32_to_f64(prm.top_p), &bc, &bm);
+        if (d >= 0) thr = keys[d];
+    }
+    if (threadIdx.x == 0) {
+        st->threshold = thr;
+        st->mode[stage] = 0;
+    }
+}
+
+// Bin b0 holds more than FTD_CAP tokens: the single-block radix passes over the row.
+extern "C" __global__ void __launch_bounds__(FTD_THREADS)
+ftd_split_fallback(const float* __restrict__ scratch, FTD_SAMPLING_PARAMS, int N, int Vr, int stage,
+                   RowState* __restrict__ states) {
+    __shared__ Hist h;
+    const int n = blockIdx.x;
+    if (n >= N) return;
+    RowState* st = states + n;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    if (!stage_active(st, prm, stage) || st->mode[stage] != 2) return;
+    const bool mass_mode = stage == 1;
+    const float* zs = scratch + (size_t)n * Vr;
+    const Keep base = stage_keep(st, zs, false, prm);
+    const double total = mass_mode ? st->total_p : 1.0;
+    const double tp = mass_mode ? dflash::f32_to_f64(prm.top_p) : 1.0;
+    const u64 thr = radix_rest(zs, Vr, mass_mode, st->need[stage], st->above[stage], st->taken[stage],
+                               st->b0[stage], base, total, tp, st->best_finite, h);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        st->threshold = thr;
+        st->mode[stage] = 0;
+    }
+}
+
+// The normaliser of stage `stage` (0: the top-p total, min-p off; 1: the final total): chain
+// t = 32 * blockIdx.x + lane sums the kept weights of tokens t, t + 512, ... in order, as thread
+// t of the exact kernel's block; the warp and the 16 warp sums as its block_sum_f64.
+extern "C" __global__ void __launch_bounds__(32)
+ftd_split_chain(const float* __restrict__ scratch, FTD_SAMPLING_PARAMS, int N, int Vr, int stage,
+                RowState* __restrict__ states) {
+    const int n = blockIdx.y;
+    if (n >= N) return;
+    RowState* st = states + n;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    if (!row_live(st, prm) || (stage == 0 && !(prm.top_p < 1.0f))) return;
+    const float* zs = scratch + (size_t)n * Vr;
+    const Keep k = stage_keep(st, zs, stage == 1, prm);
+    const int lane = threadIdx.x;
+    const int T = FTD_THREADS;  // the exact kernel's stride
+    double s = 0.0;
+    int v = blockIdx.x * 32 + lane;
+    constexpr int B = 16;  // loads in flight per chain; the additions stay in token order
+    for (; v + (B - 1) * T < Vr; v += B * T) {
+        float z[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) z[j] = zs[v + j * T];
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+            double e;
+            if (kept(z[j], v + j * T, k, &e)) s = __dadd_rn(s, e);
+        }
+    }
+    for (; v < Vr; v += T) {
+        double e;
+        if (kept(zs[v], v, k, &e)) s = __dadd_rn(s, e);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) st->wsum[stage][blockIdx.x] = s;
+    if (!last_block(&st->ticket[TK_CHAIN + stage], gridDim.x)) return;
+    if (lane == 0) {
+        double r = 0.0;
+        for (int w = 0; w < FTD_CHAINS; ++w) r = __dadd_rn(r, __ldcg(&st->wsum[stage][w]));
+        if (stage == 0)
+            st->total_p = r;
+        else
+            st->total = r;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FTD_THREADS)
+ftd_split_write(const float* __restrict__ scratch, FTD_SAMPLING_PARAMS, int N, int Vr, int chunk,
+                const RowState* __restrict__ states, float* __restrict__ probs) {
+    const int n = blockIdx.y;
+    if (n >= N) return;
+    const RowState* st = states + n;
+    const RowParams prm = row_params(n, temperature, top_p, min_p, rho, freq, pres, top_k);
+    const size_t off = (size_t)n * Vr;
+    const float* zs = scratch + off;
+    float* p = probs + off;
+    const int v0 = blockIdx.x * chunk;
+    const int v1 = min(Vr, v0 + chunk);
+    if (!row_live(st, prm)) {  // greedy, or no finite logit: the one-hot of the best key
+        const int top = key_id(st->best);
+        for (int v = v0 + threadIdx.x; v < v1; v += FTD_THREADS) p[v] = v == top ? 1.0f : 0.0f;
+        return;
+    }
+    const Keep k = stage_keep(st, zs, true, prm);
+    const double total = st->total;
+    chunk_scan(zs, v0, v1, [&](float z, int v) {
         double e;
         p[v] = kept(z, v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
     });
