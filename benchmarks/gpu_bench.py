@@ -654,6 +654,16 @@ BENCHES = {
 }
 
 
+def _more_ops():
+    from benchmarks import bench_more_ops as m
+
+    return {"feature_capture": m.bench_feature_capture, "grouped_conv": m.bench_grouped_conv,
+            "candidate_selector": m.bench_candidate_selector}
+
+
+BENCHES.update(_more_ops())
+
+
 def row(op, shape, exact_ms, fast_ms, torch_ms, floor_ms):
     r = {"op": op, "shape": shape, "exact_ms": exact_ms, "fast_ms": fast_ms, "torch_ms": torch_ms,
          "floor_ms": floor_ms}
