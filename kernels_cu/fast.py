@@ -302,9 +302,10 @@ class FastSelectBackend(CudaBackend):
 # GEMM, so they are composed here, after everything it needs exists.
 from kernels_cu.fast_attention import FastAttentionMixin  # noqa: E402
 from kernels_cu.fast_block import FastBlockMixin  # noqa: E402
+from kernels_cu.fast_capture import FastCaptureMixin  # noqa: E402
 
 
-class FastCudaBackend(FastBlockMixin, FastAttentionMixin, FastSelectBackend):
+class FastCudaBackend(FastCaptureMixin, FastBlockMixin, FastAttentionMixin, FastSelectBackend):
     """CONTRACTS C9 implementation object, fast mode: masked_block / draft_layer
-    (kernels_cu/fast_block.py), draft_attention (kernels_cu/fast_attention.py) and the Ops of this
-    module; every other Op is the exact mode's."""
+    (kernels_cu/fast_block.py), draft_attention (kernels_cu/fast_attention.py), feature_capture
+    (kernels_cu/fast_capture.py) and the Ops of this module; every other Op is the exact mode's."""
