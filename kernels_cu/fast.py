@@ -98,8 +98,9 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
         (C, N), T, (logits, prompt, counts, *sampling, n, v, np.int32(vocab_size), chunk, scratch, state))
     for stage in (0, 1):  # 0: top-k (counts), 1: top-p (kept mass, over the top-k survivors)
         st = np.int32(stage)
-        if stage == 1:
-            _fn("fast_target", "ftd_split_chain")((_FTD_CHAINS, N), (32,), (scratch, *sampling, n, v, st, state))
+        if stage == 1:  # the top-p total over the top-k survivors: the chain kernel's stage 0
+            _fn("fast_target", "ftd_split_chain")((_FTD_CHAINS, N), (32,),
+                                                   (scratch, *sampling, n, v, np.int32(0), state))
         _fn("fast_target", "ftd_split_hist0")((HC, N), T, (scratch, *sampling, n, v, hchunk, st, state, pcnt, pmass))
         _fn("fast_target", "ftd_split_compact")((C, N), T, (scratch, *sampling, n, v, chunk, st, state, cand))
         _fn("fast_target", "ftd_split_fallback")((N,), T, (scratch, *sampling, n, v, st, state))

@@ -57,3 +57,45 @@ def test_plan_rejects_empty():
 def test_dispatch_keeps_the_single_block_kernel_where_it_wins():
     assert fast.FastCudaBackend.target_split_max_rows == fast._FTD_SPLIT_MAX_ROWS
     assert 8 <= fast._FTD_SPLIT_MAX_ROWS < 128  # N 8 splits, N 128 keeps one block per row
+
+
+def _launches(monkeypatch, N=8, Vr=248320):
+    """The kernels _target_split launches, in order, with their `stage` argument where they take
+    one (CuPy stood in by NumPy; no kernel runs)."""
+    import numpy as np
+
+    calls = []
+
+    def fn(module, name):
+        def launch(grid, block, args):
+            calls.append((name, grid, args))
+        return launch
+
+    monkeypatch.setattr(fast, "_fn", fn)
+    monkeypatch.setattr(fast, "cp", lambda: np)
+    sampling = tuple(object() for _ in range(7))
+    fast._target_split(None, None, None, sampling, N, Vr, Vr, None, None)
+    return calls, sampling
+
+
+def _stage(name, args, sampling):
+    """The `stage` argument of a split kernel: after the sampling pointers, n and v (and chunk)."""
+    rest = args[args.index(sampling[-1]) + 1:]
+    return int(rest[3] if name in ("ftd_split_hist0", "ftd_split_compact") else rest[2])
+
+
+def test_each_normaliser_chain_runs_once_in_order(monkeypatch):
+    """The top-p total (chain stage 0) after the top-k filter and before the top-p histogram, the
+    final total (stage 1) once after the filters: each chain stage has its own ticket counter in
+    the row state, so a stage launched twice would never see its last ticket again (the bug the
+    H200 found on 2026-12-01: both launches passed stage 1)."""
+    calls, sampling = _launches(monkeypatch)
+    names = [c[0] for c in calls]
+    chains = [_stage(n, a, sampling) for n, _, a in calls if n == "ftd_split_chain"]
+    assert chains == [0, 1]
+    first_hist_p = next(i for i, (n, _, a) in enumerate(calls)
+                        if n == "ftd_split_hist0" and _stage(n, a, sampling) == 1)
+    assert names.index("ftd_split_chain") < first_hist_p
+    assert names[-2:] == ["ftd_split_chain", "ftd_split_write"]
+    for kernel in ("ftd_split_hist0", "ftd_split_compact", "ftd_split_fallback"):
+        assert [_stage(n, a, sampling) for n, _, a in calls if n == kernel] == [0, 1]
