@@ -1,12 +1,17 @@
-"""feature_capture in the fast mode: the chosen target blocks concatenated as BF16 bits (exact:
-the inputs are BF16), one BF16 tensor-core GEMM with FP32 accumulation through the resident
-fc weight, then the exact mode's RMSNorm kernel (plain_rmsnorm, BF16 out).
+"""feature_capture and grouped_conv in the fast mode.
 
-The exact mode converts the blocks and the fc weight to FP32 and runs an SGEMM on every call
-(at the 27B width the fc weight is 5120 x 25600: 262 MB of BF16, 524 MB as FP32 copies). The
-products are the same (BF16 x BF16 is exact in FP32); only the order of the FP32 accumulation
-differs, which CONTRACTS C2 admits (the output is BF16 after the norm: an FP32 accumulation over
-25600 terms moves it far less than one BF16 ulp).
+feature_capture: the chosen target blocks concatenated as BF16 bits (fast_capture.cu
+``fc_gather_bits``, a copy: the inputs are BF16), one BF16 tensor-core GEMM with FP32 accumulation
+through the resident fc weight, then the exact mode's RMSNorm kernel (plain_rmsnorm, BF16 out).
+The exact mode converts the blocks and the fc weight to FP32 and runs an SGEMM on every call (at
+the 27B width the fc weight is 5120 x 25600: 262 MB of BF16). The products are the same (BF16 x
+BF16 is exact in FP32); only the order of the FP32 accumulation differs, which CONTRACTS C2 admits
+(reference.scales.accumulation_weights; the output is BF16 after the norm).
+
+grouped_conv: the delta projection W_delta x as one BF16 GEMM on the resident projection (x is
+BF16, so its products are the exact mode's), then the exact mode's conv_prepare / conv_finish
+kernels (coefficient formed first, multiplied once; BF16 at the reference's points). The exact
+mode converts the projection to FP32 on every call.
 """
 
 from __future__ import annotations
@@ -14,23 +19,70 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_cu.fast_gemm import cp, gemm_bf16
-from kernels_cu.ops_attention import bf16_bits, rmsnorm
+from kernels_cu.loader import load_module
+from kernels_cu.ops_attention import _NULL, _THREADS, _fn, _grid, bf16_bits, f32, rmsnorm
+
+_IDS: dict = {}  # (device, ids) -> the device int32 array of the block ids, kept across calls
+
+
+def _ids_on_device(ids: tuple):
+    key = (cp().cuda.Device().id, ids)
+    if key not in _IDS:
+        _IDS[key] = cp().asarray(np.asarray(ids, dtype=np.int32))
+    return _IDS[key]
+
+
+def gather_blocks(blocks, ids) -> object:
+    """[T, n * Ht] BF16 bits: row t = blocks[ids[0], t] ++ blocks[ids[1], t] ++ ..."""
+    _, t, ht = blocks.shape
+    out = cp().empty((t, len(ids) * ht), dtype=np.uint16)
+    if out.size:
+        blocks = cp().ascontiguousarray(blocks)
+        vec = ht % 8 == 0 and blocks.data.ptr % 16 == 0  # out is a fresh (aligned) allocation
+        load_module("fast_capture").get_function("fc_gather_bits")(
+            _grid(out.size // 8 if vec else out.size), (_THREADS,),
+            (blocks, _ids_on_device(tuple(ids)), np.int32(len(ids)), np.int64(t), np.int32(ht), np.int32(vec), out))
+    return out
 
 
 class FastCaptureMixin:
-    """feature_capture over resident BF16 weights (needs ``self._bits`` and ``self._f32``)."""
+    """feature_capture and grouped_conv over resident BF16 weights (needs ``self._bits`` and
+    ``self._f32`` of FastSelectBackend)."""
 
     def feature_capture(self, *, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
         blocks = bf16_bits(block_outputs)
-        lt, t, ht = blocks.shape
+        lt, _, ht = blocks.shape
         ids = [int(i) for i in target_layer_ids]
         if not ids or any(not 0 <= i < lt for i in ids):
             raise ValueError(f"feature_capture: block ids {ids} outside 0..{lt - 1}")
         fc = self._bits(fc_weight)
         if fc.ndim != 2 or fc.shape[1] != len(ids) * ht:
             raise ValueError(f"feature_capture: fc_weight {tuple(fc.shape)} does not take {len(ids)} x {ht} features")
-        # [T, n * Ht]: row t holds block ids[0] row t, then ids[1] row t, ...; a gather of bits
-        s = cp().ascontiguousarray(blocks[cp().asarray(ids, dtype=np.int64)].transpose(1, 0, 2).reshape(t, -1))
-        projected = gemm_bf16(s, fc)
+        projected = gemm_bf16(gather_blocks(blocks, ids), fc)
         _, context = rmsnorm(projected, self._f32(hidden_norm), eps, f32_out=False, bf16_out=True)
         return {"context": context}
+
+    def grouped_conv(self, *, x, z, base, proj):
+        xb, zb = bf16_bits(x), bf16_bits(z)
+        b, w, h = xb.shape
+        if h % 16:
+            raise ValueError(f"grouped_conv: hidden width {h} is not a multiple of 16")
+        pw = self._bits(proj)
+        if pw.shape != (4 * (h // 16), h):
+            raise ValueError(f"grouped_conv: proj {tuple(pw.shape)}, expected {(4 * (h // 16), h)}")
+        if zb.shape != xb.shape:
+            raise ValueError(f"grouped_conv: z {tuple(zb.shape)} and x {tuple(xb.shape)} differ")
+        bw = self._f32(base)
+        rows = b * w
+        delta = gemm_bf16(xb.reshape(rows, h), pw)  # [B*W, 4G] fp32
+        prepared = cp().empty(xb.shape, dtype=np.uint16)
+        fd = cp().empty((b, w, 2, h // 16), dtype=np.uint16)
+        finished = cp().empty(xb.shape, dtype=np.uint16)
+        if rows:
+            _fn("grouped_conv", "conv_prepare")(
+                _grid(rows * h), (_THREADS,),
+                (f32(xb), delta, bw, np.int32(w), np.int64(rows), np.int32(h), prepared, _NULL, fd))
+            _fn("grouped_conv", "conv_finish")(
+                _grid(rows * h), (_THREADS,),
+                (f32(zb), fd, bw, np.int32(w), np.int64(rows), np.int32(h), _NULL, _NULL, finished))
+        return {"prepared": prepared, "finish_delta": fd, "finished": finished}
