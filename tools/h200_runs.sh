@@ -26,12 +26,14 @@ for what in "$@"; do
   case $what in
     gpu-tests)
       step gpu-tests env ROUND_SUITE_REPORT="$OUT/round_suite.json" FAST_SUITE_REPORT="$OUT/fast_suite.json" \
-        $PY -m pytest -q -p no:cacheprovider tests/gpu ;;
+        FAST_ROUND_REPORT="$OUT/fast_round_suite.json" $PY -m pytest -q -p no:cacheprovider tests/gpu ;;
     suites)
       step suite-exact $PY -m conformance.cli run --json "$OUT/suite_exact.json"
       step suite-fast $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend --json "$OUT/suite_fast.json"
       step suite-round $PY -m conformance.cli run --impl kernels_cu.round:CudaRound \
-        --ops proposal_round,speculative_step --json "$OUT/suite_round.json" ;;
+        --ops proposal_round,speculative_step --json "$OUT/suite_round.json"
+      step suite-fast-round $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json" ;;
     torch)
       step torch-controls $PY -m tests.controls.test_controls --torch cuda --only-torch
       step torch-capture $PY -m examples.torch_capture_engine /tmp/cap --device cuda
