@@ -109,6 +109,36 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
 
 
 
+def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, int]:
+    """(S splits per row, chunk columns per split, warp variant, partial lists per row) of the
+    split top-k (fast_select.cu): about _TARGET_BLOCKS blocks, chunks of at least 2048 columns;
+    k <= 32 keeps one register list per warp (fast_topk_partial_warp), else one per thread; either
+    way each block writes one merged list of k keys."""
+    S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
+    chunk = -(-Vr // S)
+    S = -(-Vr // chunk)
+    return S, chunk, k <= 32, S
+
+
+def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
+    """The split top-k of fp32 logits [M, Vr] into given buffers (no allocation, no host sync):
+    partial [M, lists, k] uint64 scratch, scores [M, k] fp32 (or None), ids [M, k] int32."""
+    M, Vr = logits.shape
+    S, chunk, warp, lists = topk_plan(M, Vr, k)
+    if tuple(partial.shape) != (M, lists, k):
+        raise ValueError(f"topk_into: partial {partial.shape}, the plan needs {(M, lists, k)}")
+    if not M:
+        return
+    sl = _NULL if shortlist is None else shortlist
+    _fn("fast_select", "fast_topk_partial_warp" if warp else "fast_topk_partial")(
+        (S, M), (_FT_THREADS,),
+        (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk), partial))
+    _fn("fast_select", "fast_topk_merge")(
+        (M,), (_FT_THREADS,),
+        (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier),
+         np.float32(softcap), _NULL if scores is None else scores, ids))
+
+
 class FastSelectBackend(CudaBackend):
     """The fast selection, head, target and context Ops over the exact backend (the part of the
     fast mode defined in this module; FastCudaBackend below adds the block and the attention)."""
@@ -170,24 +200,11 @@ class FastSelectBackend(CudaBackend):
     def _topk_rows(self, logits, sl, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
         c = cp()
         M, Vr = logits.shape
-        S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
-        chunk = -(-Vr // S)
-        S = -(-Vr // chunk)
-        # k <= 32: one register-resident list per warp (fast_topk_partial_warp), else per thread
-        warp = k <= 32
-        lists = S * (_FT_THREADS // 32 if warp else 1)
+        lists = topk_plan(M, Vr, k)[3]
         partial = c.empty((M, lists, k), dtype=np.uint64)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
-        if M:
-            _fn("fast_select", "fast_topk_partial_warp" if warp else "fast_topk_partial")(
-                (S, M), (_FT_THREADS,),
-                (logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k),
-                 np.int32(chunk), partial))
-            _fn("fast_select", "fast_topk_merge")(
-                (M,), (_FT_THREADS,),
-                (partial, logits, _NULL if sl is None else sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k),
-                 np.float32(multiplier), np.float32(softcap), _NULL if scores is None else scores, ids))
+        topk_into(logits, sl, vocab_size, k, multiplier, softcap, partial, scores, ids)
         return scores, ids
 
     def candidate_topk(self, *, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0,

@@ -50,7 +50,7 @@ import json
 import numpy as np
 
 from conformance.rounds import ComposedRounds
-from kernels_cu.fast import _FT_THREADS, _NULL, _TARGET_BLOCKS, _TOPK_MAX, FastCudaBackend
+from kernels_cu.fast import _NULL, _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward
 from kernels_cu.loader import load_module
 from kernels_cu.ops_select import _DOT_WARPS, _MAX_GRID_Y, _SEL_THREADS
@@ -70,35 +70,6 @@ def _fn(module: str, name: str):
 
 
 # --- launches of the Ops' kernels into given buffers (no allocation, no host sync) -----------------
-
-
-def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, int]:
-    """(S splits per row, chunk columns per split, warp variant, partial lists per row): the plan of
-    FastSelectBackend._topk_rows (kernels_cu/fast.py), which candidate_topk and proposal_head use."""
-    S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
-    chunk = -(-Vr // S)
-    S = -(-Vr // chunk)
-    warp = k <= 32
-    return S, chunk, warp, S * (_FT_THREADS // 32 if warp else 1)
-
-
-def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
-    """FastSelectBackend._topk_rows into given buffers: partial [M, lists, k] uint64, scores [M, k]
-    fp32 (or None), ids [M, k] int32."""
-    M, Vr = logits.shape
-    S, chunk, warp, lists = topk_plan(M, Vr, k)
-    if tuple(partial.shape) != (M, lists, k):
-        raise ValueError(f"topk_into: partial {partial.shape}, the plan needs {(M, lists, k)}")
-    if not M:
-        return
-    sl = _NULL if shortlist is None else shortlist
-    _fn("fast_select", "fast_topk_partial_warp" if warp else "fast_topk_partial")(
-        (S, M), (_FT_THREADS,),
-        (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk), partial))
-    _fn("fast_select", "fast_topk_merge")(
-        (M,), (_FT_THREADS,),
-        (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier),
-         np.float32(softcap), _NULL if scores is None else scores, ids))
 
 
 def rowdot_bits_into(x, w, out):

@@ -107,8 +107,9 @@ fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shor
 
 // k <= 32: each warp keeps its best k in registers, lane i holding rank i (0 = none), and a
 // batch of 32 logits only costs a ballot against the warp's k-th key; the rare candidates are
-// inserted with a ballot (position) and a shuffle (shift). Grid (S, M); each block writes
-// FT_WARPS lists: partial[((m * S + s) * FT_WARPS + warp) * k ...].
+// inserted with a ballot (position) and a shuffle (shift). Grid (S, M); the block then merges
+// its FT_WARPS warp lists (k rounds of a block max) and writes one list, as fast_topk_partial:
+// partial[(m * S + s) * k ...] (the merge kernel then reads S * k keys per row, not 8x that).
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__ shortlist, int M, int Vr,
                        int vocab_size, int k, int chunk, u64* __restrict__ partial) {
@@ -144,7 +145,11 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
             }
         }
     }
-    if (lane < k) partial[(((size_t)m * S + s) * FT_WARPS + wid) * k + lane] = mine;
+    __shared__ u64 warp_best[FT_WARPS];
+    __shared__ u64 chosen[FT_KMAX];
+    const u64 one = lane < k ? mine : 0ull;  // each thread a list of at most one key (distinct keys)
+    block_merge(&one, one ? 1 : 0, k, warp_best, chosen);
+    if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
 }
 
 // Grid M: the S * k partial keys of row m -> the final top-k. scores/ids may be null (argmax
