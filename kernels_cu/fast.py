@@ -109,30 +109,38 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
 
 
 
-def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, int]:
-    """(S splits per row, chunk columns per split, warp variant, partial lists per row) of the
-    split top-k (fast_select.cu): about _TARGET_BLOCKS blocks, chunks of at least 2048 columns;
-    k <= 32 keeps one register list per warp (fast_topk_partial_warp), else one per thread; either
-    way each block writes one merged list of k keys."""
+TOPK_MERGE_IN_BLOCK_MAX_ROWS = 32  # fast_topk_partial_warp merges its warps' lists up to this many rows
+
+
+def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
+    """(S splits per row, chunk columns per split, warp variant, merged in the block, partial lists
+    per row) of the split top-k (fast_select.cu): about _TARGET_BLOCKS blocks, chunks of at least
+    2048 columns; k <= 32 keeps one register list per warp (fast_topk_partial_warp), else one per
+    thread (one list per block). The warp variant merges its 8 warp lists in the block for few
+    rows and k > 1 (one list per block), else writes all 8 (fast_select.cu says why)."""
     S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
     chunk = -(-Vr // S)
     S = -(-Vr // chunk)
-    return S, chunk, k <= 32, S
+    warp = k <= 32
+    merged = warp and k > 1 and M <= TOPK_MERGE_IN_BLOCK_MAX_ROWS
+    return S, chunk, warp, merged, S * (_FT_THREADS // 32 if warp and not merged else 1)
 
 
 def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
     """The split top-k of fp32 logits [M, Vr] into given buffers (no allocation, no host sync):
     partial [M, lists, k] uint64 scratch, scores [M, k] fp32 (or None), ids [M, k] int32."""
     M, Vr = logits.shape
-    S, chunk, warp, lists = topk_plan(M, Vr, k)
+    S, chunk, warp, merged, lists = topk_plan(M, Vr, k)
     if tuple(partial.shape) != (M, lists, k):
         raise ValueError(f"topk_into: partial {partial.shape}, the plan needs {(M, lists, k)}")
     if not M:
         return
     sl = _NULL if shortlist is None else shortlist
-    _fn("fast_select", "fast_topk_partial_warp" if warp else "fast_topk_partial")(
-        (S, M), (_FT_THREADS,),
-        (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk), partial))
+    args = (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk))
+    if warp:
+        _fn("fast_select", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
+    else:
+        _fn("fast_select", "fast_topk_partial")((S, M), (_FT_THREADS,), (*args, partial))
     _fn("fast_select", "fast_topk_merge")(
         (M,), (_FT_THREADS,),
         (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier),
@@ -200,7 +208,7 @@ class FastSelectBackend(CudaBackend):
     def _topk_rows(self, logits, sl, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
         c = cp()
         M, Vr = logits.shape
-        lists = topk_plan(M, Vr, k)[3]
+        lists = topk_plan(M, Vr, k)[4]
         partial = c.empty((M, lists, k), dtype=np.uint64)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)

@@ -163,7 +163,7 @@ class RoundWorkspace:
         # the head
         k = d.top_k if d.conv else 1
         self.logits = c.empty((M, d.Vr), dtype=np.float32)
-        self.partial = c.empty((M, topk_plan(M, d.Vr, k)[3], k), dtype=np.uint64)
+        self.partial = c.empty((M, topk_plan(M, d.Vr, k)[4], k), dtype=np.uint64)
         self.ids = c.empty((M, k), dtype=np.int32)
         if d.conv:
             self.scores = c.empty((M, k), dtype=np.float32)

@@ -46,18 +46,29 @@ def rec(monkeypatch):
     return r
 
 
-@pytest.mark.parametrize("M,Vr,k,scores", [(7, 248320, 16, True), (120, 248320, 16, True), (8, 248320, 1, False),
-                                            (3, 60, 4, True), (2, 5000, 40, True), (1, 1, 1, False)])
-def test_topk_into_launches_as_the_op(rec, M, Vr, k, scores):
-    logits = np.zeros((M, Vr), np.float32)
+@pytest.mark.parametrize("M,Vr,k,scores,merged", [
+    (7, 248320, 16, True, True),     # few rows, k 16: the warps' lists merged in the block
+    (120, 248320, 16, True, False),  # many rows: 8 lists per block (measured faster there)
+    (8, 248320, 1, False, False),    # argmax (proposal_head): nothing to merge
+    (3, 60, 4, True, True), (2, 5000, 40, True, False),  # k 40: the per-thread kernel
+    (1, 1, 1, False, False)])
+def test_topk_plan_and_launches(rec, M, Vr, k, scores, merged):
+    """The split top-k's plan (kernels_cu.fast.topk_plan, which the Op and FastRound share): the
+    chunks cover the row once; the partial buffer holds one list per block when the block merged
+    its warps (or ran the per-thread kernel), eight otherwise; the launches pass that flag and the
+    merge kernel reads exactly the lists the buffer holds."""
+    S, chunk, warp, got_merged, lists = fr.topk_plan(M, Vr, k)
+    assert S * chunk >= Vr and (S - 1) * chunk < Vr and warp == (k <= 32) and got_merged == merged
+    assert lists == (S if merged or not warp else 8 * S)
     backend = fast.FastSelectBackend.__new__(fast.FastSelectBackend)
-    backend._topk_rows(logits, None, Vr - 1, k, 0.5, 30.0, want_scores=scores)
-    op_calls, rec.calls = rec.calls, []
-    S, chunk, warp, lists = fr.topk_plan(M, Vr, k)
-    assert S * chunk >= Vr and (S - 1) * chunk < Vr and warp == (k <= 32)
-    fr.topk_into(logits, None, Vr - 1, k, 0.5, 30.0, np.empty((M, lists, k), np.uint64),
-                 np.empty((M, k), np.float32) if scores else None, np.empty((M, k), np.int32))
-    assert rec.calls == op_calls and len(op_calls) == 2
+    backend._topk_rows(np.zeros((M, Vr), np.float32), None, Vr - 1, k, 0.5, 30.0, want_scores=scores)
+    (name, grid, args), (merge_name, merge_grid, merge_args) = [(c[1], c[2], c[4]) for c in rec.calls]
+    assert name == ("fast_topk_partial_warp" if warp else "fast_topk_partial") and grid == (S, M)
+    assert merge_name == "fast_topk_merge" and merge_grid == (M,)
+    assert merge_args[5] == ("int32", lists)  # (partial, logits, shortlist, M, Vr, lists, k, ...)
+    assert args[-1] == ("array", (M, lists, k), "uint64")
+    if warp:
+        assert args[-2] == ("int32", int(merged))
 
 
 @pytest.mark.parametrize("M,R,H", [(7, 256, 5120), (120, 256, 5120), (3, 4, 32)])
