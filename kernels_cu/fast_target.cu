@@ -355,6 +355,52 @@ __device__ __forceinline__ RowParams row_params(int r, const float* temperature,
     return prm;
 }
 
+// The processed logits (C5: repetition, frequency and presence penalties in fp32 with _rn
+// intrinsics, then the temperature) of tokens v0 <= v < v1 into zs, thread tid at v0 + tid,
+// v0 + tid + T, ... with four tokens' loads in flight; the thread's best order key, best finite
+// key and finite count accumulate into best, best_finite, finite. The single-block kernel runs
+// it over the whole row, the split path over its chunk.
+__device__ __forceinline__ void process_range(const float* __restrict__ lg, const unsigned char* __restrict__ prompt,
+                                              const int* __restrict__ counts, float* __restrict__ zs, int v0, int v1,
+                                              int vocab_size, const RowParams& prm, u64& best, u64& best_finite,
+                                              int& finite) {
+    const bool greedy = prm.temperature <= 0.0f;
+    auto process = [&](float z, int cnt, unsigned char pm, int v) {
+        if (v >= vocab_size) z = neg_inf();
+        const bool seen_out = cnt > 0;
+        if (prm.rho != 1.0f && (pm != 0 || seen_out))
+            z = z > 0.0f ? __fdiv_rn(z, prm.rho) : __fmul_rn(z, prm.rho);
+        const float pen = __fadd_rn(__fmul_rn(prm.freq, (float)cnt), __fmul_rn(prm.pres, seen_out ? 1.0f : 0.0f));
+        z = __fsub_rn(z, pen);
+        if (!greedy) z = __fdiv_rn(z, prm.temperature);
+        zs[v] = z;
+        const u64 key = order_key(z, v);
+        best = key > best ? key : best;
+        if (isfinite(z)) {
+            best_finite = key > best_finite ? key : best_finite;
+            ++finite;
+        }
+    };
+    {
+        const int T = FTD_THREADS;
+        int v = v0 + threadIdx.x;
+        for (; v + 3 * T < v1; v += 4 * T) {
+            float z[4];
+            int c[4];
+            unsigned char m[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                z[j] = lg[v + j * T];
+                c[j] = counts[v + j * T];
+                m[j] = prompt[v + j * T];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) process(z[j], c[j], m[j], v + j * T);
+        }
+        for (; v < v1; v += T) process(lg[v], counts[v], prompt[v], v);
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(FTD_THREADS)
@@ -377,40 +423,7 @@ fast_target_distribution_rows(const float* __restrict__ logits, const unsigned c
     const bool greedy = prm.temperature <= 0.0f;
     u64 best = 0, best_finite = 0;
     int finite = 0;
-    auto process = [&](float z, int cnt, unsigned char pm, int v) {
-        if (v >= vocab_size) z = neg_inf();
-        const bool seen_out = cnt > 0;
-        if (prm.rho != 1.0f && (pm != 0 || seen_out))
-            z = z > 0.0f ? __fdiv_rn(z, prm.rho) : __fmul_rn(z, prm.rho);
-        const float pen = __fadd_rn(__fmul_rn(prm.freq, (float)cnt), __fmul_rn(prm.pres, seen_out ? 1.0f : 0.0f));
-        z = __fsub_rn(z, pen);
-        if (!greedy) z = __fdiv_rn(z, prm.temperature);
-        zs[v] = z;
-        const u64 key = order_key(z, v);
-        best = key > best ? key : best;
-        if (isfinite(z)) {
-            best_finite = key > best_finite ? key : best_finite;
-            ++finite;
-        }
-    };
-    {
-        const int T = FTD_THREADS;
-        int v = threadIdx.x;
-        for (; v + 3 * T < Vr; v += 4 * T) {  // four elements' loads in flight per thread
-            float z[4];
-            int c[4];
-            unsigned char m[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                z[j] = lg[v + j * T];
-                c[j] = counts[v + j * T];
-                m[j] = prompt[v + j * T];
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) process(z[j], c[j], m[j], v + j * T);
-        }
-        for (; v < Vr; v += T) process(lg[v], counts[v], prompt[v], v);
-    }
+    process_range(lg, prompt, counts, zs, 0, Vr, vocab_size, prm, best, best_finite, finite);
     best = block_max_u64(best);
     best_finite = block_max_u64(best_finite);
     finite = block_sum_int(finite);
@@ -569,44 +582,9 @@ ftd_split_process(const float* __restrict__ logits, const unsigned char* __restr
     float* zs = scratch + off;
     const int v0 = blockIdx.x * chunk;
     const int v1 = min(Vr, v0 + chunk);
-
-    const bool greedy = prm.temperature <= 0.0f;
     u64 best = 0, best_finite = 0;
     int finite = 0;
-    auto process = [&](float z, int cnt, unsigned char pm, int v) {  // the single-block kernel's
-        if (v >= vocab_size) z = neg_inf();
-        const bool seen_out = cnt > 0;
-        if (prm.rho != 1.0f && (pm != 0 || seen_out))
-            z = z > 0.0f ? __fdiv_rn(z, prm.rho) : __fmul_rn(z, prm.rho);
-        const float pen = __fadd_rn(__fmul_rn(prm.freq, (float)cnt), __fmul_rn(prm.pres, seen_out ? 1.0f : 0.0f));
-        z = __fsub_rn(z, pen);
-        if (!greedy) z = __fdiv_rn(z, prm.temperature);
-        zs[v] = z;
-        const u64 key = order_key(z, v);
-        best = key > best ? key : best;
-        if (isfinite(z)) {
-            best_finite = key > best_finite ? key : best_finite;
-            ++finite;
-        }
-    };
-    {
-        const int T = FTD_THREADS;
-        int v = v0 + threadIdx.x;
-        for (; v + 3 * T < v1; v += 4 * T) {
-            float z[4];
-            int c[4];
-            unsigned char m[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                z[j] = lg[v + j * T];
-                c[j] = counts[v + j * T];
-                m[j] = prompt[v + j * T];
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) process(z[j], c[j], m[j], v + j * T);
-        }
-        for (; v < v1; v += T) process(lg[v], counts[v], prompt[v], v);
-    }
+    process_range(lg, prompt, counts, zs, v0, v1, vocab_size, prm, best, best_finite, finite);
     best = block_max_u64(best);
     best_finite = block_max_u64(best_finite);
     finite = block_sum_int(finite);
