@@ -50,10 +50,10 @@ import json
 import numpy as np
 
 from conformance.rounds import ComposedRounds
-from kernels_cu.fast import _NULL, _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
+from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward
 from kernels_cu.loader import load_module
-from kernels_cu.ops_select import _DOT_WARPS, _MAX_GRID_Y, _SEL_THREADS
+from kernels_cu.ops_select import _SEL_THREADS, _rowdot
 from kernels_cu.round import CudaRound
 from reference import proposal_round as pr
 from reference import state_dict as sdm
@@ -74,16 +74,7 @@ def _fn(module: str, name: str):
 
 def rowdot_bits_into(x, w, out):
     """ops_select._rowdot(x, w, bits_out=True) into ``out`` [M, N] uint16: the selector's g."""
-    M, H = x.shape
-    N = w.shape[0]
-    fn = _fn("select", "bf16_rowdot")
-    blocks_x = (N + _DOT_WARPS - 1) // _DOT_WARPS
-    for m0 in range(0, M, _MAX_GRID_Y):
-        m1 = min(M, m0 + _MAX_GRID_Y)
-        if N and m1 > m0:
-            o = out[m0:m1]
-            fn((blocks_x, m1 - m0), (32 * _DOT_WARPS,),
-               (x[m0:m1], w, np.int32(m1 - m0), np.int32(N), np.int32(H), _NULL, o))
+    _rowdot(x, w, bits_out=True, out=out)
 
 
 def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q):

@@ -73,14 +73,16 @@ def _per_row(a, n: int, dtype, name: str):
     return a
 
 
-def _rowdot(x, w, *, bits_out: bool):
+def _rowdot(x, w, *, bits_out: bool, out=None):
     """x [M, H] @ w [N, H].T, accumulated in double and rounded once: fp32 [M, N] (the head
-    logits) or BF16 bits (the represented g). select.cu bf16_rowdot says why not fp32."""
+    logits) or BF16 bits (the represented g), into ``out`` when given (no allocation: the fast
+    round's captured graph). select.cu bf16_rowdot says why not fp32."""
     M, H = x.shape
     N = w.shape[0]
     if w.shape[1] != H:
         raise ValueError(f"inner dimensions differ: {x.shape} and {w.shape}")
-    out = cp().empty((M, N), dtype=np.uint16 if bits_out else np.float32)
+    if out is None:
+        out = cp().empty((M, N), dtype=np.uint16 if bits_out else np.float32)
     fn = _fn("select", "bf16_rowdot")
     blocks_x = (N + _DOT_WARPS - 1) // _DOT_WARPS
     for m0 in range(0, M, _MAX_GRID_Y):
