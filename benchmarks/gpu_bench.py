@@ -383,6 +383,17 @@ def _torch_graph(torch, fn):
     return g, out
 
 
+def _torch_graph_ms(torch, timer, fn, checks) -> float:
+    """The median replay time of fn captured into a torch.cuda.CUDAGraph; NaN (and the reason in
+    checks["torch_graph_error"]) when the capture fails."""
+    try:
+        tgraph, _ = _torch_graph(torch, fn)
+        return timer(lambda: tgraph.replay())
+    except Exception as exc:  # noqa: BLE001
+        checks["torch_graph_error"] = f"{type(exc).__name__}: {exc}"
+        return math.nan
+
+
 def _cupy_graph(cp, fn):
     """A CUDA graph of fn captured on a CuPy stream after one warm-up call there (weights
     resident, workspace made). Returns (graph, captured output, stream): keep the stream, whose
@@ -499,12 +510,7 @@ def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, co
                 checks["fast_graph_equals_eager"] = bool(cp.array_equal(captured, fb.masked_block(**kw)["hidden"]))
             except Exception as exc:  # noqa: BLE001
                 checks["fast_graph_error"] = f"{type(exc).__name__}: {exc}"
-            t_torch_graph = math.nan
-            try:
-                tgraph, _ = _torch_graph(torch, tor)
-                t_torch_graph = timer(lambda: tgraph.replay())
-            except Exception as exc:  # noqa: BLE001
-                checks["torch_graph_error"] = f"{type(exc).__name__}: {exc}"
+            t_torch_graph = _torch_graph_ms(torch, timer, tor, checks)
             rows.append(row("masked_block[graph]", shape, None, t_fast_graph, t_torch_graph, floor))
             # without the attention: the GEMMs (weight streaming) and the glue kernels alone
             zero_a = cp.zeros((b, w, hq, d), dtype=cp.uint16)
@@ -628,11 +634,7 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
                 checks["fast_graph_error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row("proposal_round", shape, None, t_eager, _safe(f"{shape} torch", lambda: timer(tor)),
                             floor))
-            try:
-                tgraph, _ = _torch_graph(torch, tor)
-                t_torch_graph = timer(lambda: tgraph.replay())
-            except Exception as exc:  # noqa: BLE001
-                checks["torch_graph_error"] = f"{type(exc).__name__}: {exc}"
+            t_torch_graph = _torch_graph_ms(torch, timer, tor, checks)
             rows.append(row("proposal_round[graph]", shape, None, t_graph, t_torch_graph, floor))
             print(json.dumps(checks), flush=True)
             del kc, vc
