@@ -20,7 +20,7 @@ import numpy as np
 
 from kernels_cu.fast_gemm import cp, gemm_bf16
 from kernels_cu.loader import load_module
-from kernels_cu.ops_attention import _NULL, _THREADS, _fn, _grid, bf16_bits, f32, rmsnorm
+from kernels_cu.ops_attention import _NULL, _THREADS, _fn, _grid, bf16_bits, capture_ids, f32, rmsnorm
 
 _IDS: dict = {}  # (device, ids) -> the device int32 array of the block ids, kept across calls
 
@@ -51,10 +51,8 @@ class FastCaptureMixin:
 
     def feature_capture(self, *, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
         blocks = bf16_bits(block_outputs)
-        lt, _, ht = blocks.shape
-        ids = [int(i) for i in target_layer_ids]
-        if not ids or any(not 0 <= i < lt for i in ids):
-            raise ValueError(f"feature_capture: block ids {ids} outside 0..{lt - 1}")
+        ht = blocks.shape[2]
+        ids = capture_ids(blocks, target_layer_ids)
         fc = self._bits(fc_weight)
         if fc.ndim != 2 or fc.shape[1] != len(ids) * ht:
             raise ValueError(f"feature_capture: fc_weight {tuple(fc.shape)} does not take {len(ids)} x {ht} features")

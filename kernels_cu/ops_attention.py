@@ -260,6 +260,15 @@ def layer_forward(x, kc_bits, vc_bits, frontier, live, wt: dict, eps, theta, hea
     return y + z
 
 
+def capture_ids(blocks, target_layer_ids) -> list[int]:
+    """feature_capture's block ids as ints, each naming one of the blocks (one-line error otherwise)."""
+    lt = blocks.shape[0]
+    ids = [int(i) for i in target_layer_ids]
+    if not ids or any(not 0 <= i < lt for i in ids):
+        raise ValueError(f"feature_capture: block ids {ids} outside 0..{lt - 1}")
+    return ids
+
+
 class AttentionOps:
     """Methods for feature_capture, context_kv, draft_attention, draft_layer, masked_block,
     proposal_head and grouped_conv (CONTRACTS C9: keyword arguments named as docs/ops.md,
@@ -267,10 +276,8 @@ class AttentionOps:
 
     def feature_capture(self, *, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
         blocks = bf16_bits(block_outputs)
-        lt, t, ht = blocks.shape
-        ids = [int(i) for i in target_layer_ids]
-        if not ids or any(not 0 <= i < lt for i in ids):
-            raise ValueError(f"feature_capture: block ids {ids} outside 0..{lt - 1}")
+        _, t, ht = blocks.shape
+        ids = capture_ids(blocks, target_layer_ids)
         s = cp().empty((t, len(ids) * ht), dtype=np.float32)
         _fn("norm_rope", "gather_concat_bf16")(
             _grid(s.size), (_THREADS,),
