@@ -6,7 +6,8 @@ through the resident fc weight, then the exact mode's RMSNorm kernel (plain_rmsn
 The exact mode converts the blocks and the fc weight to FP32 and runs an SGEMM on every call (at
 the 27B width the fc weight is 5120 x 25600: 262 MB of BF16). The products are the same (BF16 x
 BF16 is exact in FP32); only the order of the FP32 accumulation differs, which CONTRACTS C2 admits
-(reference.scales.accumulation_weights; the output is BF16 after the norm).
+(the output is BF16 after the norm: its BF16-chain envelope counts the GEMM's FP32 accumulation,
+reference.magnitude.linear, far below one BF16 rounding).
 
 grouped_conv: the delta projection W_delta x as one BF16 GEMM on the resident projection (x is
 BF16, so its products are the exact mode's), then the exact mode's conv_prepare / conv_finish

@@ -11,8 +11,9 @@
 
 i.e. the kernels of the fast Ops (masked_block, candidate_topk, proposal_head) and of the exact
 candidate_selector, launched into buffers the workspace owns (the Op methods allocate their
-outputs per call; ``topk_into``, ``rowdot_bits_into`` and ``selector_walk_into`` below are their
-launches with the Ops' grids and arguments, tests/test_fast_round_plan.py checks that on the CPU).
+outputs per call; ``topk_into`` (kernels_cu.fast, the Ops' own launcher), ``rowdot_bits_into``
+(ops_select._rowdot with an out buffer) and ``selector_walk_into`` below launch them into given
+buffers with the Ops' grids and arguments; tests/test_fast_round_plan.py checks that on the CPU).
 No Op's numerics change: same kernels, same arguments, the same cuBLAS gemmEx call.
 
 Graphs. Per workspace: the first ``step`` runs eagerly on the workspace's own CuPy stream (weights

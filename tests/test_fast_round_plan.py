@@ -1,9 +1,10 @@
-"""kernels_cu/fast_round.py's launches into given buffers make the same kernel launches as the Op
-methods they stand for (no GPU: CuPy is replaced by NumPy and every kernel by a recorder that keeps
-the grid, block and arguments, arrays by shape and dtype).
+"""kernels_cu/fast_round.py's launches into given buffers (no GPU: CuPy is replaced by NumPy and
+every kernel by a recorder that keeps the grid, block and arguments, arrays by shape and dtype).
 
-- topk_into == FastSelectBackend._topk_rows (candidate_topk, k <= 32 and k > 32; proposal_head k = 1);
-- rowdot_bits_into == ops_select._rowdot(bits_out=True) (the selector's g);
+- the split top-k's plan and launches (kernels_cu.fast.topk_plan / topk_into, shared by the Ops and
+  FastRound): the in-block merge flag, the partial buffer and the merge's list count;
+- rowdot_bits_into == ops_select._rowdot(bits_out=True) (the selector's g; the same function with
+  an out buffer);
 - selector_walk_into == SelectionOps.candidate_selector's walk launch.
 """
 
