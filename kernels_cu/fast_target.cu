@@ -97,21 +97,27 @@ __device__ double block_sum_f64(double v) {
     return r;
 }
 
-// Strided row scan with four independent loads in flight per thread (one load at a time left
-// each block latency-bound at a few GB/s). Each thread visits v = tid, tid + T, tid + 2T, ...
-// in the same order as a plain strided loop, so per-thread sums keep the exact kernel's order.
+// Strided scan of v0 <= v < v1 with four independent loads in flight per thread (one load at a
+// time left each block latency-bound at a few GB/s). Thread tid visits v0 + tid, v0 + tid + T,
+// ... in the same order as a plain strided loop, so per-thread sums keep the exact kernel's
+// order. row_scan is the whole row (the single-block kernel); the split path scans its chunk.
 template <class F>
-__device__ __forceinline__ void row_scan(const float* __restrict__ zs, int Vr, F&& f) {
+__device__ __forceinline__ void chunk_scan(const float* __restrict__ zs, int v0, int v1, F&& f) {
     const int T = FTD_THREADS;
-    int v = threadIdx.x;
-    for (; v + 3 * T < Vr; v += 4 * T) {
+    int v = v0 + threadIdx.x;
+    for (; v + 3 * T < v1; v += 4 * T) {
         const float a = zs[v], b = zs[v + T], c = zs[v + 2 * T], d = zs[v + 3 * T];
         f(a, v);
         f(b, v + T);
         f(c, v + 2 * T);
         f(d, v + 3 * T);
     }
-    for (; v < Vr; v += T) f(zs[v], v);
+    for (; v < v1; v += T) f(zs[v], v);
+}
+
+template <class F>
+__device__ __forceinline__ void row_scan(const float* __restrict__ zs, int Vr, F&& f) {
+    chunk_scan(zs, 0, Vr, f);
 }
 
 struct RowParams {
@@ -516,20 +522,6 @@ __device__ __forceinline__ float key_z(u64 key) {
     return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
 }
 
-// Visit v0 <= v < v1 (v1 - v0 <= chunk), thread tid at v0 + tid, v0 + tid + T, ...
-template <class F>
-__device__ __forceinline__ void chunk_scan(const float* __restrict__ zs, int v0, int v1, F&& f) {
-    const int T = FTD_THREADS;
-    int v = v0 + threadIdx.x;
-    for (; v + 3 * T < v1; v += 4 * T) {
-        const float a = zs[v], b = zs[v + T], c = zs[v + 2 * T], d = zs[v + 3 * T];
-        f(a, v);
-        f(b, v + T);
-        f(c, v + 2 * T);
-        f(d, v + 3 * T);
-    }
-    for (; v < v1; v += T) f(zs[v], v);
-}
 
 // Every thread of the block calls it after writing its part; true in the block that took the
 // row's last ticket (every thread), which may then read the others' parts (through L2).
