@@ -83,6 +83,8 @@ def bench_candidate_selector(cp, torch, timer, exact, fast, shapes, rows, floor_
     codebook rows, g = F.linear BF16, an argmax per position): no cheaper than what ours does."""
     import torch.nn.functional as F
 
+    from benchmarks.gpu_bench import torch_greedy_walk
+
     bits, row = _helpers()
     h, r, top, vr = 5120, 256, 16, 248320
     w_hidden = torch.randn(r, h, dtype=torch.bfloat16, device="cuda") * h**-0.5
@@ -103,15 +105,7 @@ def bench_candidate_selector(cp, torch, timer, exact, fast, shapes, rows, floor_
                   seed=cp.from_dlpack(seed).view(cp.uint64), frontier=cp.from_dlpack(frontier))
 
         def tor():
-            g = F.linear(hidden, w_hidden).float()
-            pred = anchor.long()
-            out = []
-            for i in range(k):
-                pg = w_pred[pred].float() * g[:, i]
-                e = scores[:, i] + torch.einsum("bkr,br->bk", w_succ[ids[:, i].long()].float(), pg)
-                pred = ids[:, i].long().gather(1, e.argmax(-1, keepdim=True))[:, 0]
-                out.append(pred)
-            return torch.stack(out, 1)
+            return torch_greedy_walk(torch, F, hidden, scores, ids, anchor, w_hidden, w_pred, w_succ)
 
         floor = (w_hidden.numel() + b * k * (top + 1) * r + b * k * h) * 2
         rows.append(row("candidate_selector", f"27B B{b} K{k}",

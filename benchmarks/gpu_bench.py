@@ -540,13 +540,20 @@ def _torch_round_head(torch, F, hidden, tr, cfg, vocab, anchor):
     if cfg.variant == "dflash":
         return z.argmax(-1)
     u, ids = torch.topk(z, cfg.selector_top_k, dim=-1)
-    g = F.linear(hidden, tr["w_hidden"]).float()
+    return torch_greedy_walk(torch, F, hidden, u, ids, anchor, tr["w_hidden"], tr["w_pred"], tr["w_succ"])
+
+
+def torch_greedy_walk(torch, F, hidden, u, ids, anchor, w_hidden, w_pred, w_succ):
+    """The DFlash2 selector's greedy walk in PyTorch (temperature 0): g = F.linear BF16, then per
+    position the predecessor's codebook row times g against the candidates' successor rows, plus
+    their scores u, and an argmax; hidden [b, K, H], u / ids [b, K, k] -> tokens [b, K]."""
+    g = F.linear(hidden, w_hidden).float()
     pred = anchor.long()
     tokens = []
     for i in range(hidden.shape[1]):
-        pg = tr["w_pred"][pred].float() * g[:, i]  # [b, R]
-        e = u[:, i] + torch.einsum("bkr,br->bk", tr["w_succ"][ids[:, i]].float(), pg)
-        pred = ids[:, i].gather(1, e.argmax(-1, keepdim=True))[:, 0]
+        pg = w_pred[pred].float() * g[:, i]  # [b, R]
+        e = u[:, i] + torch.einsum("bkr,br->bk", w_succ[ids[:, i].long()].float(), pg)
+        pred = ids[:, i].long().gather(1, e.argmax(-1, keepdim=True))[:, 0]
         tokens.append(pred)
     return torch.stack(tokens, 1)
 

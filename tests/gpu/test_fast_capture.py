@@ -16,24 +16,10 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def cupy():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def fast():
+def fast(cupy):
     from kernels_cu.fast import FastCudaBackend
 
     return FastCudaBackend()
-
-
-@pytest.fixture(scope="module")
-def exact():
-    from kernels_cu.backend import CudaBackend
-
-    return CudaBackend()
 
 
 def _bits(cp, rng, shape):
@@ -55,7 +41,7 @@ def test_gather_equals_fancy_indexing(cupy, ht, ids, offset):
     assert got.shape == want.shape and bool(cp.array_equal(got, want))
 
 
-def test_feature_capture_outputs_as_exact(cupy, fast, exact):
+def test_feature_capture_outputs_as_exact(cupy, fast, backend):
     cp = cupy
     rng = np.random.default_rng(5)
     n, t, ht, h = 3, 19, 256, 128
@@ -63,13 +49,13 @@ def test_feature_capture_outputs_as_exact(cupy, fast, exact):
               fc_weight=_bits(cp, rng, (h, n * ht)),
               hidden_norm=_bits(cp, rng, (h,)), target_layer_ids=[5, 0, 3], eps=1e-6)
     a = fast.feature_capture(**kw)["context"]
-    b = exact.feature_capture(**kw)["context"]
+    b = backend.feature_capture(**kw)["context"]
     assert a.shape == b.shape == (t, h) and a.dtype == b.dtype
     with pytest.raises(ValueError, match="fc_weight"):
         fast.feature_capture(**dict(kw, target_layer_ids=[5, 0]))
 
 
-def test_grouped_conv_outputs_as_exact(cupy, fast, exact):
+def test_grouped_conv_outputs_as_exact(cupy, fast, backend):
     cp = cupy
     rng = np.random.default_rng(6)
     b, w, h = 2, 5, 64
@@ -77,7 +63,7 @@ def test_grouped_conv_outputs_as_exact(cupy, fast, exact):
                       .astype(np.uint16))
     kw = dict(x=_bits(cp, rng, (b, w, h)), z=_bits(cp, rng, (b, w, h)), base=base,
               proj=_bits(cp, rng, (4 * h // 16, h)))
-    a, e = fast.grouped_conv(**kw), exact.grouped_conv(**kw)
+    a, e = fast.grouped_conv(**kw), backend.grouped_conv(**kw)
     for name in ("prepared", "finish_delta", "finished"):
         assert a[name].shape == e[name].shape and a[name].dtype == e[name].dtype, name
     with pytest.raises(ValueError, match="proj"):
