@@ -558,6 +558,62 @@ def torch_greedy_walk(torch, F, hidden, u, ids, anchor, w_hidden, w_pred, w_succ
     return torch.stack(tokens, 1)
 
 
+def round_drafter(cp, torch, cfg):
+    """A FastRound loaded with random full-width weights of one official geometry (the block's as
+    _block_weights, the head, DFlash2's selector codebooks). Returns (fr, torch block weights, torch
+    head weights, block weight bits, {embed, final_norm}, bytes of block + head weights)."""
+    from conformance.geometry import PUBLIC_VOCAB_MARGIN
+    from kernels_cu.fast_round import FastRound
+
+    d, h = cfg.head_dim, cfg.hidden_size
+    vr, vocab = cfg.vocab_size, cfg.vocab_size - PUBLIC_VOCAB_MARGIN
+    tw, extra = _block_weights(torch, cfg)
+    wbits = {k: bits(cp, v) for k, v in tw.items()}
+    block_bytes = sum(v.numel() * 2 for k, v in tw.items() if not k.endswith("norm") and "base" not in k)
+    tw.update(extra, wqkv=torch.cat([tw["wq"], tw["wk"], tw["wv"]], 1),
+              wgu=torch.cat([tw["w_gate"], tw["w_up"]], 1),
+              inv_freq=cfg.rope_theta ** (-torch.arange(d // 2, device="cuda", dtype=torch.float64) * 2 / d))
+    g0 = torch.Generator(device="cuda").manual_seed(7)
+    tr = {"head": (torch.randn(vr, h, device="cuda", generator=g0) * h**-0.5).to(torch.bfloat16)}
+    sel = {}
+    if cfg.variant == "dflash2":
+        r = cfg.selector_rank
+        tr.update(w_hidden=(torch.randn(r, h, device="cuda", generator=g0) * h**-0.5).to(torch.bfloat16),
+                  w_pred=torch.randn(vr, r, device="cuda", generator=g0).to(torch.bfloat16),
+                  w_succ=torch.randn(vr, r, device="cuda", generator=g0).to(torch.bfloat16))
+        sel = {"top_k": cfg.selector_top_k, **{k: bits(cp, tr[k]) for k in ("w_hidden", "w_pred", "w_succ")}}
+    fr = FastRound()
+    fr.load(variant=cfg.variant, weights=wbits, embed=bits(cp, tw["embed"]), final_norm=bits(cp, tw["final_norm"]),
+            head=bits(cp, tr["head"]), vocab_size=vocab, windows=list(cfg.windows), eps=cfg.rms_norm_eps,
+            theta=cfg.rope_theta, head_dim=d, mask_token_id=cfg.mask_token_id, **sel)
+    return fr, tw, tr, wbits, extra, block_bytes + tr["head"].numel() * 2
+
+
+def round_inputs(cp, torch, cfg, b, w, context):
+    """One round's inputs at (B, W, context) (rings at the geometry's capacity, frontiers context -
+    3 b, DFlash live tails across rows): (FastRound.step keywords, (k ring, v ring, anchor,
+    frontier, live) as torch tensors)."""
+    from conformance.geometry import PUBLIC_VOCAB_MARGIN, _capacity
+
+    L, hk, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    vocab, cap = cfg.vocab_size - PUBLIC_VOCAB_MARGIN, _capacity(cfg, context)
+    g = torch.Generator(device="cuda").manual_seed(b * 100 + w)
+    frontier = context - 3 * torch.arange(b, device="cuda", dtype=torch.int64)
+    if cfg.variant == "dflash":
+        live = torch.clamp(w - torch.arange(b, device="cuda") % 4, min=1).to(torch.int32)
+    else:
+        live = torch.full((b,), w, dtype=torch.int32, device="cuda")
+    kc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16)
+    vc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16).abs().to(torch.float16)
+    anchor = torch.randint(0, vocab, (b,), device="cuda", generator=g, dtype=torch.int32)
+    temperature = torch.zeros(b, device="cuda")
+    seed = torch.arange(b, device="cuda", dtype=torch.int64)
+    kw = {"anchor": cp.from_dlpack(anchor), "frontier": cp.from_dlpack(frontier), "live": cp.from_dlpack(live),
+          "context_k": bits(cp, kc), "context_v": cp.from_dlpack(vc), "num_drafts": w - 1,
+          "temperature": cp.from_dlpack(temperature), "seed": cp.from_dlpack(seed).view(cp.uint64)}
+    return kw, (kc, vc, anchor, frontier, live)
+
+
 def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, context=4096):
     """The round's device part (masked_block, then DFlash proposal_head / DFlash2 candidate_topk +
     candidate_selector, temperature 0) at both official geometries, full width, random weights, F =
@@ -569,51 +625,18 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
     import torch.nn.functional as F
 
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
-    from kernels_cu.fast_round import FastRound
     from reference.config import PRESETS
 
     for label, geo in [("27B DFlash2", "dflash2-27b"), ("35B DFlash", "dflash-35b-a3b")]:
         cfg = PRESETS[GEOMETRIES[geo]]
-        L, hk, d, h = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
-        vr, vocab = cfg.vocab_size, cfg.vocab_size - PUBLIC_VOCAB_MARGIN
-        tw, extra = _block_weights(torch, cfg)
-        wbits = {k: bits(cp, v) for k, v in tw.items()}
-        block_bytes = sum(v.numel() * 2 for k, v in tw.items() if not k.endswith("norm") and "base" not in k)
-        tw.update(extra, wqkv=torch.cat([tw["wq"], tw["wk"], tw["wv"]], 1),
-                  wgu=torch.cat([tw["w_gate"], tw["w_up"]], 1),
-                  inv_freq=cfg.rope_theta ** (-torch.arange(d // 2, device="cuda", dtype=torch.float64) * 2 / d))
-        g0 = torch.Generator(device="cuda").manual_seed(7)
-        tr = {"head": (torch.randn(vr, h, device="cuda", generator=g0) * h**-0.5).to(torch.bfloat16)}
-        sel = {}
-        if cfg.variant == "dflash2":
-            r = cfg.selector_rank
-            tr.update(w_hidden=(torch.randn(r, h, device="cuda", generator=g0) * h**-0.5).to(torch.bfloat16),
-                      w_pred=torch.randn(vr, r, device="cuda", generator=g0).to(torch.bfloat16),
-                      w_succ=torch.randn(vr, r, device="cuda", generator=g0).to(torch.bfloat16))
-            sel = {"top_k": cfg.selector_top_k, **{k: bits(cp, tr[k]) for k in ("w_hidden", "w_pred", "w_succ")}}
-        weight_bytes = block_bytes + tr["head"].numel() * 2
-        fr = FastRound()
-        fr.load(variant=cfg.variant, weights=wbits, embed=bits(cp, tw["embed"]), final_norm=bits(cp, tw["final_norm"]),
-                head=bits(cp, tr["head"]), vocab_size=vocab, windows=list(cfg.windows), eps=cfg.rms_norm_eps,
-                theta=cfg.rope_theta, head_dim=d, mask_token_id=cfg.mask_token_id, **sel)
+        L, hk, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+        vocab = cfg.vocab_size - PUBLIC_VOCAB_MARGIN
+        fr, tw, tr, wbits, extra, weight_bytes = round_drafter(cp, torch, cfg)
         cap = _capacity(cfg, context)
         for b, w in shapes:
-            g = torch.Generator(device="cuda").manual_seed(b * 100 + w)
-            frontier = context - 3 * torch.arange(b, device="cuda", dtype=torch.int64)
-            if cfg.variant == "dflash":
-                live = torch.clamp(w - torch.arange(b, device="cuda") % 4, min=1).to(torch.int32)
-            else:
-                live = torch.full((b,), w, dtype=torch.int32, device="cuda")
-            kc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16)
-            vc = torch.randn((L, b, cap, hk, d), device="cuda", generator=g).to(torch.bfloat16).abs().to(torch.float16)
-            anchor = torch.randint(0, vocab, (b,), device="cuda", generator=g, dtype=torch.int32)
-            temperature = torch.zeros(b, device="cuda")
-            seed = torch.arange(b, device="cuda", dtype=torch.int64)
+            kw, (kc, vc, anchor, frontier, live) = round_inputs(cp, torch, cfg, b, w, context)
             shape = f"{label} B{b} W{w} F{context}"
             floor = weight_bytes / floor_bw * 1e3
-            kw = {"anchor": cp.from_dlpack(anchor), "frontier": cp.from_dlpack(frontier), "live": cp.from_dlpack(live),
-                  "context_k": bits(cp, kc), "context_v": cp.from_dlpack(vc), "num_drafts": w - 1,
-                  "temperature": cp.from_dlpack(temperature), "seed": cp.from_dlpack(seed).view(cp.uint64)}
             checks = {"shape": shape, "weight_bytes": weight_bytes, "ring_bytes": L * b * cap * hk * d * 4}
 
             def tor():

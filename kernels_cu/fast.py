@@ -110,6 +110,7 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
 
 
 TOPK_MERGE_IN_BLOCK_MAX_ROWS = 32  # fast_topk_partial_warp merges its warps' lists up to this many rows
+TOPK_MERGE_MIN_K = 2  # ... and for k at least this (benchmarks/topk_ab.py times both sides of both)
 
 
 def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
@@ -122,7 +123,7 @@ def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     chunk = -(-Vr // S)
     S = -(-Vr // chunk)
     warp = k <= 32
-    merged = warp and k > 1 and M <= TOPK_MERGE_IN_BLOCK_MAX_ROWS
+    merged = warp and k >= TOPK_MERGE_MIN_K and M <= TOPK_MERGE_IN_BLOCK_MAX_ROWS
     return S, chunk, warp, merged, S * (_FT_THREADS // 32 if warp and not merged else 1)
 
 
