@@ -23,15 +23,18 @@ using dfl::u16;
 // The residual stream value at (row r, column c) before the norm: the source row (fp32 stream,
 // BF16 bits of the caller's x, or an embedding row chosen by token) plus the branch output. The
 // DFlash2 finish on the branch z: BF16((base1[c] + fd[g]) z[r] + 1{i >= 1} (base1[H + c] +
-// fd[G + g]) z[r - 1]) (grouped_conv.cu conv_finish, the same operation order).
+// fd[G + g]) z[r - 1]) (grouped_conv.cu conv_finish, the same operation order). RES: the source
+// is resid_in (else srow); BR: a branch is added; CONV: with the conv finish. Compile-time flags,
+// so that an unrolled loop over a row holds no branches and its loads are all in flight at once.
+template <bool RES, bool BR, bool CONV>
 __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const float* resid_in, const u16* srow,
                                           const float* __restrict__ branch, const float* __restrict__ conv_base,
                                           const u16* __restrict__ fd) {
     const long long o = (long long)r * H + c;
-    float x = resid_in ? resid_in[o] : dfl::bf16_to_f32(srow[c]);
-    if (branch) {
+    float x = RES ? resid_in[o] : dfl::bf16_to_f32(srow[c]);
+    if (BR) {
         float z;
-        if (conv_base) {
+        if (CONV) {
             const int G = H >> 4, g = c >> 4;
             z = (conv_base[c] + dfl::bf16_to_f32(fd[g])) * branch[o];
             if (i >= 1) z = fmaf(conv_base[H + c] + dfl::bf16_to_f32(fd[G + g]), branch[o - H], z);
@@ -44,6 +47,165 @@ __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const floa
     return x;
 }
 
+#define FB_RN_THREADS 256
+#define FB_RN_MAXV4 8  // float4 groups per thread held in registers: rows up to 8192 wide
+
+// The norm's output of one element (shared by both row paths).
+__device__ __forceinline__ void fb_norm_store(long long o, float y, float* __restrict__ norm_f32,
+                                              u16* __restrict__ norm_hi, u16* __restrict__ norm_lo) {
+    if (norm_f32) norm_f32[o] = y;
+    const u16 hi = dfl::f32_to_bf16_rn(y);
+    if (norm_hi) norm_hi[o] = hi;
+    if (norm_lo) norm_lo[o] = dfl::f32_to_bf16_rn(y - dfl::bf16_to_f32(hi));
+}
+
+// Element ownership (both paths): thread t owns the groups of four columns q = t, t + 256, ...
+// (columns 4q .. 4q + 3) and sums its squares group by group, column by column, then the
+// block sum; so the two paths give the same bits.
+//
+// Registers path, H % 4 == 0 and 16-byte aligned rows, NV4 = ceil(H / 1024) groups per thread
+// (a compile-time count, so the unrolled code holds only the groups a row has: the first
+// version unrolled 32 scalar columns for every width and ran 14 us per row at both 2048 and
+// 5120, H200): every load of the row is issued before the first use, 16-byte loads of the
+// fp32 rows and 8-byte loads of BF16 rows, the norm's second pass reads the registers.
+template <int NV4, bool RES, bool BR, bool CONV>
+__device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, int W, const float* resid_in,
+                                                  const u16* srow, const float* __restrict__ branch,
+                                                  const float* __restrict__ conv_base, const u16* __restrict__ fdr,
+                                                  float* resid_out, u16* __restrict__ resid_bits,
+                                                  const float* __restrict__ norm_w, float eps,
+                                                  float* __restrict__ norm_f32, u16* __restrict__ norm_hi,
+                                                  u16* __restrict__ norm_lo, int skip_first, float* scratch) {
+    const int H4 = H >> 2, G = H >> 4;
+    const long long row = (long long)r * H;
+    float4 xv[NV4];
+#pragma unroll
+    for (int j = 0; j < NV4; ++j) {
+        const int q = threadIdx.x + j * FB_RN_THREADS;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (q < H4) {
+            const int c = 4 * q;
+            if (RES) {
+                x = *reinterpret_cast<const float4*>(resid_in + row + c);
+            } else {
+                const ushort4 sb = *reinterpret_cast<const ushort4*>(srow + c);
+                x = make_float4(dfl::bf16_to_f32(sb.x), dfl::bf16_to_f32(sb.y), dfl::bf16_to_f32(sb.z),
+                                dfl::bf16_to_f32(sb.w));
+            }
+            if (BR) {
+                float4 z = *reinterpret_cast<const float4*>(branch + row + c);
+                if (CONV) {  // fb_value's conv finish; the four columns share the group g
+                    const int g = c >> 4;
+                    const float4 b0 = *reinterpret_cast<const float4*>(conv_base + c);
+                    const float f0 = dfl::bf16_to_f32(fdr[g]);
+                    float4 o = make_float4((b0.x + f0) * z.x, (b0.y + f0) * z.y, (b0.z + f0) * z.z, (b0.w + f0) * z.w);
+                    if (i >= 1) {
+                        const float4 b1 = *reinterpret_cast<const float4*>(conv_base + H + c);
+                        const float4 zp = *reinterpret_cast<const float4*>(branch + row - H + c);
+                        const float f1 = dfl::bf16_to_f32(fdr[G + g]);
+                        o.x = fmaf(b1.x + f1, zp.x, o.x);
+                        o.y = fmaf(b1.y + f1, zp.y, o.y);
+                        o.z = fmaf(b1.z + f1, zp.z, o.z);
+                        o.w = fmaf(b1.w + f1, zp.w, o.w);
+                    }
+                    z = make_float4(dfl::round_bf16(o.x), dfl::round_bf16(o.y), dfl::round_bf16(o.z),
+                                    dfl::round_bf16(o.w));
+                }
+                x.x += z.x;
+                x.y += z.y;
+                x.z += z.z;
+                x.w += z.w;
+            }
+        }
+        xv[j] = x;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV4; ++j) {
+        const int q = threadIdx.x + j * FB_RN_THREADS;
+        if (q < H4) {
+            const int c = 4 * q;
+            if (resid_out) *reinterpret_cast<float4*>(resid_out + row + c) = xv[j];
+            if (resid_bits) {
+                ushort4 o;
+                o.x = dfl::f32_to_bf16_rn(xv[j].x);
+                o.y = dfl::f32_to_bf16_rn(xv[j].y);
+                o.z = dfl::f32_to_bf16_rn(xv[j].z);
+                o.w = dfl::f32_to_bf16_rn(xv[j].w);
+                *reinterpret_cast<ushort4*>(resid_bits + row + c) = o;
+            }
+            ss += xv[j].x * xv[j].x;
+            ss += xv[j].y * xv[j].y;
+            ss += xv[j].z * xv[j].z;
+            ss += xv[j].w * xv[j].w;
+        }
+    }
+    if (!norm_w) return;  // block-uniform
+    const float denom = sqrtf(dfl::block_sum(ss, scratch) / (float)H + eps);
+    if (skip_first && i == 0) return;  // block-uniform, after the block-wide sum
+    const long long orow = (skip_first ? (long long)b * (W - 1) + (i - 1) : r) * H;
+#pragma unroll
+    for (int j = 0; j < NV4; ++j) {
+        const int q = threadIdx.x + j * FB_RN_THREADS;
+        if (q < H4) {
+            const int c = 4 * q;
+            const float4 w = *reinterpret_cast<const float4*>(norm_w + c);
+            const float y[4] = {w.x * (xv[j].x / denom), w.y * (xv[j].y / denom), w.z * (xv[j].z / denom),
+                                w.w * (xv[j].w / denom)};
+            if (norm_f32) *reinterpret_cast<float4*>(norm_f32 + orow + c) = make_float4(y[0], y[1], y[2], y[3]);
+            u16 hi[4], lo[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                hi[e] = dfl::f32_to_bf16_rn(y[e]);
+                lo[e] = dfl::f32_to_bf16_rn(y[e] - dfl::bf16_to_f32(hi[e]));
+            }
+            if (norm_hi) *reinterpret_cast<ushort4*>(norm_hi + orow + c) = make_ushort4(hi[0], hi[1], hi[2], hi[3]);
+            if (norm_lo) *reinterpret_cast<ushort4*>(norm_lo + orow + c) = make_ushort4(lo[0], lo[1], lo[2], lo[3]);
+        }
+    }
+}
+
+// Any width or alignment: the same ownership with scalar accesses, the norm's second pass
+// re-reading (or recomputing) the row.
+__device__ void fb_resid_norm_strided(int r, int i, int b, int H, int W, const float* resid_in, const u16* srow,
+                                      const float* __restrict__ branch, const float* __restrict__ conv_base,
+                                      const u16* __restrict__ fdr, float* resid_out, u16* __restrict__ resid_bits,
+                                      const float* __restrict__ norm_w, float eps, float* __restrict__ norm_f32,
+                                      u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first,
+                                      float* scratch) {
+#define FB_VALUE(c)                                                                                             \
+    (resid_in ? (branch ? (conv_base ? fb_value<true, true, true>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)   \
+                                     : fb_value<true, true, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)) \
+                        : fb_value<true, false, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr))            \
+              : (branch ? (conv_base ? fb_value<false, true, true>(r, c, i, H, resid_in, srow, branch, conv_base, fdr) \
+                                     : fb_value<false, true, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)) \
+                        : fb_value<false, false, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)))
+    const int H4 = (H + 3) >> 2;
+    float ss = 0.f;
+    for (int q = threadIdx.x; q < H4; q += blockDim.x) {
+        for (int c = 4 * q; c < 4 * q + 4 && c < H; ++c) {
+            const float x = FB_VALUE(c);
+            const long long o = (long long)r * H + c;
+            if (resid_out) resid_out[o] = x;
+            if (resid_bits) resid_bits[o] = dfl::f32_to_bf16_rn(x);
+            ss += x * x;
+        }
+    }
+    if (!norm_w) return;  // block-uniform
+    const float denom = sqrtf(dfl::block_sum(ss, scratch) / (float)H + eps);
+    if (skip_first && i == 0) return;  // block-uniform, after the block-wide sum
+    const long long orow = skip_first ? (long long)b * (W - 1) + (i - 1) : r;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) {
+        const float x = resid_out ? resid_out[(long long)r * H + c] : FB_VALUE(c);
+        fb_norm_store(orow * H + c, norm_w[c] * (x / denom), norm_f32, norm_hi, norm_lo);
+    }
+#undef FB_VALUE
+}
+
+__device__ __forceinline__ bool fb_aligned(const void* p, unsigned n) {
+    return p == nullptr || ((unsigned long long)p & (n - 1)) == 0;
+}
+
 // One block (256 threads) per row r < M of W-column blocks (column i = r % W, batch row b = r / W).
 //   source: resid_in (fp32 [M, H]) if not null, else BF16 rows of src_bits: row r itself
 //           (tok_mode 0), or embed row anchor[b] for column 0 and mask_id for the others
@@ -51,17 +213,19 @@ __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const floa
 //   branch (optional, fp32 [M, H]): added to the source; with conv_base (side 1 of the conv base,
 //           fp32 [2 taps, H]) and fd (BF16 finish delta [M, 2, G]) the conv finish is applied first;
 //   resid_out / resid_bits (optional): the new residual stream (fp32; BF16 bits). resid_out may
-//           be resid_in (each thread reads its element before writing it);
+//           be resid_in (each thread reads its elements before writing them);
 //   norm_w (optional): plain RMSNorm w * (x / sqrt(mean(x^2) + eps)) of the new row into norm_f32
 //           (fp32), norm_hi (BF16 bits) and norm_lo (BF16 bits of the remainder y - hi), each
 //           optional; skip_first: column 0 gets no norm output and row r writes to b * (W-1) + i-1
 //           (the masked block's hidden, mask columns only).
-extern "C" __global__ void __launch_bounds__(256)
+// Rows up to 8192 wide (H % 4 == 0, aligned) run from registers (fb_resid_norm_vec), others
+// strided; the two give the same bits. force_strided: tests compare the two.
+extern "C" __global__ void __launch_bounds__(FB_RN_THREADS)
 fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict__ src_bits,
               const void* __restrict__ tok, int tok_mode, long long mask_id, const float* __restrict__ branch,
               const float* __restrict__ conv_base, const u16* __restrict__ fd, float* resid_out,
               u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps, float* __restrict__ norm_f32,
-              u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first) {
+              u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first, int force_strided) {
     __shared__ float scratch[33];
     const int r = blockIdx.x;
     if (r >= M) return;
@@ -76,58 +240,103 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
         srow = src_bits + t * H;
     }
     const u16* fdr = fd ? fd + (long long)r * 2 * (H >> 4) : nullptr;
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) {
-        const float x = fb_value(r, c, i, H, resid_in, srow, branch, conv_base, fdr);
-        const long long o = (long long)r * H + c;
-        if (resid_out) resid_out[o] = x;
-        if (resid_bits) resid_bits[o] = dfl::f32_to_bf16_rn(x);
-        ss += x * x;
+    const int nv4 = (H + 4 * FB_RN_THREADS - 1) / (4 * FB_RN_THREADS);
+    const bool vec = !force_strided && (H & 3) == 0 && nv4 <= FB_RN_MAXV4 && blockDim.x == FB_RN_THREADS &&
+                     fb_aligned(resid_in, 16) && fb_aligned(srow, 8) && fb_aligned(branch, 16) &&
+                     fb_aligned(conv_base, 16) && fb_aligned(resid_out, 16) && fb_aligned(resid_bits, 8) &&
+                     fb_aligned(norm_w, 16) && fb_aligned(norm_f32, 16) && fb_aligned(norm_hi, 8) &&
+                     fb_aligned(norm_lo, 8);  // block-uniform
+    if (!vec) {
+        fb_resid_norm_strided(r, i, b, H, W, resid_in, srow, branch, conv_base, fdr, resid_out, resid_bits, norm_w,
+                              eps, norm_f32, norm_hi, norm_lo, skip_first, scratch);
+        return;
     }
-    if (!norm_w) return;  // block-uniform
-    const float denom = sqrtf(dfl::block_sum(ss, scratch) / (float)H + eps);
-    if (skip_first && i == 0) return;  // block-uniform, after the block-wide sum
-    const long long orow = skip_first ? (long long)b * (W - 1) + (i - 1) : r;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) {
-        const float x = resid_out ? resid_out[(long long)r * H + c]
-                                  : fb_value(r, c, i, H, resid_in, srow, branch, conv_base, fdr);
-        const float y = norm_w[c] * (x / denom);
-        const long long o = orow * H + c;
-        if (norm_f32) norm_f32[o] = y;
-        const u16 hi = dfl::f32_to_bf16_rn(y);
-        if (norm_hi) norm_hi[o] = hi;
-        if (norm_lo) norm_lo[o] = dfl::f32_to_bf16_rn(y - dfl::bf16_to_f32(hi));
+#define FB_VEC(N, RES, BR, CONV)                                                                                \
+    fb_resid_norm_vec<N, RES, BR, CONV>(r, i, b, H, W, resid_in, srow, branch, conv_base, fdr, resid_out, resid_bits, \
+                                        norm_w, eps, norm_f32, norm_hi, norm_lo, skip_first, scratch)
+#define FB_VEC_N(N)                      \
+    if (resid_in) {                      \
+        if (!branch)                     \
+            FB_VEC(N, true, false, false); \
+        else if (conv_base)              \
+            FB_VEC(N, true, true, true);   \
+        else                             \
+            FB_VEC(N, true, true, false);  \
+    } else {                             \
+        if (!branch)                     \
+            FB_VEC(N, false, false, false); \
+        else if (conv_base)              \
+            FB_VEC(N, false, true, true);  \
+        else                             \
+            FB_VEC(N, false, true, false); \
     }
+    switch (nv4) {
+        case 1: FB_VEC_N(1) break;
+        case 2: FB_VEC_N(2) break;
+        case 3: FB_VEC_N(3) break;
+        case 4: FB_VEC_N(4) break;
+        case 5: FB_VEC_N(5) break;
+        case 6: FB_VEC_N(6) break;
+        default: FB_VEC_N(8) break;  // 7 and 8
+    }
+#undef FB_VEC_N
+#undef FB_VEC
 }
 
-// Grid M * (Hq + 2 Hk) blocks, one head of one row each; block = D rounded up to full warps,
-// dynamic shared memory D floats. qkv [M, (Hq + 2 Hk) D] fp32 (the fused GEMM output, heads in
-// the order q, k, v); positions frontier[r / W] + r % W. q [M, Hq, D], k / v [M, Hk, D] fp32 out,
-// each rounded to its BF16 value.
-extern "C" __global__ void __launch_bounds__(1024)
+// Grid (M, ceil((Hq + 2 Hk) / 8)), 256 threads: one warp per head of one row, heads in the order
+// q, k, v of the fused GEMM output qkv [M, (Hq + 2 Hk) D] fp32; positions frontier[r / W] + r % W.
+// The row's RoPE table (cos, sin of pos * inv_freq[i], formed and reduced in double as
+// common.cuh head_norm_rope, then rounded to fp32) is built once per block in shared memory, not
+// once per element of every head; the head RMSNorm sums squares per lane then by the warp's
+// butterfly (no block barriers). The arithmetic per element is head_norm_rope's. q [M, Hq, D],
+// k / v [M, Hk, D] fp32 out, each rounded to its BF16 value. Dynamic shared memory:
+// (D + 8 D) floats (the table, one head per warp).
+#define FB_QKV_WARPS 8
+extern "C" __global__ void __launch_bounds__(FB_QKV_WARPS * 32)
 fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, const float* __restrict__ q_norm,
             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
             const long long* __restrict__ frontier, float eps, float* __restrict__ q, float* __restrict__ k,
             float* __restrict__ v) {
     extern __shared__ float sh[];
-    __shared__ float scratch[33];
+    const int half = D >> 1;
+    float* cs = sh;               // [half] cos, then [half] sin
+    float* hv = sh + D + (threadIdx.x >> 5) * D;  // this warp's normalized head
     const int heads = Hq + 2 * Hk;
-    const int r = blockIdx.x / heads, h = blockIdx.x % heads;
+    const int r = blockIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int h = blockIdx.y * FB_QKV_WARPS + (threadIdx.x >> 5);
     if (r >= M) return;
-    const int d = threadIdx.x;
-    const float x = d < D ? qkv[((long long)r * heads + h) * D + d] : 0.f;
-    if (h >= Hq + Hk) {  // v: block-uniform branch
-        if (d < D) v[((long long)r * Hk + (h - Hq - Hk)) * D + d] = dfl::round_bf16(x);
+    const long long pos = frontier[r / W] + (long long)(r % W);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double s_, c_;
+        sincos((double)pos * inv_freq[i], &s_, &c_);
+        cs[i] = (float)c_;
+        cs[half + i] = (float)s_;
+    }
+    __syncthreads();
+    if (h >= heads) return;  // warp-uniform, after the block's only barrier
+    const float* x = qkv + ((long long)r * heads + h) * D;
+    if (h >= Hq + Hk) {  // v
+        float* out = v + ((long long)r * Hk + (h - Hq - Hk)) * D;
+        for (int d = lane; d < D; d += 32) out[d] = dfl::round_bf16(x[d]);
         return;
     }
     const bool isq = h < Hq;
-    const long long pos = frontier[r / W] + (long long)(r % W);
-    const float y = dfl::head_norm_rope(x, d, D, isq ? q_norm : k_norm, eps, inv_freq, pos, true, sh, scratch);
-    if (d < D) {
-        if (isq)
-            q[((long long)r * Hq + h) * D + d] = dfl::round_bf16(y);
-        else
-            k[((long long)r * Hk + (h - Hq)) * D + d] = dfl::round_bf16(y);
+    const float* w = isq ? q_norm : k_norm;
+    float ss = 0.f;
+    for (int d = lane; d < D; d += 32) {
+        const float xv = x[d];
+        ss += xv * xv;
+    }
+    const float ms = dfl::warp_sum(ss) / (float)D;
+    const float den = sqrtf(ms + eps);
+    for (int d = lane; d < D; d += 32) hv[d] = w[d] * (x[d] / den);
+    __syncwarp();
+    float* out = isq ? q + ((long long)r * Hq + h) * D : k + ((long long)r * Hk + (h - Hq)) * D;
+    for (int d = lane; d < D; d += 32) {
+        const int i = d < half ? d : d - half;
+        const float nx = hv[d], cf = cs[i], sf = cs[half + i];
+        out[d] = dfl::round_bf16(d < half ? nx * cf - hv[d + half] * sf : nx * cf + hv[d - half] * sf);
     }
 }
 
@@ -135,39 +344,53 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
 // the BF16 hi parts (rows < M) and of the BF16 remainders (rows >= M): delta = hi row + lo row,
 // the projection of x to about 2^-17 relative (the exact mode projects the fp32 x). base0 is side
 // 0 of the conv base [2 taps, H]. prepared = BF16(Conv_0(x)); fd = BF16(delta side 1) [M, 2, G].
+// Grid (column blocks, M): row r = blockIdx.y; columns c = blockIdx.x * blockDim.x + threadIdx.x
+// (and the row's 2G finish deltas on the same threads), no index division.
 extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const float* __restrict__ dl,
                                            const float* __restrict__ base0, int W, int M, int H,
                                            u16* __restrict__ prepared, u16* __restrict__ fd) {
     const int G = H >> 4;
     const long long G4 = 4LL * G;
-    const long long n = (long long)M * H;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n; t += step) {
-        const long long r = t / H;
-        const int c = (int)(t - r * H), g = c >> 4, i = (int)(r % W);
-        const float* dh = dl + r * G4;
-        const float* dlo = dl + (M + r) * G4;
+    const int r = blockIdx.y;
+    if (r >= M) return;
+    const int i = r % W;
+    const float* dh = dl + r * G4;
+    const float* dlo = dl + (M + (long long)r) * G4;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < H; c += gridDim.x * blockDim.x) {
+        const long long t = (long long)r * H + c;
+        const int g = c >> 4;
         float out = (base0[c] + (dh[g] + dlo[g])) * x[t];
         if (i >= 1) out = fmaf(base0[H + c] + (dh[G + g] + dlo[G + g]), x[t - H], out);
         prepared[t] = dfl::f32_to_bf16_rn(out);
     }
-    const long long nd = (long long)M * 2 * G;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < nd; t += step) {
-        const long long r = t / (2 * G);
-        const long long j = 2LL * G + (t - r * 2 * G);
-        fd[t] = dfl::f32_to_bf16_rn(dl[r * G4 + j] + dl[(M + r) * G4 + j]);
-    }
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < 2 * G; j += gridDim.x * blockDim.x)
+        fd[(long long)r * 2 * G + j] = dfl::f32_to_bf16_rn(dh[2 * G + j] + dlo[2 * G + j]);
 }
 
 // act [M, I] = BF16(SiLU(gate) * up), SiLU(g) = g / (1 + exp(-g)) (reference/norms.py), from the
-// fused GEMM output gu [M, 2I] (gate columns first).
+// fused GEMM output gu [M, 2I] (gate columns first). Grid (column blocks, M): row r = blockIdx.y;
+// four columns per thread with 16-byte loads when I % 4 == 0 (the same per-element arithmetic).
 extern "C" __global__ void fb_silu_mul(const float* __restrict__ gu, int M, int I, u16* __restrict__ act) {
-    const long long n = (long long)M * I;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n; t += (long long)gridDim.x * blockDim.x) {
-        const long long r = t / I;
-        const long long j = t - r * I;
-        const float g = gu[r * 2 * I + j];
-        const float u = gu[r * 2 * I + I + j];
-        act[t] = dfl::f32_to_bf16_rn(g / (1.f + expf(-g)) * u);
+    const int r = blockIdx.y;
+    if (r >= M) return;
+    const float* gr = gu + (long long)r * 2 * I;
+    u16* ar = act + (long long)r * I;
+    const int step = gridDim.x * blockDim.x;
+    if ((I & 3) == 0) {
+        for (int j = 4 * (blockIdx.x * blockDim.x + threadIdx.x); j < I; j += 4 * step) {
+            const float4 g = *reinterpret_cast<const float4*>(gr + j);
+            const float4 u = *reinterpret_cast<const float4*>(gr + I + j);
+            ushort4 o;
+            o.x = dfl::f32_to_bf16_rn(g.x / (1.f + expf(-g.x)) * u.x);
+            o.y = dfl::f32_to_bf16_rn(g.y / (1.f + expf(-g.y)) * u.y);
+            o.z = dfl::f32_to_bf16_rn(g.z / (1.f + expf(-g.z)) * u.z);
+            o.w = dfl::f32_to_bf16_rn(g.w / (1.f + expf(-g.w)) * u.w);
+            *reinterpret_cast<ushort4*>(ar + j) = o;
+        }
+        return;
+    }
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < I; j += step) {
+        const float g = gr[j];
+        ar[j] = dfl::f32_to_bf16_rn(g / (1.f + expf(-g)) * gr[I + j]);
     }
 }

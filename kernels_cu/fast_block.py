@@ -47,6 +47,7 @@ from kernels_cu.ops_attention import bf16_bits, device, f16_bits
 
 _NULL = np.uint64(0)
 _THREADS = 256
+_QKV_WARPS = 8  # fast_block.cu FB_QKV_WARPS: heads per fb_qkv_post block
 _MAX_GRID = 65535 * 8
 _WS_KEEP = 8  # workspaces kept per backend object (one per (shape, variant)), LRU
 
@@ -148,8 +149,16 @@ class CaptureGemm:
                                self._beta.ctypes.data, out.data.ptr, 0, N, 68, -1), "cublasGemmEx")
 
 
-def _grid(n: int) -> tuple[int]:
-    return (max(1, min((n + _THREADS - 1) // _THREADS, _MAX_GRID)),)
+def _row_grid(n: int, rows: int) -> tuple[int, int]:
+    """(column blocks covering n per row, rows): fb_conv_prepare / fb_silu_mul's 2-D grid."""
+    if rows > 65535:
+        raise ValueError(f"{rows} rows: the glue kernels' grid takes at most 65535")
+    return (max(1, min((n + _THREADS - 1) // _THREADS, _MAX_GRID)), max(1, rows))
+
+
+# fb_resid_norm holds rows up to 8192 wide in registers; True forces its strided loop (any width,
+# the same bits: tests/gpu/test_fast_block.py compares the two paths)
+RESID_NORM_FORCE_STRIDED = False
 
 
 def attention_impl():
@@ -201,6 +210,7 @@ class CudaEngine:
                    fd=None, resid_out=None, resid_bits=None, norm_w=None, eps=0.0, norm_f32=None, norm_hi=None,
                    norm_lo=None, skip_first=False):
         tok_mode = 0 if tok is None else (2 if tok.dtype == np.int64 else 1)  # int32 or int64 (masked_block)
+        force_strided = RESID_NORM_FORCE_STRIDED
 
         def p(a):
             return _NULL if a is None else a
@@ -209,24 +219,25 @@ class CudaEngine:
             (M,), (_THREADS,),
             (np.int32(M), np.int32(H), np.int32(W), p(resid_in), p(src_bits), p(tok), np.int32(tok_mode),
              np.int64(mask_id), p(branch), p(conv_base), p(fd), p(resid_out), p(resid_bits), p(norm_w),
-             np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0)))
+             np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0),
+             np.int32(1 if force_strided else 0)))
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
         _fn("fb_qkv_post")(
-            (M * (hq + 2 * hk),), (32 * math.ceil(d / 32),),
+            (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
             (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
              frontier, np.float32(eps), q, k, v),
-            shared_mem=4 * d)
+            shared_mem=4 * d * (1 + _QKV_WARPS))
 
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
-        _fn("fb_conv_prepare")(_grid(M * H), (_THREADS,),
+        _fn("fb_conv_prepare")(_row_grid(H, M), (_THREADS,),
                                (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd))
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
-        _fn("fb_silu_mul")(_grid(M * inter), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
+        _fn("fb_silu_mul")(_row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
 
     def attention(self, q, k, v, kc, vc, frontier, live, window):
         _, out = self.attention_fn(q, k, v, kc, vc, frontier, live, int(window), f32_out=False, bf16_out=True)

@@ -131,3 +131,47 @@ def test_call_captures_into_a_cuda_graph(fast, cupy, variant):
         graph.launch(stream)
         stream.synchronize()
     assert bool(cp.array_equal(captured, eager))
+
+
+@pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
+@pytest.mark.parametrize("h", [256, 5120, 8192, 8448])
+def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode, h):
+    """fb_resid_norm holds rows up to 8192 wide in registers (fast_block.cu fb_resid_norm_regs):
+    every output must be bitwise the strided loop's (same per-thread order, same block sum). Each
+    source / branch mode of the kernel at the 35B and 27B widths, the register limit and one
+    width past it (both runs strided there, so that row checks the switch, not the arithmetic)."""
+    import kernels_cu.fast_block as fb
+
+    cp = cupy
+    rng = cp.random.default_rng(h)
+    M, W = 24, 8
+    eng = fb.CudaEngine()
+
+    def f32(*shape, scale=1.0):
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+    def bf16(*shape):
+        return (f32(*shape).view(np.uint32) >> 16).astype(np.uint16)
+
+    src = {}
+    if mode == "embed":
+        src = {"src_bits": bf16(50, h), "tok": cp.asarray(rng.integers(0, 49, M // W), dtype=cp.int32), "mask_id": 49}
+    else:
+        src = {"resid_in": f32(M, h), "branch": f32(M, h, scale=0.5)}
+        if mode == "conv":
+            src.update(conv_base=f32(2, h, scale=0.3) + 1.0, fd=bf16(M, 2 * (h // 16)))
+    norm_w = cp.abs(f32(h)) + 0.5
+    outs = {}
+    for strided in (False, True):
+        monkeypatch.setattr(fb, "RESID_NORM_FORCE_STRIDED", strided)
+        kw = dict(src)
+        if "resid_in" in kw:
+            kw["resid_in"] = kw["resid_in"].copy()  # written in place below
+        o = {"resid_out": kw.get("resid_in", cp.empty((M, h), dtype=np.float32)),
+             "resid_bits": cp.empty((M, h), dtype=np.uint16), "norm_f32": cp.empty((M, h), dtype=np.float32),
+             "norm_hi": cp.empty((M, h), dtype=np.uint16), "norm_lo": cp.empty((M, h), dtype=np.uint16)}
+        eng.resid_norm(M, h, W, **kw, **o, norm_w=norm_w, eps=1e-6)
+        outs[strided] = {k: v.get() for k, v in o.items()}
+    for k in outs[False]:
+        assert np.array_equal(outs[False][k].view(np.uint32 if outs[False][k].dtype == np.float32 else np.uint16),
+                              outs[True][k].view(np.uint32 if outs[True][k].dtype == np.float32 else np.uint16)), k

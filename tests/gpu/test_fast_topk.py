@@ -1,0 +1,96 @@
+"""The fast mode's split top-k (kernels_cu.fast.topk_into, fast_select.cu) against a NumPy
+statement of the C4 order on adversarial rows: exact ties everywhere (values on a coarse grid),
+NaN and -inf logits, -0 next to +0, rows sorted ascending and descending (the pruning threshold's
+worst and best case), ids cut at vocab_size, a shortlist, widths that are not a multiple of 4
+(the 4-byte load path), k from 1 to 40 (the per-thread-list variant above 32), rows 1 to 120
+(both the in-block merged and the unmerged plan). Exact comparison: selection runs on the given
+fp32 logits, so ids must equal the reference's and scores must be those logits' values.
+Marked ``gpu`` by tests/gpu/conftest.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def c4_topk(z: np.ndarray, k: int, vocab_size: int, shortlist=None):
+    """C4 on one fp32 row: value descending (-0 == +0), NaN after every number, the lower row
+    first on ties; entries whose global id (row, or shortlist[row]) is outside [0, vocab_size)
+    never compete; missing ranks are id -1, score -inf."""
+    gid = np.arange(z.size) if shortlist is None else shortlist
+    ok = (gid >= 0) & (gid < vocab_size)
+    rows = np.nonzero(ok)[0]
+    vals = z[rows].astype(np.float64)
+    nan = np.isnan(vals)
+    a = np.where(nan, np.inf, -vals)  # ascending = better first, NaN with -inf (the nan key splits them)
+    if rows.size > k:  # only the k best values and everything tied with the k-th can rank
+        t = np.partition(a, k - 1)[k - 1]
+        keep = a <= t
+        rows, vals, nan, a = rows[keep], vals[keep], nan[keep], a[keep]
+    order = np.lexsort((rows, a, nan))  # NaN last, value desc, row asc
+    pick = rows[order[:k]]
+    ids = np.full(k, -1, dtype=np.int64)
+    scores = np.full(k, -np.inf, dtype=np.float32)
+    ids[: pick.size] = gid[pick]
+    scores[: pick.size] = z[pick]
+    return ids, scores
+
+
+def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
+    if kind == "gauss":
+        z = rng.standard_normal((m, vr)).astype(np.float32) * 4
+    elif kind == "grid":  # massive exact ties, with signed zeros
+        z = (rng.integers(-3, 4, (m, vr)) * 0.5).astype(np.float32)
+        z[z == 0] = np.where(rng.random(int((z == 0).sum())) < 0.5, -0.0, 0.0)
+    elif kind == "ascending":  # every new column beats the running threshold
+        z = np.tile(np.linspace(-5, 5, vr, dtype=np.float32), (m, 1))
+    elif kind == "descending":
+        z = np.tile(np.linspace(5, -5, vr, dtype=np.float32), (m, 1))
+    elif kind == "nan_inf":  # few finite values: NaN and -inf fill the top-k's tail
+        z = np.full((m, vr), np.nan, dtype=np.float32)
+        z[:, ::7] = -np.inf
+        z[:, 3::97] = rng.standard_normal(z[:, 3::97].shape)
+    else:
+        raise ValueError(kind)
+    return z
+
+
+@pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
+@pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (33, 50001), (120, 248320)])
+@pytest.mark.parametrize("k", [1, 16, 32, 40])
+def test_topk_into_equals_the_c4_order(cupy, kind, m, vr, k):
+    import kernels_cu.fast as fast
+
+    cp = cupy
+    rng = np.random.default_rng(m * 1000 + k)
+    z = _rows(rng, kind, m, vr)
+    vocab = vr - 5
+    plan = fast.topk_plan(m, vr, k)
+    partial = cp.empty((m, plan[4], k), dtype=np.uint64)
+    scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
+    fast.topk_into(cp.asarray(z), None, vocab, k, 0.0, 0.0, partial, scores, ids)
+    ids, scores = ids.get(), scores.get()
+    for r in range(m):
+        want_ids, want_scores = c4_topk(z[r], k, vocab)
+        assert np.array_equal(ids[r], want_ids), (r, ids[r][:8], want_ids[:8])
+        assert np.array_equal(scores[r].view(np.uint32), want_scores.view(np.uint32)) or (
+            np.array_equal(np.isnan(scores[r]), np.isnan(want_scores))
+            and np.array_equal(scores[r][~np.isnan(scores[r])], want_scores[~np.isnan(want_scores)])), r
+
+
+@pytest.mark.parametrize("k", [1, 16])
+def test_topk_into_with_a_shortlist(cupy, k):
+    import kernels_cu.fast as fast
+
+    cp = cupy
+    rng = np.random.default_rng(5)
+    m, vr, vocab = 9, 30000, 100000
+    z = _rows(rng, "grid", m, vr)
+    shortlist = rng.permutation(vocab + 50)[:vr].astype(np.int32)  # some ids >= vocab_size
+    plan = fast.topk_plan(m, vr, k)
+    partial = cp.empty((m, plan[4], k), dtype=np.uint64)
+    scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
+    fast.topk_into(cp.asarray(z), cp.asarray(shortlist), vocab, k, 0.0, 0.0, partial, scores, ids)
+    for r in range(m):
+        want_ids, _ = c4_topk(z[r], k, vocab, shortlist)
+        assert np.array_equal(ids.get()[r], want_ids), r
