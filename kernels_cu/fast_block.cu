@@ -305,8 +305,13 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     const int r = blockIdx.x;
     const int lane = threadIdx.x & 31;
     const int h = blockIdx.y * FB_QKV_WARPS + (threadIdx.x >> 5);
-    if (r >= M) return;
+    if (r >= M) return;  // block-uniform
     const long long pos = frontier[r / W] + (long long)(r % W);
+    const float* x = qkv + ((long long)r * heads + h) * D;
+    const bool live_head = h < heads;  // warp-uniform
+    float xr[4];  // the head's first 128 elements, loaded before the table's double sincos (overlapped)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xr[e] = live_head && lane + 32 * e < D ? x[lane + 32 * e] : 0.f;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double s_, c_;
         sincos((double)pos * inv_freq[i], &s_, &c_);
@@ -314,23 +319,26 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
         cs[half + i] = (float)s_;
     }
     __syncthreads();
-    if (h >= heads) return;  // warp-uniform, after the block's only barrier
-    const float* x = qkv + ((long long)r * heads + h) * D;
+    if (!live_head) return;  // warp-uniform, after the block's only barrier
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+        if (lane + 32 * e < D) hv[lane + 32 * e] = xr[e];
+    for (int d = lane + 128; d < D; d += 32) hv[d] = x[d];  // heads wider than 128
     if (h >= Hq + Hk) {  // v
         float* out = v + ((long long)r * Hk + (h - Hq - Hk)) * D;
-        for (int d = lane; d < D; d += 32) out[d] = dfl::round_bf16(x[d]);
+        for (int d = lane; d < D; d += 32) out[d] = dfl::round_bf16(hv[d]);
         return;
     }
     const bool isq = h < Hq;
     const float* w = isq ? q_norm : k_norm;
     float ss = 0.f;
     for (int d = lane; d < D; d += 32) {
-        const float xv = x[d];
+        const float xv = hv[d];
         ss += xv * xv;
     }
     const float ms = dfl::warp_sum(ss) / (float)D;
     const float den = sqrtf(ms + eps);
-    for (int d = lane; d < D; d += 32) hv[d] = w[d] * (x[d] / den);
+    for (int d = lane; d < D; d += 32) hv[d] = w[d] * (hv[d] / den);  // each lane its own elements
     __syncwarp();
     float* out = isq ? q + ((long long)r * Hq + h) * D : k + ((long long)r * Hk + (h - Hq)) * D;
     for (int d = lane; d < D; d += 32) {

@@ -111,23 +111,40 @@ __device__ __forceinline__ float fk_value(u64 key) {
     return __uint_as_float((ord & 0x80000000u) ? (ord ^ 0x80000000u) : ~ord);
 }
 
-// One warp's candidate pass over a batch: lanes whose element passes the float filter
-// (pass) are taken in lane order; each is checked against the warp's exact threshold (its
-// own k-th key or the block's shared one, whichever is larger) and inserted into the warp's
-// register list (lane i holds rank i, 0 = none) with a ballot (position) and a shuffle (shift).
-__device__ __forceinline__ void warp_offer(bool pass, float z, int col, int k, int lane, u64& mine, u64& thr,
-                                           u64 teff) {
-    unsigned cand = __ballot_sync(0xffffffffu, pass);
+// The pruning cut of a warp: the larger of its own k-th key (thr) and the block's shared one,
+// and the float filter derived from it: z >= tf passes every key above the cut (and equal values,
+// which the exact key compare then settles); all: nothing to prune by yet (cut 0) or the cut is
+// a NaN key (ordered below every number), so every eligible element is offered.
+struct Cut {
+    u64 key;
+    float tf;
+    bool all;
+    __device__ __forceinline__ void set(u64 k) {
+        key = k;
+        all = k == 0ull || (u32)(k >> 32) == 1u;
+        tf = all ? 0.0f : fk_value(k);
+    }
+    __device__ __forceinline__ bool pass(float z) const { return all || z >= tf || z != z; }
+};
+
+// One warp's offer of one element per lane: lanes whose element is eligible and passes the cut's
+// float filter are taken in lane order; each is checked against the exact cut and inserted into
+// the warp's register list (lane i holds rank i, 0 = none) with a ballot (position) and a shuffle
+// (shift); the cut rises with the list's k-th key at once (not at the next batch).
+__device__ __forceinline__ void warp_offer(bool ok, float z, int col, int k, int lane, u64& mine, u64& thr,
+                                           Cut& cut) {
+    unsigned cand = __ballot_sync(0xffffffffu, ok && cut.pass(z));
     while (cand) {  // warp-uniform loop
         const int src = __ffs(cand) - 1;
         cand &= cand - 1;
         const u64 c = fk_key(__shfl_sync(0xffffffffu, z, src), __shfl_sync(0xffffffffu, col, src));
-        if (c <= (thr > teff ? thr : teff)) continue;
+        if (c <= cut.key) continue;
         const int pos = __popc(__ballot_sync(0xffffffffu, lane < k && mine > c));
         const u64 up = __shfl_up_sync(0xffffffffu, mine, 1);
         if (lane > pos && lane < k) mine = up;
         if (lane == pos) mine = c;
         thr = __shfl_sync(0xffffffffu, mine, k - 1);
+        if (thr > cut.key) cut.set(thr);
     }
 }
 
@@ -160,7 +177,9 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
     const float* z = logits + (size_t)m * Vr;
     const int v0 = s * chunk;
     const int v1 = min(Vr, v0 + chunk);
-    u64 mine = 0ull, thr = 0ull;
+    u64 mine = 0ull, thr = 0ull, published = 0ull;
+    Cut cut;
+    cut.set(0ull);
     const bool vec = (Vr & 3) == 0 && (chunk & 3) == 0 && (((unsigned long long)logits) & 15) == 0;
     const int per = vec ? 4 : 1;  // columns per lane per load
     for (int base = v0 + (wid * 32 + lane) * per; base - lane * per < v1; base += 8 * FT_THREADS * per) {
@@ -175,29 +194,29 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
                 zv[j][0] = v < v1 ? __ldg(z + v) : 0.0f;
             }
         }
-        const u64 shared_thr = __shfl_sync(0xffffffffu, *(volatile u64*)&sh_thr, 0);  // one value per warp
-        const u64 teff = shared_thr > thr ? shared_thr : thr;
-        const bool all = teff == 0ull || (u32)(teff >> 32) == 1u;  // nothing to prune by, or a NaN key
-        float tf = all ? 0.0f : fk_value(teff);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+            // the block's cut, read before each 32-lane step and raised after it (a shared load and a
+            // shuffle; an atomic only when this warp's k-th key rose past what it published)
+            const u64 shared_thr = __shfl_sync(0xffffffffu, *(volatile u64*)&sh_thr, 0);  // one value per warp
+            if (shared_thr > cut.key) cut.set(shared_thr);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 if (e < per) {
                     const int v = base + j * FT_THREADS * per + e;
                     bool ok = v < v1;
-                    if (ok) {
+                    if (ok && (shortlist || v >= vocab_size)) {
                         const int gid = shortlist ? __ldg(shortlist + v) : v;
                         ok = gid >= 0 && gid < vocab_size;
                     }
-                    const float zz = zv[j][e];
-                    warp_offer(ok && (all || zz >= tf || zz != zz), zz, v, k, lane, mine, thr, teff);
+                    warp_offer(ok, zv[j][e], v, k, lane, mine, thr, cut);
                 }
             }
-            // the list just filled or rose: prune by it from here on (the float filter too)
-            if (thr > teff && (u32)(thr >> 32) != 1u && !all) tf = fk_value(thr);
+            if (thr > published) {
+                if (lane == 0) atomicMax((unsigned long long*)&sh_thr, (unsigned long long)thr);
+                published = thr;
+            }
         }
-        if (lane == 0 && thr > shared_thr) atomicMax((unsigned long long*)&sh_thr, (unsigned long long)thr);
     }
     if (!merged) {
         if (lane < k) partial[(((size_t)m * S + s) * FT_WARPS + wid) * k + lane] = mine;
