@@ -121,7 +121,6 @@ def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     rows and k > 1 (one list per block), else writes all 8 (fast_select.cu says why)."""
     S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
     chunk = -(-Vr // S)
-    chunk = -(-chunk // 4) * 4  # 16-byte loads in the warp variant (fast_select.cu)
     S = -(-Vr // chunk)
     warp = k <= 32
     merged = warp and k >= TOPK_MERGE_MIN_K and M <= TOPK_MERGE_IN_BLOCK_MAX_ROWS

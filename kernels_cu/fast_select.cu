@@ -105,116 +105,46 @@ fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shor
     if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
 }
 
-// The float value a key orders by (the inverse of fk_key's high word; NaN keys excluded).
-__device__ __forceinline__ float fk_value(u64 key) {
-    const u32 ord = (u32)(key >> 32);
-    return __uint_as_float((ord & 0x80000000u) ? (ord ^ 0x80000000u) : ~ord);
-}
-
-// The pruning cut of a warp: the larger of its own k-th key (thr) and the block's shared one,
-// and the float filter derived from it: z >= tf passes every key above the cut (and equal values,
-// which the exact key compare then settles); all: nothing to prune by yet (cut 0) or the cut is
-// a NaN key (ordered below every number), so every eligible element is offered.
-struct Cut {
-    u64 key;
-    float tf;
-    bool all;
-    __device__ __forceinline__ void set(u64 k) {
-        key = k;
-        all = k == 0ull || (u32)(k >> 32) == 1u;
-        tf = all ? 0.0f : fk_value(k);
-    }
-    __device__ __forceinline__ bool pass(float z) const { return all || z >= tf || z != z; }
-};
-
-// One warp's offer of one element per lane: lanes whose element is eligible and passes the cut's
-// float filter are taken in lane order; each is checked against the exact cut and inserted into
-// the warp's register list (lane i holds rank i, 0 = none) with a ballot (position) and a shuffle
-// (shift); the cut rises with the list's k-th key at once (not at the next batch).
-__device__ __forceinline__ void warp_offer(bool ok, float z, int col, int k, int lane, u64& mine, u64& thr,
-                                           Cut& cut) {
-    unsigned cand = __ballot_sync(0xffffffffu, ok && cut.pass(z));
-    while (cand) {  // warp-uniform loop
-        const int src = __ffs(cand) - 1;
-        cand &= cand - 1;
-        const u64 c = fk_key(__shfl_sync(0xffffffffu, z, src), __shfl_sync(0xffffffffu, col, src));
-        if (c <= cut.key) continue;
-        const int pos = __popc(__ballot_sync(0xffffffffu, lane < k && mine > c));
-        const u64 up = __shfl_up_sync(0xffffffffu, mine, 1);
-        if (lane > pos && lane < k) mine = up;
-        if (lane == pos) mine = c;
-        thr = __shfl_sync(0xffffffffu, mine, k - 1);
-        if (thr > cut.key) cut.set(thr);
-    }
-}
-
-// k <= 32: each warp keeps its best k in registers, lane i holding rank i (0 = none). Grid (S, M).
-// A batch of logits costs a float compare and a ballot against the pruning threshold: the larger
-// of the warp's own k-th key and the block's shared one (sh_thr, raised with atomicMax by every
-// warp whose list is full: any warp's k-th key is a lower bound of the row's k-th key, so a key
-// at or below it can be in no top-k; keys are distinct). The float filter z >= value(threshold)
-// passes a superset of the keys above it (equal values go on to the exact key compare in
-// warp_offer); while the threshold is 0 (no full list yet) or a NaN key (ordered below every
-// number) every eligible element is offered. The shared threshold cut the insertions per block
-// from each warp's k + k ln(n / k) to about the block's (H200, issue 12: at 120 rows x 248320,
-// k 16; docs/PERFORMANCE.md has the times).
-// Loads: 16 bytes per lane (4 columns) when vec (Vr, chunk multiples of 4, the row aligned),
-// else 4 bytes; 8 in flight per lane.
-// merged != 0: the block merges its FT_WARPS warp lists (k rounds of a block max) and writes one
-// list, as fast_topk_partial: partial[(m * S + s) * k ...], so the merge kernel reads S * k keys
-// per row, not 8x that (H200: 0.097 -> 0.059 ms at 7 rows, k 16; at 120 rows the extra rounds
-// cost more than they save, 0.171 -> 0.191 ms, benchmarks/topk_ab.py). merged == 0: every warp
-// writes its own list, partial[((m * S + s) * FT_WARPS + warp) * k ...].
-extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
+// k <= 32: each warp keeps its best k in registers, lane i holding rank i (0 = none), and a
+// batch of 32 logits only costs a ballot against the warp's k-th key; the rare candidates are
+// inserted with a ballot (position) and a shuffle (shift). Grid (S, M). merged != 0: the block
+// merges its FT_WARPS warp lists (k rounds of a block max) and writes one list, as
+// fast_topk_partial: partial[(m * S + s) * k ...], so the merge kernel reads S * k keys per row,
+// not 8x that (measured on the H200: 0.097 -> 0.059 ms at 7 rows, k 16; at 120 rows the extra
+// rounds cost more than they save, 0.171 -> 0.191 ms). merged == 0: every warp writes its own
+// list, partial[((m * S + s) * FT_WARPS + warp) * k ...].
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__ shortlist, int M, int Vr,
                        int vocab_size, int k, int chunk, int merged, u64* __restrict__ partial) {
-    __shared__ u64 sh_thr;
     const int s = blockIdx.x, S = gridDim.x, m = blockIdx.y;
     if (m >= M) return;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    if (threadIdx.x == 0) sh_thr = 0ull;
-    __syncthreads();
     const float* z = logits + (size_t)m * Vr;
     const int v0 = s * chunk;
     const int v1 = min(Vr, v0 + chunk);
-    u64 mine = 0ull, thr = 0ull, published = 0ull;
-    Cut cut;
-    cut.set(0ull);
-    const bool vec = (Vr & 3) == 0 && (chunk & 3) == 0 && (((unsigned long long)logits) & 15) == 0;
-    const int per = vec ? 4 : 1;  // columns per lane per load
-    for (int base = v0 + (wid * 32 + lane) * per; base - lane * per < v1; base += 8 * FT_THREADS * per) {
-        float zv[8][4];
+    u64 mine = 0ull, thr = 0ull;
+    for (int base = v0 + wid * 32 + lane; base - lane < v1; base += 8 * FT_THREADS) {
+        u64 keys[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {  // eight coalesced loads in flight per lane
-            const int v = base + j * FT_THREADS * per;
-            if (vec) {
-                const float4 t = v < v1 ? __ldg(reinterpret_cast<const float4*>(z + v)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                zv[j][0] = t.x, zv[j][1] = t.y, zv[j][2] = t.z, zv[j][3] = t.w;
-            } else {
-                zv[j][0] = v < v1 ? __ldg(z + v) : 0.0f;
-            }
+            const int v = base + j * FT_THREADS;
+            const float zv = v < v1 ? __ldg(z + v) : 0.0f;
+            const int gid = v < v1 ? (shortlist ? __ldg(shortlist + v) : v) : -1;
+            keys[j] = (gid >= 0 && gid < vocab_size) ? fk_key(zv, v) : 0ull;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            // the block's cut, read before each 32-lane step and raised after it (a shared load and a
-            // shuffle; an atomic only when this warp's k-th key rose past what it published)
-            const u64 shared_thr = __shfl_sync(0xffffffffu, *(volatile u64*)&sh_thr, 0);  // one value per warp
-            if (shared_thr > cut.key) cut.set(shared_thr);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (e < per) {
-                    const int v = base + j * FT_THREADS * per + e;
-                    bool ok = v < v1;
-                    if (ok && (shortlist || v >= vocab_size)) {
-                        const int gid = shortlist ? __ldg(shortlist + v) : v;
-                        ok = gid >= 0 && gid < vocab_size;
-                    }
-                    warp_offer(ok, zv[j][e], v, k, lane, mine, thr, cut);
-                }
-            }
-            if (thr > published) {
-                if (lane == 0) atomicMax((unsigned long long*)&sh_thr, (unsigned long long)thr);
-                published = thr;
+            unsigned cand = __ballot_sync(0xffffffffu, keys[j] > thr);
+            while (cand) {  // warp-uniform loop
+                const int src = __ffs(cand) - 1;
+                cand &= cand - 1;
+                const u64 c = __shfl_sync(0xffffffffu, keys[j], src);
+                if (c <= thr) continue;
+                const int pos = __popc(__ballot_sync(0xffffffffu, lane < k && mine > c));
+                const u64 up = __shfl_up_sync(0xffffffffu, mine, 1);
+                if (lane > pos && lane < k) mine = up;
+                if (lane == pos) mine = c;
+                thr = __shfl_sync(0xffffffffu, mine, k - 1);
             }
         }
     }
