@@ -283,6 +283,190 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
 #undef FB_VEC
 }
 
+// --- the same Op over a thread-block cluster per row (sm_90) ---------------------------------------
+// One CTA streams at most about 1/132 of the H200's bandwidth, so a row per CTA (fb_resid_norm)
+// takes ~10 us at H 5120 whatever M is (8 rows at B1 use 8 SMs; H200 trace, issue 12).
+// fb_resid_norm_cluster cuts each row over a cluster of FB_CL CTAs (column slices of H / FB_CL):
+// each sums the squares of its slice (the block sum), publishes it in its shared memory, and after
+// a cluster barrier every CTA adds the FB_CL partials read through distributed shared memory in
+// rank order (the same sum, hence the same norm, in every CTA of the row); a second cluster barrier
+// keeps each CTA's shared memory alive until its peers have read it. Per element the arithmetic
+// is fb_value's and the norm's; only the sum of squares is grouped differently from
+// fb_resid_norm (so resid_out / resid_bits are bitwise the single-CTA kernel's, the norm outputs
+// within the fp32 sum's reordering). Needs H % (4 FB_CL) == 0, H <= 8192 and 16-byte aligned fp32
+// rows / 8-byte aligned BF16 rows (fast_block.py checks before launching). Grid FB_CL * M.
+#define FB_CL 8
+#define FB_CL_THREADS 128
+
+__device__ __forceinline__ unsigned fb_smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void fb_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float fb_dsmem_load(const float* p, unsigned rank) {
+    unsigned a;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(fb_smem_u32(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+template <int NV4, bool RES, bool BR, bool CONV>
+__device__ __forceinline__ void fb_resid_norm_cl(int r, int i, int b, int H, int W, int c0, int c1,
+                                                 const float* resid_in, const u16* srow,
+                                                 const float* __restrict__ branch, const float* __restrict__ conv_base,
+                                                 const u16* __restrict__ fdr, float* resid_out,
+                                                 u16* __restrict__ resid_bits, const float* __restrict__ norm_w,
+                                                 float eps, float* __restrict__ norm_f32, u16* __restrict__ norm_hi,
+                                                 u16* __restrict__ norm_lo, int skip_first, float* scratch,
+                                                 float* part) {
+    const int G = H >> 4;
+    const long long row = (long long)r * H;
+    float4 xv[NV4];
+#pragma unroll
+    for (int j = 0; j < NV4; ++j) {
+        const int c = c0 + 4 * (threadIdx.x + j * FB_CL_THREADS);
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c < c1) {
+            if (RES) {
+                x = *reinterpret_cast<const float4*>(resid_in + row + c);
+            } else {
+                const ushort4 sb = *reinterpret_cast<const ushort4*>(srow + c);
+                x = make_float4(dfl::bf16_to_f32(sb.x), dfl::bf16_to_f32(sb.y), dfl::bf16_to_f32(sb.z),
+                                dfl::bf16_to_f32(sb.w));
+            }
+            if (BR) {
+                float4 z = *reinterpret_cast<const float4*>(branch + row + c);
+                if (CONV) {  // fb_value's conv finish; the four columns share the group g
+                    const int g = c >> 4;
+                    const float4 b0 = *reinterpret_cast<const float4*>(conv_base + c);
+                    const float f0 = dfl::bf16_to_f32(fdr[g]);
+                    float4 o = make_float4((b0.x + f0) * z.x, (b0.y + f0) * z.y, (b0.z + f0) * z.z, (b0.w + f0) * z.w);
+                    if (i >= 1) {
+                        const float4 b1 = *reinterpret_cast<const float4*>(conv_base + H + c);
+                        const float4 zp = *reinterpret_cast<const float4*>(branch + row - H + c);
+                        const float f1 = dfl::bf16_to_f32(fdr[G + g]);
+                        o.x = fmaf(b1.x + f1, zp.x, o.x);
+                        o.y = fmaf(b1.y + f1, zp.y, o.y);
+                        o.z = fmaf(b1.z + f1, zp.z, o.z);
+                        o.w = fmaf(b1.w + f1, zp.w, o.w);
+                    }
+                    z = make_float4(dfl::round_bf16(o.x), dfl::round_bf16(o.y), dfl::round_bf16(o.z),
+                                    dfl::round_bf16(o.w));
+                }
+                x.x += z.x;
+                x.y += z.y;
+                x.z += z.z;
+                x.w += z.w;
+            }
+        }
+        xv[j] = x;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV4; ++j) {
+        const int c = c0 + 4 * (threadIdx.x + j * FB_CL_THREADS);
+        if (c < c1) {
+            if (resid_out) *reinterpret_cast<float4*>(resid_out + row + c) = xv[j];
+            if (resid_bits) {
+                ushort4 o;
+                o.x = dfl::f32_to_bf16_rn(xv[j].x);
+                o.y = dfl::f32_to_bf16_rn(xv[j].y);
+                o.z = dfl::f32_to_bf16_rn(xv[j].z);
+                o.w = dfl::f32_to_bf16_rn(xv[j].w);
+                *reinterpret_cast<ushort4*>(resid_bits + row + c) = o;
+            }
+            ss += xv[j].x * xv[j].x;
+            ss += xv[j].y * xv[j].y;
+            ss += xv[j].z * xv[j].z;
+            ss += xv[j].w * xv[j].w;
+        }
+    }
+    if (!norm_w) return;  // uniform over the cluster (no barrier is skipped by some CTAs only)
+    const float mine = dfl::block_sum(ss, scratch);
+    if (threadIdx.x == 0) *part = mine;
+    fb_cluster_sync();  // every partial published
+    float tot = 0.f;
+#pragma unroll
+    for (int q = 0; q < FB_CL; ++q) tot += fb_dsmem_load(part, (unsigned)q);  // rank order in every CTA
+    fb_cluster_sync();  // peers done reading this CTA's partial
+    const float denom = sqrtf(tot / (float)H + eps);
+    if (skip_first && i == 0) return;
+    const long long orow = (skip_first ? (long long)b * (W - 1) + (i - 1) : r) * H;
+#pragma unroll
+    for (int j = 0; j < NV4; ++j) {
+        const int c = c0 + 4 * (threadIdx.x + j * FB_CL_THREADS);
+        if (c < c1) {
+            const float4 w = *reinterpret_cast<const float4*>(norm_w + c);
+            const float y[4] = {w.x * (xv[j].x / denom), w.y * (xv[j].y / denom), w.z * (xv[j].z / denom),
+                                w.w * (xv[j].w / denom)};
+            if (norm_f32) *reinterpret_cast<float4*>(norm_f32 + orow + c) = make_float4(y[0], y[1], y[2], y[3]);
+            u16 hi[4], lo[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                hi[e] = dfl::f32_to_bf16_rn(y[e]);
+                lo[e] = dfl::f32_to_bf16_rn(y[e] - dfl::bf16_to_f32(hi[e]));
+            }
+            if (norm_hi) *reinterpret_cast<ushort4*>(norm_hi + orow + c) = make_ushort4(hi[0], hi[1], hi[2], hi[3]);
+            if (norm_lo) *reinterpret_cast<ushort4*>(norm_lo + orow + c) = make_ushort4(lo[0], lo[1], lo[2], lo[3]);
+        }
+    }
+}
+
+extern "C" __global__ void __cluster_dims__(FB_CL, 1, 1) __launch_bounds__(FB_CL_THREADS)
+fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __restrict__ src_bits,
+                      const void* __restrict__ tok, int tok_mode, long long mask_id, const float* __restrict__ branch,
+                      const float* __restrict__ conv_base, const u16* __restrict__ fd, float* resid_out,
+                      u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps,
+                      float* __restrict__ norm_f32, u16* __restrict__ norm_hi, u16* __restrict__ norm_lo,
+                      int skip_first) {
+    __shared__ float scratch[33];
+    __shared__ float part;
+    const int r = blockIdx.x / FB_CL, q = blockIdx.x % FB_CL;  // 1-D clusters: rank = blockIdx.x % FB_CL
+    if (r >= M) return;  // whole clusters (the grid is FB_CL * M)
+    const int i = r % W, b = r / W;
+    const u16* srow = nullptr;
+    if (!resid_in) {
+        long long t = r;
+        if (tok_mode != 0) {
+            const long long a = tok_mode == 1 ? (long long)((const int*)tok)[b] : ((const long long*)tok)[b];
+            t = i == 0 ? a : mask_id;
+        }
+        srow = src_bits + t * H;
+    }
+    const u16* fdr = fd ? fd + (long long)r * 2 * (H >> 4) : nullptr;
+    const int slice = H / FB_CL, c0 = q * slice, c1 = c0 + slice;
+#define FB_CLV(N, RES, BR, CONV)                                                                                 \
+    fb_resid_norm_cl<N, RES, BR, CONV>(r, i, b, H, W, c0, c1, resid_in, srow, branch, conv_base, fdr, resid_out,  \
+                                       resid_bits, norm_w, eps, norm_f32, norm_hi, norm_lo, skip_first, scratch, &part)
+#define FB_CLV_N(N)                         \
+    if (resid_in) {                         \
+        if (!branch)                        \
+            FB_CLV(N, true, false, false);  \
+        else if (conv_base)                 \
+            FB_CLV(N, true, true, true);    \
+        else                                \
+            FB_CLV(N, true, true, false);   \
+    } else {                                \
+        if (!branch)                        \
+            FB_CLV(N, false, false, false); \
+        else if (conv_base)                 \
+            FB_CLV(N, false, true, true);   \
+        else                                \
+            FB_CLV(N, false, true, false);  \
+    }
+    if (slice <= 4 * FB_CL_THREADS) {
+        FB_CLV_N(1)
+    } else {
+        FB_CLV_N(2)
+    }
+#undef FB_CLV_N
+#undef FB_CLV
+}
+
 // Grid (M, ceil((Hq + 2 Hk) / 8)), 256 threads: one warp per head of one row, heads in the order
 // q, k, v of the fused GEMM output qkv [M, (Hq + 2 Hk) D] fp32; positions frontier[r / W] + r % W.
 // The row's RoPE table (cos, sin of pos * inv_freq[i], formed and reduced in double as

@@ -156,9 +156,27 @@ def _row_grid(n: int, rows: int) -> tuple[int, int]:
     return (max(1, min((n + _THREADS - 1) // _THREADS, _MAX_GRID)), max(1, rows))
 
 
-# fb_resid_norm holds rows up to 8192 wide in registers; True forces its strided loop (any width,
-# the same bits: tests/gpu/test_fast_block.py compares the two paths)
-RESID_NORM_FORCE_STRIDED = False
+# fb_resid_norm: "auto" takes the cluster kernel (fb_resid_norm_cluster, a row over 8 CTAs) where
+# it applies, else the single-CTA one (rows up to 8192 wide in registers); "cluster", "block" and
+# "strided" (the single-CTA kernel's loop, any width, the register path's bits) force one
+# (tests/gpu/test_fast_block.py compares them).
+RESID_NORM_PATH = "auto"
+_CLUSTER, _CLUSTER_THREADS = 8, 128  # fast_block.cu FB_CL, FB_CL_THREADS
+
+
+def resid_norm_path(H: int, f32=(), bits=()) -> str:
+    """Which fb_resid_norm kernel a call takes (RESID_NORM_PATH; "auto": the cluster kernel when H is
+    a multiple of 32 up to 8192 and every fp32 array is 16-byte, every BF16 array 8-byte aligned)."""
+    want = RESID_NORM_PATH
+    if want not in ("auto", "cluster", "block", "strided"):
+        raise ValueError(f"RESID_NORM_PATH {want!r}: auto, cluster, block or strided")
+    if want in ("block", "strided"):
+        return want
+    fits = (H % (4 * _CLUSTER) == 0 and H <= 8192 and all(a is None or a.data.ptr % 16 == 0 for a in f32)
+            and all(a is None or a.data.ptr % 8 == 0 for a in bits))
+    if want == "cluster" and not fits:
+        raise ValueError(f"fb_resid_norm_cluster does not take H {H} or these alignments")
+    return "cluster" if fits else "block"
 
 
 def attention_impl():
@@ -210,17 +228,19 @@ class CudaEngine:
                    fd=None, resid_out=None, resid_bits=None, norm_w=None, eps=0.0, norm_f32=None, norm_hi=None,
                    norm_lo=None, skip_first=False):
         tok_mode = 0 if tok is None else (2 if tok.dtype == np.int64 else 1)  # int32 or int64 (masked_block)
-        force_strided = RESID_NORM_FORCE_STRIDED
 
         def p(a):
             return _NULL if a is None else a
 
-        _fn("fb_resid_norm")(
-            (M,), (_THREADS,),
-            (np.int32(M), np.int32(H), np.int32(W), p(resid_in), p(src_bits), p(tok), np.int32(tok_mode),
-             np.int64(mask_id), p(branch), p(conv_base), p(fd), p(resid_out), p(resid_bits), p(norm_w),
-             np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0),
-             np.int32(1 if force_strided else 0)))
+        args = (np.int32(M), np.int32(H), np.int32(W), p(resid_in), p(src_bits), p(tok), np.int32(tok_mode),
+                np.int64(mask_id), p(branch), p(conv_base), p(fd), p(resid_out), p(resid_bits), p(norm_w),
+                np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0))
+        path = resid_norm_path(H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
+                               bits=(src_bits, resid_bits, norm_hi, norm_lo))
+        if path == "cluster":
+            _fn("fb_resid_norm_cluster")((_CLUSTER * M,), (_CLUSTER_THREADS,), args)
+        else:
+            _fn("fb_resid_norm")((M,), (_THREADS,), (*args, np.int32(1 if path == "strided" else 0)))
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):

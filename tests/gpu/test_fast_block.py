@@ -133,19 +133,8 @@ def test_call_captures_into_a_cuda_graph(fast, cupy, variant):
     assert bool(cp.array_equal(captured, eager))
 
 
-@pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
-@pytest.mark.parametrize("h", [256, 5120, 8192, 8448])
-def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode, h):
-    """fb_resid_norm holds rows up to 8192 wide in registers (fast_block.cu fb_resid_norm_regs):
-    every output must be bitwise the strided loop's (same per-thread order, same block sum). Each
-    source / branch mode of the kernel at the 35B and 27B widths, the register limit and one
-    width past it (both runs strided there, so that row checks the switch, not the arithmetic)."""
-    import kernels_cu.fast_block as fb
-
-    cp = cupy
-    rng = cp.random.default_rng(h)
-    M, W = 24, 8
-    eng = fb.CudaEngine()
+def _resid_norm_inputs(cp, mode, M, h):
+    rng = cp.random.default_rng(h + len(mode))
 
     def f32(*shape, scale=1.0):
         return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
@@ -153,25 +142,76 @@ def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode
     def bf16(*shape):
         return (f32(*shape).view(np.uint32) >> 16).astype(np.uint16)
 
-    src = {}
     if mode == "embed":
-        src = {"src_bits": bf16(50, h), "tok": cp.asarray(rng.integers(0, 49, M // W), dtype=cp.int32), "mask_id": 49}
+        src = {"src_bits": bf16(50, h), "tok": cp.asarray(rng.integers(0, 49, M // 8), dtype=cp.int32), "mask_id": 49}
     else:
         src = {"resid_in": f32(M, h), "branch": f32(M, h, scale=0.5)}
         if mode == "conv":
             src.update(conv_base=f32(2, h, scale=0.3) + 1.0, fd=bf16(M, 2 * (h // 16)))
-    norm_w = cp.abs(f32(h)) + 0.5
-    outs = {}
-    for strided in (False, True):
-        monkeypatch.setattr(fb, "RESID_NORM_FORCE_STRIDED", strided)
-        kw = dict(src)
-        if "resid_in" in kw:
-            kw["resid_in"] = kw["resid_in"].copy()  # written in place below
-        o = {"resid_out": kw.get("resid_in", cp.empty((M, h), dtype=np.float32)),
-             "resid_bits": cp.empty((M, h), dtype=np.uint16), "norm_f32": cp.empty((M, h), dtype=np.float32),
-             "norm_hi": cp.empty((M, h), dtype=np.uint16), "norm_lo": cp.empty((M, h), dtype=np.uint16)}
-        eng.resid_norm(M, h, W, **kw, **o, norm_w=norm_w, eps=1e-6)
-        outs[strided] = {k: v.get() for k, v in o.items()}
-    for k in outs[False]:
-        assert np.array_equal(outs[False][k].view(np.uint32 if outs[False][k].dtype == np.float32 else np.uint16),
-                              outs[True][k].view(np.uint32 if outs[True][k].dtype == np.float32 else np.uint16)), k
+    return src, cp.abs(f32(h)) + 0.5
+
+
+def _resid_norm_run(cp, fb, monkeypatch, path, src, norm_w, M, h, skip_first=False):
+    monkeypatch.setattr(fb, "RESID_NORM_PATH", path)
+    kw = dict(src)
+    if "resid_in" in kw:
+        kw["resid_in"] = kw["resid_in"].copy()  # written in place
+    o = {"resid_out": kw.get("resid_in", cp.empty((M, h), dtype=np.float32)),
+         "resid_bits": cp.empty((M, h), dtype=np.uint16), "norm_f32": cp.zeros((M, h), dtype=np.float32),
+         "norm_hi": cp.zeros((M, h), dtype=np.uint16), "norm_lo": cp.zeros((M, h), dtype=np.uint16)}
+    fb.CudaEngine().resid_norm(M, h, 8, **kw, **o, norm_w=norm_w, eps=1e-6, skip_first=skip_first)
+    return {k: v.get() for k, v in o.items()}
+
+
+def _bits(a):
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint16)
+
+
+@pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
+@pytest.mark.parametrize("h", [256, 2048, 5120, 8192, 8448])
+def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode, h):
+    """The single-CTA fb_resid_norm holds rows up to 8192 wide in registers (fb_resid_norm_vec):
+    every output must be bitwise its strided loop's (same element ownership and per-thread order,
+    same block sum). Each source / branch mode of the kernel at the 35B and 27B widths, the register
+    limit and one width past it (both runs strided there: that row checks the switch)."""
+    import kernels_cu.fast_block as fb
+
+    M = 24
+    src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
+    vec = _resid_norm_run(cupy, fb, monkeypatch, "block", src, norm_w, M, h)
+    strided = _resid_norm_run(cupy, fb, monkeypatch, "strided", src, norm_w, M, h)
+    for k in vec:
+        assert np.array_equal(_bits(vec[k]), _bits(strided[k])), k
+
+
+@pytest.mark.parametrize("skip_first", [False, True])
+@pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
+@pytest.mark.parametrize("h", [256, 2048, 5120, 8192])
+def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, monkeypatch, mode, h, skip_first):
+    """fb_resid_norm_cluster (a row over 8 CTAs, the sum of squares combined through distributed
+    shared memory) against the single-CTA kernel. resid_out / resid_bits: the same per-element
+    arithmetic, so bitwise equal. The norm: only the fp32 sum of the H squares is grouped
+    differently; each order's sum of nonnegative terms is within gamma_H = H u / (1 - H u) of the
+    exact one (u = 2^-24), so the two sums differ by <= 2 gamma_H relatively, sqrt halves that, and
+    the mean, eps, sqrt and the element's division and gain add at most 4 roundings to each side:
+    |y_a - y_b| <= (gamma_H + 4 u) |y| per element (4.9e-4 at H 8192). BF16 hi: one BF16 step
+    (<= 2^-7 |y|) at most; rows skipped by skip_first stay untouched in both."""
+    import kernels_cu.fast_block as fb
+
+    M = 24
+    src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
+    cl = _resid_norm_run(cupy, fb, monkeypatch, "cluster", src, norm_w, M, h, skip_first)
+    one = _resid_norm_run(cupy, fb, monkeypatch, "block", src, norm_w, M, h, skip_first)
+    for k in ("resid_out", "resid_bits"):
+        assert np.array_equal(_bits(cl[k]), _bits(one[k])), k
+    u = 2.0**-24
+    bound = h * u / (1 - h * u) + 4 * u
+    y_a, y_b = cl["norm_f32"].astype(np.float64), one["norm_f32"].astype(np.float64)
+    assert np.all(np.abs(y_a - y_b) <= bound * np.abs(y_b)), float(np.max(np.abs(y_a - y_b) / (np.abs(y_b) + 1e-30)))
+
+    def val(b16):
+        return (b16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+    assert np.all(np.abs(val(cl["norm_hi"]) - val(one["norm_hi"])) <= 2.0**-7 * np.abs(y_b) * (1 + bound))
+    if skip_first:  # written rows: b * (W - 1) + i - 1 < M * 7 / 8; the rest untouched (zeros) in both
+        assert not cl["norm_f32"][M * 7 // 8:].any() and not one["norm_f32"][M * 7 // 8:].any()
