@@ -1,0 +1,149 @@
+"""Would choosing cuBLASLt algorithms per shape beat cublasGemmEx's default at the round's GEMMs?
+(H200 probe, issue 12.) For each (M, N, K) of the proposal round (row-major x [M, K] BF16 @ w [N, K]^T
+-> fp32 [M, N], FP32 accumulation, as kernels_cu.fast_gemm.gemm_bf16), asks
+cublasLtMatmulAlgoGetHeuristic for up to 16 algorithms, times each (CUDA events, median, L2 flushed)
+and prints the default gemmEx time, the heuristic's first choice, the best of all and the floor.
+
+    python -m benchmarks.lt_probe [--json out.json]
+
+ctypes on the libcublasLt that CuPy's cuBLAS loaded; enum values from cublasLt.h (CUDA 12/13).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+
+SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs and the head
+    (16, 1280, 5120), (8, 6144, 5120), (8, 5120, 4096), (8, 34816, 5120), (8, 5120, 17408), (7, 248320, 5120),
+    (256, 1280, 5120), (128, 6144, 5120), (128, 5120, 4096), (128, 34816, 5120), (128, 5120, 17408),
+    (120, 248320, 5120),
+    (8, 6144, 2048), (8, 2048, 4096), (8, 12288, 2048), (8, 2048, 6144), (128, 12288, 2048), (128, 2048, 6144),
+    (120, 248320, 2048),
+]
+
+
+class HeuristicResult(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def _lib():
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libcublasLt.so" in path:
+                return ctypes.CDLL(path)
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("libcublasLt not found")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--algos", type=int, default=16)
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import numpy as np
+
+    from kernels_cu.fast_gemm import gemm_bf16
+
+    gemm_bf16(cp.zeros((2, 8), np.uint16), cp.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
+    lt = _lib()
+    vp = ctypes.c_void_p
+    handle = vp()
+    assert lt.cublasLtCreate(ctypes.byref(handle)) == 0
+    ws_bytes = 32 << 20
+    ws = cp.empty(ws_bytes, np.uint8)
+    flush = cp.empty(64 << 20, np.float32)
+    out = []
+    i32 = ctypes.c_int32
+
+    def setattr_(fn, obj, attr, value):
+        v = i32(value)
+        assert fn(obj, attr, ctypes.byref(v), ctypes.sizeof(v)) == 0
+
+    def timed(fn, reps=15):
+        fn()
+        cp.cuda.Device().synchronize()
+        ts = []
+        for i in range(reps):
+            flush.fill(float(i))
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
+        return statistics.median(ts)
+
+    for m, n, k in SHAPES:
+        x = (cp.random.standard_normal((m, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        w = (cp.random.standard_normal((n, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        c = cp.empty((m, n), np.float32)
+        desc, la, lb, lc, pref = vp(), vp(), vp(), vp(), vp()
+        assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), 68, 0) == 0  # COMPUTE_32F, scale R_32F
+        setattr_(lt.cublasLtMatmulDescSetAttribute, desc, 3, 1)  # TRANSA = T
+        setattr_(lt.cublasLtMatmulDescSetAttribute, desc, 4, 0)  # TRANSB = N
+        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(la), 14, ctypes.c_uint64(k), ctypes.c_uint64(n),
+                                             ctypes.c_int64(k)) == 0
+        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lb), 14, ctypes.c_uint64(k), ctypes.c_uint64(m),
+                                             ctypes.c_int64(k)) == 0
+        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lc), 0, ctypes.c_uint64(n), ctypes.c_uint64(m),
+                                             ctypes.c_int64(n)) == 0
+        assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
+        wsz = ctypes.c_uint64(ws_bytes)
+        assert lt.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsz), 8) == 0
+        res = (HeuristicResult * args.algos)()
+        got = i32()
+        st = lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, args.algos, res, ctypes.byref(got))
+        alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        stream = vp(cp.cuda.get_current_stream().ptr)
+        times = []
+        for r in range(got.value if st == 0 else 0):
+            if res[r].state != 0:
+                continue
+
+            def run(r=r):
+                s = lt.cublasLtMatmul(handle, desc, ctypes.byref(alpha), vp(w.data.ptr), la, vp(x.data.ptr), lb,
+                                      ctypes.byref(beta), vp(c.data.ptr), lc, vp(c.data.ptr), lc,
+                                      ctypes.byref(res[r].algo), vp(ws.data.ptr), ctypes.c_size_t(ws_bytes), stream)
+                assert s == 0, s
+
+            try:
+                times.append(round(timed(run), 2))
+            except AssertionError as exc:
+                times.append(f"status {exc}")
+        default = timed(lambda: gemm_bf16(x, w, c))
+        num = [t for t in times if isinstance(t, float)]
+        floor = (n * k * 2 + m * k * 2 + m * n * 4) / 4.2e12 * 1e6
+        rec = {"M": m, "N": n, "K": k, "gemmEx_us": round(default, 2), "lt_first_us": num[0] if num else None,
+               "lt_best_us": min(num) if num else None, "floor_us": round(floor, 2), "lt_all_us": times,
+               "heuristic_status": st}
+        out.append(rec)
+        print(json.dumps(rec), flush=True)
+        lt.cublasLtMatmulPreferenceDestroy(pref)
+        lt.cublasLtMatrixLayoutDestroy(la)
+        lt.cublasLtMatrixLayoutDestroy(lb)
+        lt.cublasLtMatrixLayoutDestroy(lc)
+        lt.cublasLtMatmulDescDestroy(desc)
+        del x, w, c
+    print(f"\n{'M':>5} {'N':>7} {'K':>6} {'gemmEx':>8} {'Lt 1st':>8} {'Lt best':>8} {'floor':>7} (us)")
+    for r in out:
+        print(f"{r['M']:5d} {r['N']:7d} {r['K']:6d} {r['gemmEx_us']:8.1f} {r['lt_first_us'] or 0:8.1f} "
+              f"{r['lt_best_us'] or 0:8.1f} {r['floor_us']:7.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
