@@ -19,7 +19,9 @@
 //
 // Numerics. Scores: Q . K^T in BF16 x BF16 -> FP32 (exact products). Q given in FP32
 // (attention_fast's contract, masked_block's path) is split Q = Q_hi + Q_lo (two BF16 values,
-// ~16 significant bits) and multiplied twice; block K in FP32 likewise (Q_hi K_lo added).
+// ~16 significant bits) and multiplied twice; block K in FP32 likewise (Q_hi K_lo added). A pass whose
+// operand is zero in every element of the block (Q_lo, K_lo, V_lo of FP32 arrays holding BF16 values, as
+// masked_block's are) would add exact zeros and is skipped: the FP32 path then gives the BF16 path's bits.
 // P = exp2(s * log2(e)/sqrt(D) - m) in FP32 feeds the FP32 row sum; for PV it is an MMA operand:
 // context V is FP16, so P is rounded to FP16 (11 bits, at least as fine as the reference's
 // BF16 "probs" down to 2^-13; positive P below FP16's smallest subnormal is kept at 2^-24 so an
@@ -285,6 +287,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..)
     unsigned qa[KS][4], ql[QL][4];
+    bool lo_any = false;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
@@ -300,11 +303,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                 float2 x = make_float2(0.f, 0.f);
                 if (off >= 0) x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(qp) + off);
                 split_pair(x.x, x.y, qa[ks][r], ql[F32 ? ks : 0][r]);
+                lo_any |= ql[F32 ? ks : 0][r] != 0u;
             } else {
                 qa[ks][r] = off >= 0 ? *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(qp) + off) : 0u;
             }
         }
     }
+
+    // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
+    // add exact zeros: skipped, same bits (the block tile's K_lo / V_lo passes likewise)
+    const bool qlo = F32 ? __syncthreads_or(lo_any) != 0 : false;
 
     // zero the pad columns D .. DP of every stage row once (cp.async and the block loader write d < D only)
     if (D < DP) {
@@ -374,7 +382,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         qk_tile<KS, NJ, ST>(s, qa, kt, key0, lane);
-        if constexpr (F32) qk_tile<KS, NJ, ST>(s, ql, kt, key0, lane);
+        if constexpr (F32) {
+            if (qlo) qk_tile<KS, NJ, ST>(s, ql, kt, key0, lane);
+        }
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
 #pragma unroll
@@ -409,7 +419,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // the block tile: rows j < live of k / v (BF16 bits, or FP32 split into hi in stage 0, lo in stage 1)
     if (split == ns - 1 && lve > 0) {
         const int PPR = D >> 1;
-        bool found = false;
+        bool found = false, klo_any = false, vlo_any = false;
         for (int idx = threadIdx.x; idx < FA_NT * PPR; idx += FA_WARPS * 32) {
             const int row = idx / PPR, col = 2 * (idx - (idx / PPR) * PPR);
             unsigned kh = 0u, vh = 0u, kl = 0u, vl = 0u;
@@ -421,6 +431,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     split_pair(kx.x, kx.y, kh, kl);
                     split_pair(vx.x, vx.y, vh, vl);
                     found |= !finite32(vx.x) || !finite32(vx.y);
+                    klo_any |= kl != 0u;
+                    vlo_any |= vl != 0u;
                 } else {
                     kh = *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(kp) + off);
                     vh = *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(vp) + off);
@@ -435,13 +447,15 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
         }
         const bool slow = __syncthreads_or(found);
+        const bool klo = F32 ? __syncthreads_or(klo_any) != 0 : false;
+        const bool vlo = F32 ? __syncthreads_or(vlo_any) != 0 : false;
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
         qk_tile<KS, NJ, ST>(s, qa, sK, key0, lane);
         if constexpr (F32) {
-            qk_tile<KS, NJ, ST>(s, ql, sK, key0, lane);
-            qk_tile<KS, NJ, ST>(s, qa, sK + FA_NT * ST, key0, lane);
+            if (qlo) qk_tile<KS, NJ, ST>(s, ql, sK, key0, lane);
+            if (klo) qk_tile<KS, NJ, ST>(s, qa, sK + FA_NT * ST, key0, lane);
         }
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
@@ -467,7 +481,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
             pv_tile<NJ, ND, ST, false>(o, ph, sV, key0, lane);
             pv_tile<NJ, ND, ST, false>(o, pl, sV, key0, lane);
-            if (F32) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
+            if (F32 && vlo) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
         } else {
             pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane, [&](int key, int d) {
                 float x = dfl::bf16_to_f32(sV[key * ST + d]);

@@ -11,7 +11,10 @@
   float64 with a bound derived from the kernel's arithmetic (``derived_bound``); planted keys of
   large score at the window edge, the ring's ends and tile edges make a mask error visible above
   that bound;
-- a non-finite V that a window gives to one row and not the next (context tile and block tile).
+- a non-finite V that a window gives to one row and not the next (context tile and block tile);
+- masked_block's inputs (FP32 arrays holding BF16 values) give the BF16-bit path's bits, at the proposal
+  round's shapes; split counts 1 .. 64 (more splits than tiles too) within the bound, repeated calls and
+  a captured graph's replays give the eager bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
 """
@@ -248,7 +251,7 @@ def _device_args(cp, case, fp32_inputs):
             cp.asarray(case["frontier"]), cp.asarray(case["live"]), case["window"])
 
 
-@pytest.mark.parametrize("splits", [None, 5])
+@pytest.mark.parametrize("splits", [None, 5, 64])
 @pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
 def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp32_inputs, splits):
     name, by_mode = random_case
@@ -306,3 +309,81 @@ def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits)
                              case["frontier"], case["live"], window, fp32_inputs=False, ns_max=64)
     assert np.isfinite(out[fin]).all()
     assert float((np.abs(out[fin] - ref[fin]) / bound[fin]).max()) <= 1.0
+
+
+# ------------------------------------------------------------------------ masked_block's shapes and the splits
+
+
+def _round_case(cp, b, w, cap, window, tails, seed=3):
+    """An attention call of masked_block's (Hq 32, Hk 8, D 128, F 4096, frontiers F - 3 b): q/k/v as FP32
+    arrays holding BF16 values (fb_qkv_post rounds them) and as the same BF16 bits."""
+    rng = np.random.default_rng([seed, b, w, cap, window])
+    hq, hk, d, front = 32, 8, 128, 4096
+    q, k, v = (_bf16(rng.standard_normal(s)) for s in ((b, w, hq, d), (b, w, hk, d), (b, w, hk, d)))
+    kc = _bf16(rng.standard_normal((b, cap, hk, d)))
+    vc = np.abs(_bf16(rng.standard_normal((b, cap, hk, d)))).astype(np.float16)
+    frontier = front - 3 * np.arange(b, dtype=np.int64)
+    live = np.maximum(w - np.arange(b) % 4, 1).astype(np.int32) if tails else np.full(b, w, np.int32)
+    rest = (cp.asarray(kc.view(np.uint16)), cp.asarray(vc.view(np.uint16)), cp.asarray(frontier), cp.asarray(live),
+            window)
+    f32 = tuple(cp.asarray(x.astype(np.float32)) for x in (q, k, v))
+    bits = tuple(cp.asarray(x.view(np.uint16)) for x in (q, k, v))
+    return f32, bits, rest, {"q": q, "k": k, "v": v, "k_cache": kc, "v_cache": vc, "frontier": frontier,
+                             "live": live, "window": window}
+
+
+ROUND_SHAPES = {"27B_B1_W8": (1, 8, 2048, 2048, False), "27B_B2_W16": (2, 16, 2048, 2048, False),
+                "35B_local_B2_W16": (2, 16, 4096, 4096, True), "35B_full_B1_W8": (1, 8, 4096, 0, True)}
+
+
+@pytest.mark.parametrize("splits", [None, 1, 7])
+@pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
+def test_fp32_holding_bf16_values_gives_the_bf16_bits(cupy, fa, monkeypatch, shape, splits):
+    """masked_block hands FP32 q/k/v that hold BF16 values: Q_lo = K_lo = V_lo = 0, so the FP32 path
+    (fast_attn_*_f) must give the BF16-bit path's (fast_attn_*_b) bits, FP32 and BF16 outputs alike."""
+    monkeypatch.setattr(fa, "SPLITS", splits)
+    f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
+    a32, a16 = fa.attention_fast(*f32, *rest, f32_out=True, bf16_out=True)
+    b32, b16 = fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)
+    assert fa.last_path() == "fast"
+    assert np.array_equal(cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(b32).view(np.uint32))
+    assert np.array_equal(cupy.asnumpy(a16), cupy.asnumpy(b16))
+
+
+@pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
+def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape):
+    """Every split count 1 .. 64 (more splits than context tiles too) within the derived bound of the float64
+    attention; a call repeated gives the same bits."""
+    _, bits, rest, case = _round_case(cupy, *ROUND_SHAPES[shape])
+    ref = attend(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"], case["live"],
+                 case["window"])
+    bound, _ = derived_bound(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"],
+                             case["live"], case["window"], fp32_inputs=False, ns_max=64)
+    rows = np.arange(ref.shape[1])[None, :] < case["live"][:, None]
+    for ns in (1, 2, 3, 5, 16, 33, 64):
+        monkeypatch.setattr(fa, "SPLITS", ns)
+        first = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0])
+        for _ in range(2):
+            again = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0])
+            assert np.array_equal(first.view(np.uint32), again.view(np.uint32)), f"splits {ns}: a repeat differs"
+        err = np.abs(first.astype(np.float64) - ref)[rows]
+        assert float((err / bound[rows]).max()) <= 1.0, f"splits {ns}"
+        assert not np.any(first[~rows])
+
+
+def test_graph_replay_gives_the_eager_bits(cupy, fa):
+    """A call captured in a CUDA graph (after an eager call on that stream, as FastRound and masked_block
+    capture) and replayed several times gives the eager call's bits (split kernel and combine)."""
+    f32, _, rest, _ = _round_case(cupy, *ROUND_SHAPES["35B_local_B2_W16"])
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        eager = cupy.asnumpy(fa.attention_fast(*f32, *rest, f32_out=False, bf16_out=True)[1])
+        s.synchronize()
+        s.begin_capture()
+        out = fa.attention_fast(*f32, *rest, f32_out=False, bf16_out=True)[1]
+        g = s.end_capture()
+        for _ in range(3):
+            out.fill(0)
+            g.launch(s)
+            s.synchronize()
+            assert np.array_equal(cupy.asnumpy(out), eager)
