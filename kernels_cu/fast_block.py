@@ -164,9 +164,16 @@ RESID_NORM_PATH = "auto"
 _CLUSTER, _CLUSTER_THREADS = 8, 128  # fast_block.cu FB_CL, FB_CL_THREADS
 
 
-def resid_norm_path(H: int, f32=(), bits=()) -> str:
-    """Which fb_resid_norm kernel a call takes (RESID_NORM_PATH; "auto": the cluster kernel when H is
-    a multiple of 32 up to 8192 and every fp32 array is 16-byte, every BF16 array 8-byte aligned)."""
+# "auto" takes the cluster kernel up to this many rows. H200 graph trace (benchmarks/profile_round.py,
+# 2026-12-01, per call): 8 rows 9.7 -> 5.0 us at H 5120 and 4.4 -> 4.0 at H 2048; 128 rows 9.6 ->
+# 9.3 us at H 5120 and 5.0 -> 7.2 at H 2048 (8 CTAs of 128 threads per row then outnumber the SMs)
+RESID_NORM_CLUSTER_MAX_ROWS = 32
+
+
+def resid_norm_path(M: int, H: int, f32=(), bits=()) -> str:
+    """Which fb_resid_norm kernel a call takes (RESID_NORM_PATH; "auto": the cluster kernel for at
+    most RESID_NORM_CLUSTER_MAX_ROWS rows when H is a multiple of 32 up to 8192 and every fp32 array
+    is 16-byte, every BF16 array 8-byte aligned)."""
     want = RESID_NORM_PATH
     if want not in ("auto", "cluster", "block", "strided"):
         raise ValueError(f"RESID_NORM_PATH {want!r}: auto, cluster, block or strided")
@@ -176,6 +183,8 @@ def resid_norm_path(H: int, f32=(), bits=()) -> str:
             and all(a is None or a.data.ptr % 8 == 0 for a in bits))
     if want == "cluster" and not fits:
         raise ValueError(f"fb_resid_norm_cluster does not take H {H} or these alignments")
+    if want == "auto" and M > RESID_NORM_CLUSTER_MAX_ROWS:
+        return "block"
     return "cluster" if fits else "block"
 
 
@@ -235,7 +244,7 @@ class CudaEngine:
         args = (np.int32(M), np.int32(H), np.int32(W), p(resid_in), p(src_bits), p(tok), np.int32(tok_mode),
                 np.int64(mask_id), p(branch), p(conv_base), p(fd), p(resid_out), p(resid_bits), p(norm_w),
                 np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0))
-        path = resid_norm_path(H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
+        path = resid_norm_path(M, H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
                                bits=(src_bits, resid_bits, norm_hi, norm_lo))
         if path == "cluster":
             _fn("fb_resid_norm_cluster")((_CLUSTER * M,), (_CLUSTER_THREADS,), args)
