@@ -473,14 +473,25 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
 // common.cuh head_norm_rope, then rounded to fp32) is built once per block in shared memory, not
 // once per element of every head; the head RMSNorm sums squares per lane then by the warp's
 // butterfly (no block barriers). The arithmetic per element is head_norm_rope's. q [M, Hq, D],
-// k / v [M, Hk, D] fp32 out, each rounded to its BF16 value. Dynamic shared memory:
+// k / v [M, Hk, D] out, each rounded once to BF16: as BF16 bits (bits_out, what the fast attention
+// reads directly: h200-attention-v5.md, the same bits as the fp32 path, 4-5 us less per layer) or
+// as fp32 values. Dynamic shared memory:
 // (D + 8 D) floats (the table, one head per warp).
 #define FB_QKV_WARPS 8
+
+// One BF16 rounding of y stored as BF16 bits (bits_out) or as its fp32 value.
+__device__ __forceinline__ void fb_store_bf16(void* out, long long o, float y, int bits_out) {
+    const u16 b = dfl::f32_to_bf16_rn(y);
+    if (bits_out)
+        static_cast<u16*>(out)[o] = b;
+    else
+        static_cast<float*>(out)[o] = dfl::bf16_to_f32(b);
+}
 extern "C" __global__ void __launch_bounds__(FB_QKV_WARPS * 32)
 fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, const float* __restrict__ q_norm,
             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
-            const long long* __restrict__ frontier, float eps, float* __restrict__ q, float* __restrict__ k,
-            float* __restrict__ v) {
+            const long long* __restrict__ frontier, float eps, void* __restrict__ q, void* __restrict__ k,
+            void* __restrict__ v, int bits_out) {
     extern __shared__ float sh[];
     const int half = D >> 1;
     float* cs = sh;               // [half] cos, then [half] sin
@@ -509,8 +520,8 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
         if (lane + 32 * e < D) hv[lane + 32 * e] = xr[e];
     for (int d = lane + 128; d < D; d += 32) hv[d] = x[d];  // heads wider than 128
     if (h >= Hq + Hk) {  // v
-        float* out = v + ((long long)r * Hk + (h - Hq - Hk)) * D;
-        for (int d = lane; d < D; d += 32) out[d] = dfl::round_bf16(hv[d]);
+        const long long o = ((long long)r * Hk + (h - Hq - Hk)) * D;
+        for (int d = lane; d < D; d += 32) fb_store_bf16(v, o + d, hv[d], bits_out);
         return;
     }
     const bool isq = h < Hq;
@@ -524,11 +535,12 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     const float den = sqrtf(ms + eps);
     for (int d = lane; d < D; d += 32) hv[d] = w[d] * (hv[d] / den);  // each lane its own elements
     __syncwarp();
-    float* out = isq ? q + ((long long)r * Hq + h) * D : k + ((long long)r * Hk + (h - Hq)) * D;
+    void* out = isq ? q : k;
+    const long long o = isq ? ((long long)r * Hq + h) * D : ((long long)r * Hk + (h - Hq)) * D;
     for (int d = lane; d < D; d += 32) {
         const int i = d < half ? d : d - half;
         const float nx = hv[d], cf = cs[i], sf = cs[half + i];
-        out[d] = dfl::round_bf16(d < half ? nx * cf - hv[d + half] * sf : nx * cf + hv[d - half] * sf);
+        fb_store_bf16(out, o + d, d < half ? nx * cf - hv[d + half] * sf : nx * cf + hv[d - half] * sf, bits_out);
     }
 }
 

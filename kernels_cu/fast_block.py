@@ -15,7 +15,8 @@ baseline's, so rounding there is inside the tight bound):
                   halves, which is n's projection to ~2^-17 relative, then fb_conv_prepare
                   gives prepared = BF16(Conv_0(n)) and the BF16 finish delta
     qkv = gemm(n or prepared, [W_q; W_k; W_v])       one GEMM, weights concatenated once, resident
-    q, k = RoPE(head RMSNorm) as BF16 values, v as BF16 values (fb_qkv_post; named q, k, v_proj)
+    q, k = RoPE(head RMSNorm), v, each rounded once to BF16 and kept as BF16 bits (fb_qkv_post; named
+         q, k, v_proj; QKV_BITS False keeps their fp32 values, same numbers)
     a  = attention (kernels_cu.fast_attention.attention_fast when that module exists, else the
          exact kernel of kernels_cu.ops_attention), BF16 out (named "attn")
     o  = gemm(a, W_o)
@@ -161,6 +162,10 @@ def _row_grid(n: int, rows: int) -> tuple[int, int]:
 # "strided" (the single-CTA kernel's loop, any width, the register path's bits) force one
 # (tests/gpu/test_fast_block.py compares them).
 RESID_NORM_PATH = "auto"
+# q, k, v between fb_qkv_post and the attention as BF16 bits (the fast attention's BF16 path) or as
+# fp32 arrays holding the same BF16 values (its FP32 path): the same bits out (h200-attention-v5.md,
+# tests/gpu/test_fast_block.py), the bits 4-5 us a layer faster. Read when a workspace is made.
+QKV_BITS = True
 _CLUSTER, _CLUSTER_THREADS = 8, 128  # fast_block.cu FB_CL, FB_CL_THREADS
 
 
@@ -256,7 +261,7 @@ class CudaEngine:
         _fn("fb_qkv_post")(
             (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
             (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
-             frontier, np.float32(eps), q, k, v),
+             frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0)),
             shared_mem=4 * d * (1 + _QKV_WARPS))
 
     @staticmethod
@@ -303,9 +308,10 @@ class Workspace:
         self.X = eng.empty((M, H), f32)  # residual stream
         self.NB = eng.empty((2 * M, H), u16)  # BF16 norm output (hi rows, then lo rows for the conv GEMM)
         self.QKV = eng.empty((M, (dm.Hq + 2 * dm.Hk) * dm.D), f32)
-        self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), f32)
-        self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), f32)
-        self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), f32)
+        qkv_t = u16 if QKV_BITS else f32  # q, k, v: BF16 bits for the attention, or their fp32 values
+        self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), qkv_t)
+        self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
+        self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
         self.O = eng.empty((M, H), f32)
         self.GU = eng.empty((M, 2 * dm.I), f32)
         self.ACT = eng.empty((M, dm.I), u16)

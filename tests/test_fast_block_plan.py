@@ -123,9 +123,12 @@ class NumpyEngine:
             lo, hi = nx[..., : d // 2], nx[..., d // 2:]
             return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
 
-        q[...] = rbf(norm_rope(t[:, :hq], q_norm)).reshape(q.shape)
-        k[...] = rbf(norm_rope(t[:, hq: hq + hk], k_norm)).reshape(k.shape)
-        v[...] = rbf(t[:, hq + hk:]).reshape(v.shape)
+        def put(dst, x):  # one BF16 rounding, stored as bits or as the fp32 value (fast_block.QKV_BITS)
+            dst[...] = (to_bits(x) if dst.dtype == np.uint16 else rbf(x)).reshape(dst.shape)
+
+        put(q, norm_rope(t[:, :hq], q_norm))
+        put(k, norm_rope(t[:, hq: hq + hk], k_norm))
+        put(v, t[:, hq + hk:])
 
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
@@ -143,6 +146,7 @@ class NumpyEngine:
 
     @staticmethod
     def attention(q, k, v, kc, vc, frontier, live, window):
+        q, k, v = (from_bits(a) if a.dtype == np.uint16 else a for a in (q, k, v))
         out = attend(q, k, v, from_bits(kc), np.asarray(vc).view(np.float16), frontier, live, int(window))
         return to_bits(out)
 
@@ -243,3 +247,17 @@ def test_plan_larger_random_layer_inside_the_derived_bound(variant):
     out = NumpyBlock().draft_layer(**{**case.inputs, **case.params})["x_next"]
     comp, norm = error_ratio(case, out, "draft_layer", "x_next")
     assert comp <= 4.0 and norm <= 1.5, (comp, norm)
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_plan_qkv_as_bits_or_fp32_values_gives_the_same_hidden(monkeypatch, variant):
+    """fast_block.QKV_BITS: q, k, v handed to the attention as BF16 bits or as fp32 arrays of the same
+    BF16 values; the block's output must not change by a bit (the twin: one rounding either way)."""
+    import kernels_cu.fast_block as fb
+
+    case = larger_case(variant, seed=3)
+    outs = []
+    for flag in (False, True):
+        monkeypatch.setattr(fb, "QKV_BITS", flag)
+        outs.append(NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"])
+    assert np.array_equal(outs[0], outs[1])

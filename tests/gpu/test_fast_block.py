@@ -215,3 +215,27 @@ def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, monkeypatch, mode
     assert np.all(np.abs(val(cl["norm_hi"]) - val(one["norm_hi"])) <= 2.0**-7 * np.abs(y_b) * (1 + bound))
     if skip_first:  # written rows: b * (W - 1) + i - 1 < M * 7 / 8; the rest untouched (zeros) in both
         assert not cl["norm_f32"][M * 7 // 8:].any() and not one["norm_f32"][M * 7 // 8:].any()
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_qkv_as_bits_gives_the_fp32_paths_bits(cupy, monkeypatch, variant):
+    """fast_block.QKV_BITS (the default): fb_qkv_post writes q, k, v as BF16 bits and the fast
+    attention reads them on its BF16 path; with the flag off they travel as fp32 arrays holding the
+    same BF16 values through its FP32 path. h200-attention-v5.md measured the two attention paths
+    bit-equal on such inputs; the whole block must be too (masked_block and draft_layer)."""
+    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import FastCudaBackend
+
+    class _B(fb.FastBlockMixin, FastCudaBackend):
+        pass
+
+    outs = {}
+    for flag in (False, True):
+        monkeypatch.setattr(fb, "QKV_BITS", flag)
+        impl = _B()  # fresh workspaces: the flag is read when a workspace is made
+        mb = larger_case(variant, seed=4)
+        dl = larger_layer_case(variant, seed=4)
+        outs[flag] = (impl.masked_block(**_inputs(impl, mb))["hidden"].get(),
+                      impl.draft_layer(**_inputs(impl, dl))["x_next"].get())
+        assert impl._fb_ws and all((ws.Q.dtype == np.uint16) == flag for ws in impl._fb_ws.values())
+    assert np.array_equal(outs[False][0], outs[True][0]) and np.array_equal(outs[False][1], outs[True][1])
