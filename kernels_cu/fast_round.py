@@ -6,15 +6,19 @@
 
     masked_block (kernels_cu/fast_block.py: block_forward on the fast engine, fast attention)
       -> DFlash2: head GEMM -> split stable top-k (fast_select.cu) -> g = BF16(W_hidden h)
-                  (select.cu bf16_rowdot) -> selector walk (select.cu selector_walk)
+                  (fast_selector.cu fast_rowdot_*) -> selector walk (fast_selector.cu fast_selector_walk)
       -> DFlash:  head GEMM -> split top-k with k = 1 (fast_select.cu)
 
-i.e. the kernels of the fast Ops (masked_block, candidate_topk, proposal_head) and of the exact
-candidate_selector, launched into buffers the workspace owns (the Op methods allocate their
-outputs per call; ``topk_into`` (kernels_cu.fast, the Ops' own launcher), ``rowdot_bits_into``
-(ops_select._rowdot with an out buffer) and ``selector_walk_into`` below launch them into given
-buffers with the Ops' grids and arguments; tests/test_fast_round_plan.py checks that on the CPU).
-No Op's numerics change: same kernels, same arguments, the same cuBLAS gemmEx call.
+i.e. the kernels of the fast Ops (masked_block, candidate_topk, proposal_head), launched into buffers
+the workspace owns (the Op methods allocate their outputs per call; ``topk_into`` (kernels_cu.fast,
+the Ops' own launcher) launches them into given buffers with the Ops' grids and arguments), and the
+selector's own fast kernels (kernels_cu/fast_selector.cu through ``rowdot_bits_into`` and
+``selector_walk_into`` below), which give the exact candidate_selector's outputs: the walk bit for
+bit, g equal to bf16_rowdot's (a double sum in another order, one rounding; the .cu says why they
+agree). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call) launches select.cu's bf16_rowdot and
+selector_walk with the exact Op's grids and arguments instead; tests/test_fast_round_plan.py checks
+the launches on the CPU. No other Op's numerics change: same kernels, same arguments, the same
+cuBLAS gemmEx call.
 
 Graphs. Per workspace: the first ``step`` runs eagerly on the workspace's own CuPy stream (weights
 resident, kernels compiled, the attention helper's scratch cached in that stream's pool arena, the
@@ -51,6 +55,7 @@ import json
 import numpy as np
 
 from conformance.rounds import ComposedRounds
+from kernels_cu import fast_selector
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward
 from kernels_cu.loader import load_module
@@ -73,17 +78,32 @@ def _fn(module: str, name: str):
 # --- launches of the Ops' kernels into given buffers (no allocation, no host sync) -----------------
 
 
-def rowdot_bits_into(x, w, out):
-    """ops_select._rowdot(x, w, bits_out=True) into ``out`` [M, N] uint16: the selector's g."""
-    _rowdot(x, w, bits_out=True, out=out)
+# The DFlash2 selector's kernels: kernels_cu/fast_selector.cu (the same numbers as the exact Op's,
+# see there) unless EXACT_SELECTOR (or a call's exact=True) asks for select.cu's own kernels.
+EXACT_SELECTOR = False
 
 
-def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q):
-    """SelectionOps.candidate_selector's walk launch (after g) into given buffers; anchor int32,
-    temperature fp32, seed uint64, frontier int64, one per row."""
+def rowdot_bits_into(x, w, out, *, exact: bool | None = None):
+    """g = BF16(x @ w.T) (the selector's g) into ``out`` [M, N] uint16: fast_selector.rowdot_into
+    (double sum on the FP64 tensor cores, one rounding: bf16_rowdot's result), or with ``exact``
+    ops_select._rowdot(x, w, bits_out=True), the exact Op's bf16_rowdot launch."""
+    if EXACT_SELECTOR if exact is None else exact:
+        _rowdot(x, w, bits_out=True, out=out)
+    else:
+        fast_selector.rowdot_into(x, w, out, bits_out=True)
+
+
+def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q, *,
+                       exact: bool | None = None):
+    """The selector walk (after g) into given buffers; anchor int32, temperature fp32, seed uint64,
+    frontier int64, one per row: fast_selector.walk_into (selector_walk's outputs bit for bit)
+    where walk_supported, else, or with ``exact``, SelectionOps.candidate_selector's own
+    selector_walk launch."""
     B, K, k = ids.shape
     R = g.shape[-1]
-    if B and K:
+    if not (EXACT_SELECTOR if exact is None else exact) and fast_selector.walk_supported(K, k, R):
+        fast_selector.walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q)
+    elif B and K:
         _fn("select", "selector_walk")(
             (B,), (_SEL_THREADS,),
             (g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, np.int32(B), np.int32(K),

@@ -3,9 +3,10 @@ every kernel by a recorder that keeps the grid, block and arguments, arrays by s
 
 - the split top-k's plan and launches (kernels_cu.fast.topk_plan / topk_into, shared by the Ops and
   FastRound): the in-block merge flag, the partial buffer and the merge's list count;
-- rowdot_bits_into == ops_select._rowdot(bits_out=True) (the selector's g; the same function with
-  an out buffer);
-- selector_walk_into == SelectionOps.candidate_selector's walk launch.
+- the selector's launches: rowdot_bits_into and selector_walk_into launch kernels_cu/fast_selector.cu
+  (fast_selector.rowdot_plan / walk_plan; tests/test_fast_selector_plan.py checks the plans), and
+  with exact=True (or EXACT_SELECTOR) exactly the Op's launches: ops_select._rowdot(bits_out=True)
+  and SelectionOps.candidate_selector's walk;
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 import kernels_cu.fast_round as fr
 import kernels_cu.ops_select as sel
-from kernels_cu import fast
+from kernels_cu import fast, fast_selector
 
 
 def _desc(a):
@@ -41,7 +42,7 @@ class _Recorder:
 @pytest.fixture
 def rec(monkeypatch):
     r = _Recorder()
-    for mod in (fast, fr, sel):
+    for mod in (fast, fr, sel, fast_selector):
         monkeypatch.setattr(mod, "_fn", r)
         monkeypatch.setattr(mod, "cp", lambda: np)
     return r
@@ -77,11 +78,31 @@ def test_rowdot_bits_into_launches_as_the_op(rec, M, R, H):
     x, w = np.zeros((M, H), np.uint16), np.zeros((R, H), np.uint16)
     sel._rowdot(x, w, bits_out=True)
     op_calls, rec.calls = rec.calls, []
-    fr.rowdot_bits_into(x, w, np.empty((M, R), np.uint16))
+    out = np.empty((M, R), np.uint16)
+    fr.rowdot_bits_into(x, w, out, exact=True)
     assert rec.calls == op_calls and op_calls
+    rec.calls = []
+    fr.rowdot_bits_into(x, w, out)  # the fast kernel: one launch, g into out, bits (fp32 out null)
+    [(module, name, grid, block, args, kw)] = rec.calls
+    want_name, bm, grid_xy, want_block = fast_selector.rowdot_plan(M, R, H, x.ctypes.data, w.ctypes.data)
+    assert (module, name, grid, block) == ("fast_selector", want_name, (*grid_xy, -(-M // bm)), want_block)
+    assert args == (("array", (M, H), "uint16"), ("array", (R, H), "uint16"), ("int32", M), ("int32", R),
+                    ("int32", H), ("uint64", 0), ("array", (M, R), "uint16")) and kw == ()
 
 
-@pytest.mark.parametrize("B,K,k,R,H", [(1, 7, 16, 256, 64), (8, 15, 16, 8, 32), (2, 3, 4, 4, 32)])
+def test_exact_selector_flag_routes_both_launches_to_select_cu(rec, monkeypatch):
+    monkeypatch.setattr(fr, "EXACT_SELECTOR", True)
+    B, K, k, R, H = 2, 3, 4, 8, 32
+    fr.rowdot_bits_into(np.zeros((B * K, H), np.uint16), np.zeros((R, H), np.uint16), np.empty((B * K, R), np.uint16))
+    fr.selector_walk_into(np.zeros((B, K, R), np.uint16), np.zeros((B, K, k), np.float32), np.zeros((B, K, k), np.int32),
+                          np.zeros(B, np.int32), np.zeros((9, R), np.uint16), np.zeros((9, R), np.uint16),
+                          np.zeros(B, np.float32), np.zeros(B, np.uint64), np.zeros(B, np.int64),
+                          np.empty((B, K), np.int32), np.empty((B, K), np.int32), np.empty((B, K, k), np.float32))
+    assert [(c[0], c[1]) for c in rec.calls] == [("select", "bf16_rowdot"), ("select", "selector_walk")]
+
+
+@pytest.mark.parametrize("B,K,k,R,H", [(1, 7, 16, 256, 64), (8, 15, 16, 8, 32), (2, 3, 4, 4, 32),
+                                       (1, 2, 40, 8, 32), (1, 3, 8, 300, 32)])
 def test_selector_walk_into_launches_as_the_op(rec, B, K, k, R, H):
     V = 50
     hidden = np.zeros((B, K, H), np.uint16)
@@ -94,10 +115,21 @@ def test_selector_walk_into_launches_as_the_op(rec, B, K, k, R, H):
                                           frontier=frontier)
     op_calls, rec.calls = rec.calls, []
     g = np.empty((B * K, R), np.uint16)
-    fr.rowdot_bits_into(hidden.reshape(B * K, H), w_hidden, g)
-    fr.selector_walk_into(g.reshape(B, K, R), scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier,
-                          np.empty((B, K), np.int32), np.empty((B, K), np.int32), np.empty((B, K, k), np.float32))
+    outs = (np.empty((B, K), np.int32), np.empty((B, K), np.int32), np.empty((B, K, k), np.float32))
+    walk_args = (g.reshape(B, K, R), scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, *outs)
+    fr.rowdot_bits_into(hidden.reshape(B * K, H), w_hidden, g, exact=True)
+    fr.selector_walk_into(*walk_args, exact=True)
     assert rec.calls == op_calls and [c[1] for c in op_calls] == ["bf16_rowdot", "selector_walk"]
+    rec.calls = []
+    fr.selector_walk_into(*walk_args)
+    [(module, name, grid, block, args, kw)] = rec.calls
+    if fast_selector.walk_supported(K, k, R):  # the fast walk: the Op's arguments, its grid and smem
+        want_name, want_grid, want_block, smem = fast_selector.walk_plan(B, K, k, R)
+        assert (module, name, grid, block, kw) == ("fast_selector", want_name, want_grid, want_block,
+                                                   (("shared_mem", smem),))
+        assert args == op_calls[1][4]
+    else:  # k > 32 or R > 256: selector_walk itself
+        assert rec.calls == op_calls[1:]
 
 
 # --- FastRound.step's control flow on a stand-in for CuPy streams and graphs ----------------------
