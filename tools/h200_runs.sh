@@ -8,6 +8,8 @@
 #   bash tools/h200_runs.sh torch          # the PyTorch engine (CUDA): controls and a capture folder
 #   bash tools/h200_runs.sh bench          # benchmarks/gpu_bench.py, every Op, both modes, torch
 #   bash tools/h200_runs.sh geometry-fast  # the fast mode at the two official geometries, full width
+#   bash tools/h200_runs.sh fast-v5        # the fast-mode GPU tests changed in session v5, the CLI over
+#                                          # every vector (fast, FastRound), the round bench and trace
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -45,6 +47,17 @@ for what in "$@"; do
     geometry-fast)
       step geometry-fast $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --json "$OUT/geometry_fast.json" ;;
+    fast-v5)
+      step gpu-tests-v5 timeout 175 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py \
+        tests/gpu/test_fast_round.py tests/gpu/test_fast_selector.py tests/gpu/test_fast_topk.py \
+        tests/gpu/test_fast_backend.py tests/gpu/test_kernels_select.py
+      step suite-fast timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 45 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step bench-round timeout 60 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 40 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
