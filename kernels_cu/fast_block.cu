@@ -59,6 +59,82 @@ __device__ __forceinline__ void fb_norm_store(long long o, float y, float* __res
     if (norm_lo) norm_lo[o] = dfl::f32_to_bf16_rn(y - dfl::bf16_to_f32(hi));
 }
 
+// The four columns c .. c + 3 of row `row` (H % 4 == 0, aligned): fb_value's arithmetic on 16-byte
+// loads (8-byte for BF16 source rows); the four columns share the conv finish's group g.
+template <bool RES, bool BR, bool CONV>
+__device__ __forceinline__ float4 fb_group_value(long long row, int c, int i, int H, const float* resid_in,
+                                                 const u16* srow, const float* __restrict__ branch,
+                                                 const float* __restrict__ conv_base, const u16* __restrict__ fdr) {
+    float4 x;
+    if (RES) {
+        x = *reinterpret_cast<const float4*>(resid_in + row + c);
+    } else {
+        const ushort4 sb = *reinterpret_cast<const ushort4*>(srow + c);
+        x = make_float4(dfl::bf16_to_f32(sb.x), dfl::bf16_to_f32(sb.y), dfl::bf16_to_f32(sb.z),
+                        dfl::bf16_to_f32(sb.w));
+    }
+    if (BR) {
+        float4 z = *reinterpret_cast<const float4*>(branch + row + c);
+        if (CONV) {
+            const int G = H >> 4, g = c >> 4;
+            const float4 b0 = *reinterpret_cast<const float4*>(conv_base + c);
+            const float f0 = dfl::bf16_to_f32(fdr[g]);
+            float4 o = make_float4((b0.x + f0) * z.x, (b0.y + f0) * z.y, (b0.z + f0) * z.z, (b0.w + f0) * z.w);
+            if (i >= 1) {
+                const float4 b1 = *reinterpret_cast<const float4*>(conv_base + H + c);
+                const float4 zp = *reinterpret_cast<const float4*>(branch + row - H + c);
+                const float f1 = dfl::bf16_to_f32(fdr[G + g]);
+                o.x = fmaf(b1.x + f1, zp.x, o.x);
+                o.y = fmaf(b1.y + f1, zp.y, o.y);
+                o.z = fmaf(b1.z + f1, zp.z, o.z);
+                o.w = fmaf(b1.w + f1, zp.w, o.w);
+            }
+            z = make_float4(dfl::round_bf16(o.x), dfl::round_bf16(o.y), dfl::round_bf16(o.z), dfl::round_bf16(o.w));
+        }
+        x.x += z.x;
+        x.y += z.y;
+        x.z += z.z;
+        x.w += z.w;
+    }
+    return x;
+}
+
+// Store the new stream's four columns (fp32 and / or BF16 bits) and add their squares to ss in
+// column order.
+__device__ __forceinline__ void fb_group_store(long long row, int c, float4 x, float* resid_out,
+                                               u16* __restrict__ resid_bits, float& ss) {
+    if (resid_out) *reinterpret_cast<float4*>(resid_out + row + c) = x;
+    if (resid_bits) {
+        ushort4 o;
+        o.x = dfl::f32_to_bf16_rn(x.x);
+        o.y = dfl::f32_to_bf16_rn(x.y);
+        o.z = dfl::f32_to_bf16_rn(x.z);
+        o.w = dfl::f32_to_bf16_rn(x.w);
+        *reinterpret_cast<ushort4*>(resid_bits + row + c) = o;
+    }
+    ss += x.x * x.x;
+    ss += x.y * x.y;
+    ss += x.z * x.z;
+    ss += x.w * x.w;
+}
+
+// The norm of four columns: y = w (x / denom) into norm_f32 / norm_hi / norm_lo (fb_norm_store's).
+__device__ __forceinline__ void fb_group_norm(long long orow, int c, float4 x, float denom,
+                                              const float* __restrict__ norm_w, float* __restrict__ norm_f32,
+                                              u16* __restrict__ norm_hi, u16* __restrict__ norm_lo) {
+    const float4 w = *reinterpret_cast<const float4*>(norm_w + c);
+    const float y[4] = {w.x * (x.x / denom), w.y * (x.y / denom), w.z * (x.z / denom), w.w * (x.w / denom)};
+    if (norm_f32) *reinterpret_cast<float4*>(norm_f32 + orow + c) = make_float4(y[0], y[1], y[2], y[3]);
+    u16 hi[4], lo[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        hi[e] = dfl::f32_to_bf16_rn(y[e]);
+        lo[e] = dfl::f32_to_bf16_rn(y[e] - dfl::bf16_to_f32(hi[e]));
+    }
+    if (norm_hi) *reinterpret_cast<ushort4*>(norm_hi + orow + c) = make_ushort4(hi[0], hi[1], hi[2], hi[3]);
+    if (norm_lo) *reinterpret_cast<ushort4*>(norm_lo + orow + c) = make_ushort4(lo[0], lo[1], lo[2], lo[3]);
+}
+
 // Element ownership (both paths): thread t owns the groups of four columns q = t, t + 256, ...
 // (columns 4q .. 4q + 3) and sums its squares group by group, column by column, then the
 // block sum; so the two paths give the same bits.
@@ -76,69 +152,20 @@ __device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, in
                                                   const float* __restrict__ norm_w, float eps,
                                                   float* __restrict__ norm_f32, u16* __restrict__ norm_hi,
                                                   u16* __restrict__ norm_lo, int skip_first, float* scratch) {
-    const int H4 = H >> 2, G = H >> 4;
+    const int H4 = H >> 2;
     const long long row = (long long)r * H;
     float4 xv[NV4];
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
         const int q = threadIdx.x + j * FB_RN_THREADS;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (q < H4) {
-            const int c = 4 * q;
-            if (RES) {
-                x = *reinterpret_cast<const float4*>(resid_in + row + c);
-            } else {
-                const ushort4 sb = *reinterpret_cast<const ushort4*>(srow + c);
-                x = make_float4(dfl::bf16_to_f32(sb.x), dfl::bf16_to_f32(sb.y), dfl::bf16_to_f32(sb.z),
-                                dfl::bf16_to_f32(sb.w));
-            }
-            if (BR) {
-                float4 z = *reinterpret_cast<const float4*>(branch + row + c);
-                if (CONV) {  // fb_value's conv finish; the four columns share the group g
-                    const int g = c >> 4;
-                    const float4 b0 = *reinterpret_cast<const float4*>(conv_base + c);
-                    const float f0 = dfl::bf16_to_f32(fdr[g]);
-                    float4 o = make_float4((b0.x + f0) * z.x, (b0.y + f0) * z.y, (b0.z + f0) * z.z, (b0.w + f0) * z.w);
-                    if (i >= 1) {
-                        const float4 b1 = *reinterpret_cast<const float4*>(conv_base + H + c);
-                        const float4 zp = *reinterpret_cast<const float4*>(branch + row - H + c);
-                        const float f1 = dfl::bf16_to_f32(fdr[G + g]);
-                        o.x = fmaf(b1.x + f1, zp.x, o.x);
-                        o.y = fmaf(b1.y + f1, zp.y, o.y);
-                        o.z = fmaf(b1.z + f1, zp.z, o.z);
-                        o.w = fmaf(b1.w + f1, zp.w, o.w);
-                    }
-                    z = make_float4(dfl::round_bf16(o.x), dfl::round_bf16(o.y), dfl::round_bf16(o.z),
-                                    dfl::round_bf16(o.w));
-                }
-                x.x += z.x;
-                x.y += z.y;
-                x.z += z.z;
-                x.w += z.w;
-            }
-        }
-        xv[j] = x;
+        xv[j] = q < H4 ? fb_group_value<RES, BR, CONV>(row, 4 * q, i, H, resid_in, srow, branch, conv_base, fdr)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
         const int q = threadIdx.x + j * FB_RN_THREADS;
-        if (q < H4) {
-            const int c = 4 * q;
-            if (resid_out) *reinterpret_cast<float4*>(resid_out + row + c) = xv[j];
-            if (resid_bits) {
-                ushort4 o;
-                o.x = dfl::f32_to_bf16_rn(xv[j].x);
-                o.y = dfl::f32_to_bf16_rn(xv[j].y);
-                o.z = dfl::f32_to_bf16_rn(xv[j].z);
-                o.w = dfl::f32_to_bf16_rn(xv[j].w);
-                *reinterpret_cast<ushort4*>(resid_bits + row + c) = o;
-            }
-            ss += xv[j].x * xv[j].x;
-            ss += xv[j].y * xv[j].y;
-            ss += xv[j].z * xv[j].z;
-            ss += xv[j].w * xv[j].w;
-        }
+        if (q < H4) fb_group_store(row, 4 * q, xv[j], resid_out, resid_bits, ss);
     }
     if (!norm_w) return;  // block-uniform
     const float denom = sqrtf(dfl::block_sum(ss, scratch) / (float)H + eps);
@@ -147,21 +174,7 @@ __device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, in
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
         const int q = threadIdx.x + j * FB_RN_THREADS;
-        if (q < H4) {
-            const int c = 4 * q;
-            const float4 w = *reinterpret_cast<const float4*>(norm_w + c);
-            const float y[4] = {w.x * (xv[j].x / denom), w.y * (xv[j].y / denom), w.z * (xv[j].z / denom),
-                                w.w * (xv[j].w / denom)};
-            if (norm_f32) *reinterpret_cast<float4*>(norm_f32 + orow + c) = make_float4(y[0], y[1], y[2], y[3]);
-            u16 hi[4], lo[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                hi[e] = dfl::f32_to_bf16_rn(y[e]);
-                lo[e] = dfl::f32_to_bf16_rn(y[e] - dfl::bf16_to_f32(hi[e]));
-            }
-            if (norm_hi) *reinterpret_cast<ushort4*>(norm_hi + orow + c) = make_ushort4(hi[0], hi[1], hi[2], hi[3]);
-            if (norm_lo) *reinterpret_cast<ushort4*>(norm_lo + orow + c) = make_ushort4(lo[0], lo[1], lo[2], lo[3]);
-        }
+        if (q < H4) fb_group_norm(orow, 4 * q, xv[j], denom, norm_w, norm_f32, norm_hi, norm_lo);
     }
 }
 
@@ -323,67 +336,19 @@ __device__ __forceinline__ void fb_resid_norm_cl(int r, int i, int b, int H, int
                                                  float eps, float* __restrict__ norm_f32, u16* __restrict__ norm_hi,
                                                  u16* __restrict__ norm_lo, int skip_first, float* scratch,
                                                  float* part) {
-    const int G = H >> 4;
     const long long row = (long long)r * H;
     float4 xv[NV4];
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
         const int c = c0 + 4 * (threadIdx.x + j * FB_CL_THREADS);
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (c < c1) {
-            if (RES) {
-                x = *reinterpret_cast<const float4*>(resid_in + row + c);
-            } else {
-                const ushort4 sb = *reinterpret_cast<const ushort4*>(srow + c);
-                x = make_float4(dfl::bf16_to_f32(sb.x), dfl::bf16_to_f32(sb.y), dfl::bf16_to_f32(sb.z),
-                                dfl::bf16_to_f32(sb.w));
-            }
-            if (BR) {
-                float4 z = *reinterpret_cast<const float4*>(branch + row + c);
-                if (CONV) {  // fb_value's conv finish; the four columns share the group g
-                    const int g = c >> 4;
-                    const float4 b0 = *reinterpret_cast<const float4*>(conv_base + c);
-                    const float f0 = dfl::bf16_to_f32(fdr[g]);
-                    float4 o = make_float4((b0.x + f0) * z.x, (b0.y + f0) * z.y, (b0.z + f0) * z.z, (b0.w + f0) * z.w);
-                    if (i >= 1) {
-                        const float4 b1 = *reinterpret_cast<const float4*>(conv_base + H + c);
-                        const float4 zp = *reinterpret_cast<const float4*>(branch + row - H + c);
-                        const float f1 = dfl::bf16_to_f32(fdr[G + g]);
-                        o.x = fmaf(b1.x + f1, zp.x, o.x);
-                        o.y = fmaf(b1.y + f1, zp.y, o.y);
-                        o.z = fmaf(b1.z + f1, zp.z, o.z);
-                        o.w = fmaf(b1.w + f1, zp.w, o.w);
-                    }
-                    z = make_float4(dfl::round_bf16(o.x), dfl::round_bf16(o.y), dfl::round_bf16(o.z),
-                                    dfl::round_bf16(o.w));
-                }
-                x.x += z.x;
-                x.y += z.y;
-                x.z += z.z;
-                x.w += z.w;
-            }
-        }
-        xv[j] = x;
+        xv[j] = c < c1 ? fb_group_value<RES, BR, CONV>(row, c, i, H, resid_in, srow, branch, conv_base, fdr)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
         const int c = c0 + 4 * (threadIdx.x + j * FB_CL_THREADS);
-        if (c < c1) {
-            if (resid_out) *reinterpret_cast<float4*>(resid_out + row + c) = xv[j];
-            if (resid_bits) {
-                ushort4 o;
-                o.x = dfl::f32_to_bf16_rn(xv[j].x);
-                o.y = dfl::f32_to_bf16_rn(xv[j].y);
-                o.z = dfl::f32_to_bf16_rn(xv[j].z);
-                o.w = dfl::f32_to_bf16_rn(xv[j].w);
-                *reinterpret_cast<ushort4*>(resid_bits + row + c) = o;
-            }
-            ss += xv[j].x * xv[j].x;
-            ss += xv[j].y * xv[j].y;
-            ss += xv[j].z * xv[j].z;
-            ss += xv[j].w * xv[j].w;
-        }
+        if (c < c1) fb_group_store(row, c, xv[j], resid_out, resid_bits, ss);
     }
     if (!norm_w) return;  // uniform over the cluster (no barrier is skipped by some CTAs only)
     const float mine = dfl::block_sum(ss, scratch);
@@ -399,20 +364,7 @@ __device__ __forceinline__ void fb_resid_norm_cl(int r, int i, int b, int H, int
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
         const int c = c0 + 4 * (threadIdx.x + j * FB_CL_THREADS);
-        if (c < c1) {
-            const float4 w = *reinterpret_cast<const float4*>(norm_w + c);
-            const float y[4] = {w.x * (xv[j].x / denom), w.y * (xv[j].y / denom), w.z * (xv[j].z / denom),
-                                w.w * (xv[j].w / denom)};
-            if (norm_f32) *reinterpret_cast<float4*>(norm_f32 + orow + c) = make_float4(y[0], y[1], y[2], y[3]);
-            u16 hi[4], lo[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                hi[e] = dfl::f32_to_bf16_rn(y[e]);
-                lo[e] = dfl::f32_to_bf16_rn(y[e] - dfl::bf16_to_f32(hi[e]));
-            }
-            if (norm_hi) *reinterpret_cast<ushort4*>(norm_hi + orow + c) = make_ushort4(hi[0], hi[1], hi[2], hi[3]);
-            if (norm_lo) *reinterpret_cast<ushort4*>(norm_lo + orow + c) = make_ushort4(lo[0], lo[1], lo[2], lo[3]);
-        }
+        if (c < c1) fb_group_norm(orow, c, xv[j], denom, norm_w, norm_f32, norm_hi, norm_lo);
     }
 }
 

@@ -54,6 +54,7 @@
 // Measured on the H200 (CUPTI, k 16, R 256, T 0 / T 1): B1 K7 24 -> 11 / 117 -> 19 us,
 // B8 K15 53 -> 21 / 251 -> 39 us; equal bit for bit in every case.
 #include "philox.cuh"
+#include "select_common.cuh"
 
 using dflash::u32;
 using dflash::u64;
@@ -67,26 +68,9 @@ typedef unsigned short u16;
 
 namespace {
 
-__device__ __forceinline__ float bf16_value(u16 b) { return __uint_as_float(((u32)b) << 16); }
-
-// select.cu's, unchanged: RNE double -> BF16 in one step.
-__device__ __forceinline__ u16 bf16_round_bits_f64(double x) {
-    if (isnan(x)) return 0x7fc0;
-    if (isinf(x)) return x > 0 ? 0x7f80 : 0xff80;
-    int e;
-    frexp(x, &e);  // |x| in [2^(e-1), 2^e)
-    const int qe = e - 8 > -133 ? e - 8 : -133;
-    double y = ldexp(rint(ldexp(x, -qe)), qe);
-    if (fabs(y) > 3.3895313892515355e38) y = x > 0 ? 1.0 / 0.0 : -1.0 / 0.0;
-    return (u16)(__float_as_uint(dflash::f64_to_f32_rn(y)) >> 16);
-}
-
-// select.cu's, unchanged: fixed butterfly, every lane ends with the same sum.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+using selc::bf16_round_bits_f64;
+using selc::bf16_value;
+using selc::warp_sum;
 
 // --- cluster helpers (inline PTX: no cooperative_groups header needed under NVRTC) -----------
 

@@ -8,6 +8,7 @@
 // accumulation rounds: in double for the head logits and g (see bf16_rowdot), in fp32 for
 // the selector energies, as the native selector does.
 #include "philox.cuh"
+#include "select_common.cuh"
 
 using dflash::u32;
 using dflash::u64;
@@ -17,30 +18,9 @@ typedef unsigned short u16;
 
 namespace {
 
-__device__ __forceinline__ float bf16_value(u16 b) { return __uint_as_float(((u32)b) << 16); }
-
-// RNE double -> BF16 in one step (no detour through fp32, which would round twice):
-// scale by the BF16 spacing at |x| (a power of two, so exact), rint (ties to even),
-// scale back; below 2^-126 the spacing stays 2^-133 (subnormals kept); past the largest
-// finite BF16 the result is inf. The rounded value is a BF16 value, so its fp32 image is
-// exact and its top 16 bits are the pattern.
-__device__ __forceinline__ u16 bf16_round_bits_f64(double x) {
-    if (isnan(x)) return 0x7fc0;
-    if (isinf(x)) return x > 0 ? 0x7f80 : 0xff80;
-    int e;
-    frexp(x, &e);  // |x| in [2^(e-1), 2^e)
-    const int qe = e - 8 > -133 ? e - 8 : -133;
-    double y = ldexp(rint(ldexp(x, -qe)), qe);
-    if (fabs(y) > 3.3895313892515355e38) y = x > 0 ? 1.0 / 0.0 : -1.0 / 0.0;
-    return (u16)(__float_as_uint(dflash::f64_to_f32_rn(y)) >> 16);
-}
-
-// Fixed butterfly: every lane ends with the same, run-to-run identical sum.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+using selc::bf16_round_bits_f64;
+using selc::bf16_value;
+using selc::warp_sum;
 
 // Total order used for top-k (C4): value descending, then the lower row first. The float
 // is mapped to an unsigned key that orders like the value; -0 is folded onto +0 first
