@@ -219,6 +219,37 @@ __device__ __forceinline__ bool fb_aligned(const void* p, unsigned n) {
     return p == nullptr || ((unsigned long long)p & (n - 1)) == 0;
 }
 
+// The six (source, branch, conv) instantiations of a row body CALL(N, RES, BR, CONV), chosen by
+// which of resid_in / branch / conv_base the launch passes (uniform over the grid).
+#define FB_BY_MODE(CALL, N)                \
+    if (resid_in) {                        \
+        if (!branch)                       \
+            CALL(N, true, false, false);   \
+        else if (conv_base)                \
+            CALL(N, true, true, true);     \
+        else                               \
+            CALL(N, true, true, false);    \
+    } else {                               \
+        if (!branch)                       \
+            CALL(N, false, false, false);  \
+        else if (conv_base)                \
+            CALL(N, false, true, true);    \
+        else                               \
+            CALL(N, false, true, false);   \
+    }
+
+// The BF16 source row of row r when there is no fp32 stream: row r of src_bits (tok_mode 0), or
+// the embedding row anchor[b] for column 0 and mask_id for the others (1: int32, 2: int64 anchor).
+__device__ __forceinline__ const u16* fb_source_row(int r, int i, int b, int H, const u16* src_bits, const void* tok,
+                                                    int tok_mode, long long mask_id) {
+    long long t = r;
+    if (tok_mode != 0) {
+        const long long a = tok_mode == 1 ? (long long)((const int*)tok)[b] : ((const long long*)tok)[b];
+        t = i == 0 ? a : mask_id;
+    }
+    return src_bits + t * H;
+}
+
 // One block (256 threads) per row r < M of W-column blocks (column i = r % W, batch row b = r / W).
 //   source: resid_in (fp32 [M, H]) if not null, else BF16 rows of src_bits: row r itself
 //           (tok_mode 0), or embed row anchor[b] for column 0 and mask_id for the others
@@ -243,15 +274,7 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
     const int r = blockIdx.x;
     if (r >= M) return;
     const int i = r % W, b = r / W;
-    const u16* srow = nullptr;
-    if (!resid_in) {
-        long long t = r;
-        if (tok_mode != 0) {
-            const long long a = tok_mode == 1 ? (long long)((const int*)tok)[b] : ((const long long*)tok)[b];
-            t = i == 0 ? a : mask_id;
-        }
-        srow = src_bits + t * H;
-    }
+    const u16* srow = resid_in ? nullptr : fb_source_row(r, i, b, H, src_bits, tok, tok_mode, mask_id);
     const u16* fdr = fd ? fd + (long long)r * 2 * (H >> 4) : nullptr;
     const int nv4 = (H + 4 * FB_RN_THREADS - 1) / (4 * FB_RN_THREADS);
     const bool vec = !force_strided && (H & 3) == 0 && nv4 <= FB_RN_MAXV4 && blockDim.x == FB_RN_THREADS &&
@@ -267,32 +290,15 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
 #define FB_VEC(N, RES, BR, CONV)                                                                                \
     fb_resid_norm_vec<N, RES, BR, CONV>(r, i, b, H, W, resid_in, srow, branch, conv_base, fdr, resid_out, resid_bits, \
                                         norm_w, eps, norm_f32, norm_hi, norm_lo, skip_first, scratch)
-#define FB_VEC_N(N)                      \
-    if (resid_in) {                      \
-        if (!branch)                     \
-            FB_VEC(N, true, false, false); \
-        else if (conv_base)              \
-            FB_VEC(N, true, true, true);   \
-        else                             \
-            FB_VEC(N, true, true, false);  \
-    } else {                             \
-        if (!branch)                     \
-            FB_VEC(N, false, false, false); \
-        else if (conv_base)              \
-            FB_VEC(N, false, true, true);  \
-        else                             \
-            FB_VEC(N, false, true, false); \
-    }
     switch (nv4) {
-        case 1: FB_VEC_N(1) break;
-        case 2: FB_VEC_N(2) break;
-        case 3: FB_VEC_N(3) break;
-        case 4: FB_VEC_N(4) break;
-        case 5: FB_VEC_N(5) break;
-        case 6: FB_VEC_N(6) break;
-        default: FB_VEC_N(8) break;  // 7 and 8
+        case 1: FB_BY_MODE(FB_VEC, 1) break;
+        case 2: FB_BY_MODE(FB_VEC, 2) break;
+        case 3: FB_BY_MODE(FB_VEC, 3) break;
+        case 4: FB_BY_MODE(FB_VEC, 4) break;
+        case 5: FB_BY_MODE(FB_VEC, 5) break;
+        case 6: FB_BY_MODE(FB_VEC, 6) break;
+        default: FB_BY_MODE(FB_VEC, 8) break;  // 7 and 8
     }
-#undef FB_VEC_N
 #undef FB_VEC
 }
 
@@ -380,42 +386,17 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
     const int r = blockIdx.x / FB_CL, q = blockIdx.x % FB_CL;  // 1-D clusters: rank = blockIdx.x % FB_CL
     if (r >= M) return;  // whole clusters (the grid is FB_CL * M)
     const int i = r % W, b = r / W;
-    const u16* srow = nullptr;
-    if (!resid_in) {
-        long long t = r;
-        if (tok_mode != 0) {
-            const long long a = tok_mode == 1 ? (long long)((const int*)tok)[b] : ((const long long*)tok)[b];
-            t = i == 0 ? a : mask_id;
-        }
-        srow = src_bits + t * H;
-    }
+    const u16* srow = resid_in ? nullptr : fb_source_row(r, i, b, H, src_bits, tok, tok_mode, mask_id);
     const u16* fdr = fd ? fd + (long long)r * 2 * (H >> 4) : nullptr;
     const int slice = H / FB_CL, c0 = q * slice, c1 = c0 + slice;
 #define FB_CLV(N, RES, BR, CONV)                                                                                 \
     fb_resid_norm_cl<N, RES, BR, CONV>(r, i, b, H, W, c0, c1, resid_in, srow, branch, conv_base, fdr, resid_out,  \
                                        resid_bits, norm_w, eps, norm_f32, norm_hi, norm_lo, skip_first, scratch, &part)
-#define FB_CLV_N(N)                         \
-    if (resid_in) {                         \
-        if (!branch)                        \
-            FB_CLV(N, true, false, false);  \
-        else if (conv_base)                 \
-            FB_CLV(N, true, true, true);    \
-        else                                \
-            FB_CLV(N, true, true, false);   \
-    } else {                                \
-        if (!branch)                        \
-            FB_CLV(N, false, false, false); \
-        else if (conv_base)                 \
-            FB_CLV(N, false, true, true);   \
-        else                                \
-            FB_CLV(N, false, true, false);  \
-    }
     if (slice <= 4 * FB_CL_THREADS) {
-        FB_CLV_N(1)
+        FB_BY_MODE(FB_CLV, 1)
     } else {
-        FB_CLV_N(2)
+        FB_BY_MODE(FB_CLV, 2)
     }
-#undef FB_CLV_N
 #undef FB_CLV
 }
 
