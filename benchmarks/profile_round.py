@@ -7,8 +7,8 @@ the round's GEMM shapes timed alone against PyTorch's F.linear and its weight-st
 Per (geometry, B, W): the replay's span (first kernel start to last kernel end, median over the
 replays), the sum of its kernels' durations (the difference is launch gaps inside the graph), and
 the time per kernel class (cuBLAS GEMM, glue, attention, top-k, selector). The trace is taken
-without L2 flushes between replays (the weights are 30-60x the L2, so a replay re-reads them
-anyway). Needs CuPy and PyTorch on a CUDA GPU.
+without L2 flushes between replays (the weights, 1.7 and 5.9 GB, are about 35-120x the H200's 50 MB
+L2, so a replay re-reads them anyway). Needs CuPy and PyTorch on a CUDA GPU.
 """
 
 from __future__ import annotations

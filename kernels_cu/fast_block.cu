@@ -482,7 +482,8 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
 // the projection of x to about 2^-17 relative (the exact mode projects the fp32 x). base0 is side
 // 0 of the conv base [2 taps, H]. prepared = BF16(Conv_0(x)); fd = BF16(delta side 1) [M, 2, G].
 // Grid (column blocks, M): row r = blockIdx.y; columns c = blockIdx.x * blockDim.x + threadIdx.x
-// (and the row's 2G finish deltas on the same threads), no index division.
+// (and the row's 2G finish deltas on the same threads), no per-element index division (one
+// 32-bit r % W per thread).
 extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const float* __restrict__ dl,
                                            const float* __restrict__ base0, int W, int M, int H,
                                            u16* __restrict__ prepared, u16* __restrict__ fd) {

@@ -14,11 +14,13 @@ the workspace owns (the Op methods allocate their outputs per call; ``topk_into`
 the Ops' own launcher) launches them into given buffers with the Ops' grids and arguments), and the
 selector's own fast kernels (kernels_cu/fast_selector.cu through ``rowdot_bits_into`` and
 ``selector_walk_into`` below), which give the exact candidate_selector's outputs: the walk bit for
-bit, g equal to bf16_rowdot's (a double sum in another order, one rounding; the .cu says why they
-agree). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call) launches select.cu's bf16_rowdot and
-selector_walk with the exact Op's grids and arguments instead; tests/test_fast_round_plan.py checks
-the launches on the CPU. No other Op's numerics change: same kernels, same arguments, the same
-cuBLAS gemmEx call.
+bit given the same g, and g equal to bf16_rowdot's wherever both double sums are exact (nearly every
+real row), otherwise unless the exact sum lies within the double sums' rounding error (about
+H 2^-53 sum |x w|) of a BF16 rounding boundary (a double sum in another order, one rounding;
+fast_selector.cu's header says why). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call)
+launches select.cu's bf16_rowdot and selector_walk with the exact Op's grids and arguments instead;
+tests/test_fast_round_plan.py checks the launches on the CPU. No other Op's numerics change: same
+kernels, same arguments, the same cuBLAS gemmEx call.
 
 Graphs. Per workspace: the first ``step`` runs eagerly on the workspace's own CuPy stream (weights
 resident, kernels compiled, the attention helper's scratch cached in that stream's pool arena, the
@@ -85,8 +87,10 @@ EXACT_SELECTOR = False
 
 def rowdot_bits_into(x, w, out, *, exact: bool | None = None):
     """g = BF16(x @ w.T) (the selector's g) into ``out`` [M, N] uint16: fast_selector.rowdot_into
-    (double sum on the FP64 tensor cores, one rounding: bf16_rowdot's result), or with ``exact``
-    ops_select._rowdot(x, w, bits_out=True), the exact Op's bf16_rowdot launch."""
+    (double sum on the FP64 tensor cores in another order, one rounding: bf16_rowdot's result except
+    where the exact sum lies within the double sums' rounding error of a BF16 boundary, see
+    fast_selector.cu), or with ``exact`` ops_select._rowdot(x, w, bits_out=True), the exact Op's
+    bf16_rowdot launch."""
     if EXACT_SELECTOR if exact is None else exact:
         _rowdot(x, w, bits_out=True, out=out)
     else:

@@ -4,7 +4,8 @@ round's captured graph, kernels_cu/fast_round.py).
 
 - ``rowdot_into(x, w, out)``: out = x @ w.T summed in double and rounded once (BF16 bits, or fp32
   with ``bits_out=False``), as select.cu bf16_rowdot up to the order of the double sum (the .cu
-  says why the results are equal); FP64 tensor cores (DMMA), one launch of clusters of 8 blocks.
+  says when and why the results are equal); FP64 tensor cores (DMMA), one launch of clusters of 8
+  blocks.
   fast_rowdot_s_v (blocks of 8 rows) up to 16 rows, fast_rowdot_m_v (16 rows) above; the 2-byte
   load kernels where H % 8 != 0 or a pointer is not 16-byte aligned.
 - ``walk_into(...)``: select.cu selector_walk, bit for bit, with every step's k x k energies

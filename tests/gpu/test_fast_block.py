@@ -173,7 +173,8 @@ def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode
     """The single-CTA fb_resid_norm holds rows up to 8192 wide in registers (fb_resid_norm_vec):
     every output must be bitwise its strided loop's (same element ownership and per-thread order,
     same block sum). Each source / branch mode of the kernel at the 35B and 27B widths, the register
-    limit and one width past it (both runs strided there: that row checks the switch)."""
+    limit and one width past it (both runs take the strided loop there, so that width only checks
+    that the fallback runs, not a difference between paths)."""
     import kernels_cu.fast_block as fb
 
     M = 24

@@ -1,22 +1,24 @@
 """kernels_cu/fast_selector.cu on a GPU: the fast DFlash2 selector against the exact mode's kernels
 (select.cu bf16_rowdot and selector_walk, launched through fast_round's exact=True path), bit for bit.
 
-- fast_rowdot_*: g = BF16(x @ w.T) equals bf16_rowdot's bits (and the fp32 variant its fp32 out,
-  any NaN matching any NaN: cvt keeps the payload, which depends on the order)
-  on random rows at the real shapes (27B DFlash2: H 5120, R 256; M 7 and 120 rows and the small/
-  large boundary), at odd shapes (H % 8 != 0, H not a multiple of 32, N not a multiple of the block,
-  an unaligned x: the 2-byte load path), and on hand-built rows whose exact sum is a BF16 midpoint
-  (ties to even), just off one, subnormal, past the largest BF16, signed zeros, inf and NaN. Why
-  equality is expected although the double sum runs in another order: fast_selector.cu's header
-  (every product is exact in double; the two sums differ by ~2^-53 relative, so the one BF16
-  rounding agrees except when the exact sum lies within that of a rounding boundary; the hand-built
-  rows are sums that are exact in double in any order, so both round the same value). Repeated
-  launches give identical bits (the cluster reduction adds in a fixed order).
+- fast_rowdot_*: g = BF16(x @ w.T) equals bf16_rowdot's bits (and the fp32 variant its fp32 out, any
+  NaN matching any NaN: cvt keeps the payload, which depends on the order) on random rows at the
+  real shapes (27B DFlash2: H 5120, R 256; M 7 and 120 rows and the small/large boundary), at odd
+  shapes (H not a multiple of 32, N not a multiple of the block; every H in the list is a multiple
+  of 8, so the 16-byte kernels run there), an unaligned x (the 2-byte load kernels fast_rowdot_s /
+  fast_rowdot_l, at H 5120 only: H % 8 != 0 is not run), and on hand-built rows whose exact sum is a
+  BF16 midpoint (ties to even), just off one, subnormal, past the largest BF16, signed zeros, inf
+  and NaN. Why equality is expected although the double sum runs in another order:
+  fast_selector.cu's header (every product is exact in double; the two sums differ by ~2^-53
+  relative, so the one BF16 rounding agrees except when the exact sum lies within that of a rounding
+  boundary; the hand-built rows are sums that are exact in double in any order, so both round the
+  same value). Repeated launches give identical bits (the cluster reduction adds in a fixed order).
 - fast_selector_walk: path, tokens and q equal selector_walk's bit for bit, at B1 K7 and B8 K15
   (k 16, R 256) and small shapes (k 1, 4, 8, 32; R 8, 100, 64), per-row temperatures (<= 0, tiny,
   0.05, 0.7, 1, 50, a subnormal), edge seeds; and with energies that tie (equal scores, g = 0),
   signed zeros, +-inf and NaN (at rank 0 and elsewhere). Every kernel instance of the .cu
-  (ROWDOT_KERNELS, WALK_KERNELS) is checked, the wired default ones and the others alike.
+  (ROWDOT_KERNELS, WALK_KERNELS) is run: the 16-byte rowdots and the walk on every case above, the
+  2-byte rowdots on the unaligned random rows only (not on the hand-built midpoints).
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 """
 

@@ -1,10 +1,12 @@
 """The fast mode's split top-k (kernels_cu.fast.topk_into, fast_select.cu) against a NumPy
 statement of the C4 order on adversarial rows: exact ties everywhere (values on a coarse grid),
-NaN and -inf logits, -0 next to +0, rows sorted ascending and descending (the pruning threshold's
-worst and best case), ids cut at vocab_size, a shortlist, widths that are not a multiple of 4
-(the 4-byte load path), k from 1 to 40 (the per-thread-list variant above 32), rows 1 to 120
-(both the in-block merged and the unmerged plan). Exact comparison: selection runs on the given
-fp32 logits, so ids must equal the reference's and scores must be those logits' values.
+NaN and -inf logits, -0 next to +0, rows sorted ascending and descending (the warp's k-th-key
+threshold's worst and best case), ids cut at vocab_size, a shortlist, widths that are not a multiple
+of 4 (50001: the reverted block-pruning kernel of 58af140 had a 4-byte load path for them; the
+committed kernel, 86941ea's, loads 4 bytes everywhere), k from 1 to 40 (the per-thread-list variant
+above 32), rows 1 to 120 (both the in-block merged and the unmerged plan). Exact comparison:
+selection runs on the given fp32 logits, so ids must equal the reference's and scores must be those
+logits' values.
 Marked ``gpu`` by tests/gpu/conftest.py."""
 
 from __future__ import annotations
