@@ -302,6 +302,9 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
 #undef FB_VEC
 }
 
+// Thread-block clusters need sm_90: below it (NVRTC builds for the device at hand) the module has
+// no fb_resid_norm_cluster and kernels_cu/fast_block.py never asks for it (cluster_capable()).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // --- the same Op over a thread-block cluster per row (sm_90) ---------------------------------------
 // One CTA streams at most about 1/132 of the H200's bandwidth, so a row per CTA (fb_resid_norm)
 // takes ~10 us at H 5120 whatever M is (8 rows at B1 use 8 SMs; H200 trace, issue 12).
@@ -399,6 +402,8 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
     }
 #undef FB_CLV
 }
+
+#endif  // sm_90: fb_resid_norm_cluster
 
 // Grid (M, ceil((Hq + 2 Hk) / 8)), 256 threads: one warp per head of one row, heads in the order
 // q, k, v of the fused GEMM output qkv [M, (Hq + 2 Hk) D] fp32; positions frontier[r / W] + r % W.

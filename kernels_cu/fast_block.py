@@ -36,6 +36,7 @@ tests/test_fast_block_plan.py can run the same sequence with a NumPy twin of the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 
@@ -170,24 +171,46 @@ _CLUSTER, _CLUSTER_THREADS = 8, 128  # fast_block.cu FB_CL, FB_CL_THREADS
 
 
 # "auto" takes the cluster kernel up to this many rows. H200 graph trace (benchmarks/profile_round.py,
-# 2026-12-01, per call): 8 rows 9.7 -> 5.0 us at H 5120 and 4.4 -> 4.0 at H 2048; 128 rows 9.6 ->
-# 9.3 us at H 5120 and 5.0 -> 7.2 at H 2048 (8 CTAs of 128 threads per row then outnumber the SMs)
+# 2026-12-01, per call, single-CTA -> cluster: docs/reports/h200-profile-round-v5-single-cta-norm.json
+# -> h200-profile-round-v5-cluster-norm-all-rows.json): 8 rows 9.7 -> 5.0 us at H 5120 and 4.4 ->
+# 4.0 at H 2048; 128 rows 9.6 -> 9.3 us at H 5120 and 5.0 -> 7.2 at H 2048 (8 CTAs of 128 threads
+# per row then outnumber the SMs)
 RESID_NORM_CLUSTER_MAX_ROWS = 32
 
 
-def resid_norm_path(M: int, H: int, f32=(), bits=()) -> str:
+@functools.cache
+def _compute_capability(dev_id: int) -> int:
+    return int(cp().cuda.Device(dev_id).compute_capability)  # CuPy: "90" for 9.0, "100" for 10.0
+
+
+def cluster_capable() -> bool:
+    """Whether the current device runs thread-block clusters (compute capability 9.0 or later): the
+    fb_resid_norm_cluster kernel and every kernel of fast_selector.cu exist only there (below
+    sm_90 the .cu files compile without them)."""
+    try:
+        return _compute_capability(cp().cuda.Device().id) >= 90
+    except Exception:  # noqa: BLE001 - no CuPy or no device: no clusters
+        return False
+
+
+def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None) -> str:
     """Which fb_resid_norm kernel a call takes (RESID_NORM_PATH; "auto": the cluster kernel for at
-    most RESID_NORM_CLUSTER_MAX_ROWS rows when H is a multiple of 32 up to 8192 and every fp32 array
-    is 16-byte, every BF16 array 8-byte aligned)."""
+    most RESID_NORM_CLUSTER_MAX_ROWS rows when the device runs clusters (``capable``, default
+    cluster_capable()), H is a multiple of 32 up to 8192 and every fp32 array is 16-byte, every
+    BF16 array 8-byte aligned)."""
     want = RESID_NORM_PATH
     if want not in ("auto", "cluster", "block", "strided"):
         raise ValueError(f"RESID_NORM_PATH {want!r}: auto, cluster, block or strided")
     if want in ("block", "strided"):
         return want
-    fits = (H % (4 * _CLUSTER) == 0 and H <= 8192 and all(a is None or a.data.ptr % 16 == 0 for a in f32)
+    if capable is None:
+        capable = cluster_capable()
+    fits = (capable and H % (4 * _CLUSTER) == 0 and H <= 8192
+            and all(a is None or a.data.ptr % 16 == 0 for a in f32)
             and all(a is None or a.data.ptr % 8 == 0 for a in bits))
     if want == "cluster" and not fits:
-        raise ValueError(f"fb_resid_norm_cluster does not take H {H} or these alignments")
+        raise ValueError(f"fb_resid_norm_cluster does not take H {H}, these alignments or this device "
+                         f"(clusters: {capable})")
     if want == "auto" and M > RESID_NORM_CLUSTER_MAX_ROWS:
         return "block"
     return "cluster" if fits else "block"
@@ -246,6 +269,8 @@ class CudaEngine:
         def p(a):
             return _NULL if a is None else a
 
+        if M == 0:
+            return
         args = (np.int32(M), np.int32(H), np.int32(W), p(resid_in), p(src_bits), p(tok), np.int32(tok_mode),
                 np.int64(mask_id), p(branch), p(conv_base), p(fd), p(resid_out), p(resid_bits), p(norm_w),
                 np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0))
@@ -486,6 +511,9 @@ class FastBlockMixin:
         rec = super().environment()
         rec["fast_block"] = ("masked_block / draft_layer: BF16 GEMMs (gemm_bf16) through resident [Wq;Wk;Wv] and "
                              "[Wgate;Wup], fast_block.cu glue kernels, attention: " + self._fb_engine().attention_name)
+        rec["fast_block_paths"] = (f"QKV_BITS={QKV_BITS} (read when a workspace is made), RESID_NORM_PATH="
+                                   f"{RESID_NORM_PATH}, RESID_NORM_CLUSTER_MAX_ROWS={RESID_NORM_CLUSTER_MAX_ROWS}, "
+                                   f"thread-block clusters: {cluster_capable()}")
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

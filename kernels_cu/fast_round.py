@@ -59,7 +59,7 @@ import numpy as np
 from conformance.rounds import ComposedRounds
 from kernels_cu import fast_selector
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
-from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward
+from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
 from kernels_cu.loader import load_module
 from kernels_cu.ops_select import _SEL_THREADS, _rowdot
 from kernels_cu.round import CudaRound
@@ -91,7 +91,7 @@ def rowdot_bits_into(x, w, out, *, exact: bool | None = None):
     where the exact sum lies within the double sums' rounding error of a BF16 boundary, see
     fast_selector.cu), or with ``exact`` ops_select._rowdot(x, w, bits_out=True), the exact Op's
     bf16_rowdot launch."""
-    if EXACT_SELECTOR if exact is None else exact:
+    if (EXACT_SELECTOR if exact is None else exact) or not cluster_capable():  # fast_selector.cu: sm_90+
         _rowdot(x, w, bits_out=True, out=out)
     else:
         fast_selector.rowdot_into(x, w, out, bits_out=True)
@@ -105,7 +105,8 @@ def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed
     selector_walk launch."""
     B, K, k = ids.shape
     R = g.shape[-1]
-    if not (EXACT_SELECTOR if exact is None else exact) and fast_selector.walk_supported(K, k, R):
+    if (not (EXACT_SELECTOR if exact is None else exact) and cluster_capable()
+            and fast_selector.walk_supported(K, k, R)):
         fast_selector.walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q)
     elif B and K:
         _fn("select", "selector_walk")(
@@ -320,6 +321,11 @@ class FastRound(ComposedRounds, FastCudaBackend):
                              "step; GEMMs " + ("CaptureGemm (cublasGemmEx via ctypes, 32 MiB workspace) eager and "
                                                "captured" if self._round_eng.capture_gemm_always else
                                                "gemm_bf16 eager, CaptureGemm captured"))
+        capable = cluster_capable()
+        rec["fast_round_selector"] = (
+            "select.cu (EXACT_SELECTOR)" if EXACT_SELECTOR else
+            "fast_selector.cu (fast_rowdot_*, fast_selector_walk where walk_supported)" if capable else
+            "select.cu (no sm_90+ device here: no thread-block clusters)")
         return rec
 
     # --- the device step -----------------------------------------------------------------------

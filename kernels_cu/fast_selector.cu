@@ -60,6 +60,11 @@ using dflash::u32;
 using dflash::u64;
 typedef unsigned short u16;
 
+// Every kernel here runs on thread-block clusters, which need sm_90: below it (NVRTC builds for the
+// device at hand) the module is empty and kernels_cu/fast_round.py uses select.cu's kernels
+// (fast_block.cluster_capable()).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+
 #define FS_CLUSTER 8
 #define FS_WALK_THREADS 512
 #define FS_WALK_KMAX 32   // one lane per candidate in the walk's decision
@@ -503,3 +508,5 @@ __device__ __forceinline__ void walk_body(const u16* __restrict__ g, const float
                       q);                                                                                            \
     }
 FS_WALK(fast_selector_walk, FS_WALK_THREADS)
+
+#endif  // sm_90

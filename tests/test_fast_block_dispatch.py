@@ -22,13 +22,35 @@ class _Arr:
 def test_auto_takes_the_cluster_kernel_for_few_aligned_rows(monkeypatch):
     monkeypatch.setattr(fb, "RESID_NORM_PATH", "auto")
     f32, bits = (_Arr(4096), None), (_Arr(8),)
-    assert fb.resid_norm_path(8, 5120, f32, bits) == "cluster"
-    assert fb.resid_norm_path(fb.RESID_NORM_CLUSTER_MAX_ROWS, 2048, f32, bits) == "cluster"
-    assert fb.resid_norm_path(fb.RESID_NORM_CLUSTER_MAX_ROWS + 1, 2048, f32, bits) == "block"  # many rows
-    assert fb.resid_norm_path(8, 5120 + 16, f32, bits) == "block"  # H not a multiple of 32
-    assert fb.resid_norm_path(8, 8192 + 32, f32, bits) == "block"  # wider than the register slices
-    assert fb.resid_norm_path(8, 5120, (_Arr(4104),), bits) == "block"  # fp32 row not 16-byte aligned
-    assert fb.resid_norm_path(8, 5120, f32, (_Arr(4),)) == "block"  # BF16 row not 8-byte aligned
+    sm90 = {"capable": True}
+    assert fb.resid_norm_path(8, 5120, f32, bits, **sm90) == "cluster"
+    assert fb.resid_norm_path(fb.RESID_NORM_CLUSTER_MAX_ROWS, 2048, f32, bits, **sm90) == "cluster"
+    assert fb.resid_norm_path(fb.RESID_NORM_CLUSTER_MAX_ROWS + 1, 2048, f32, bits, **sm90) == "block"  # many rows
+    assert fb.resid_norm_path(8, 5120 + 16, f32, bits, **sm90) == "block"  # H not a multiple of 32
+    assert fb.resid_norm_path(8, 8192 + 32, f32, bits, **sm90) == "block"  # wider than the register slices
+    assert fb.resid_norm_path(8, 5120, (_Arr(4104),), bits, **sm90) == "block"  # fp32 row not 16-byte aligned
+    assert fb.resid_norm_path(8, 5120, f32, (_Arr(4),), **sm90) == "block"  # BF16 row not 8-byte aligned
+    assert fb.resid_norm_path(8, 5120, f32, bits, capable=False) == "block"  # below sm_90: no clusters
+
+
+def test_cluster_capable_reads_the_compute_capability(monkeypatch):
+    class _Dev:
+        def __init__(self, cc):
+            self.id, self.compute_capability = 0, cc
+
+    for cc, want in (("80", False), ("89", False), ("90", True), ("100", True)):
+        fb._compute_capability.cache_clear()
+        monkeypatch.setattr(fb, "cp", lambda cc=cc: type("C", (), {"cuda": type("D", (), {
+            "Device": staticmethod(lambda i=0, cc=cc: _Dev(cc))})}))
+        assert fb.cluster_capable() is want, cc
+
+    def broken():
+        raise ImportError("no cupy")
+
+    fb._compute_capability.cache_clear()
+    monkeypatch.setattr(fb, "cp", broken)
+    assert fb.cluster_capable() is False  # no CuPy / no device: no clusters
+    fb._compute_capability.cache_clear()
 
 
 def test_forced_paths(monkeypatch):
@@ -36,9 +58,11 @@ def test_forced_paths(monkeypatch):
         monkeypatch.setattr(fb, "RESID_NORM_PATH", path)
         assert fb.resid_norm_path(128, 5120 + 16) == path
     monkeypatch.setattr(fb, "RESID_NORM_PATH", "cluster")
-    assert fb.resid_norm_path(128, 5120) == "cluster"
+    assert fb.resid_norm_path(128, 5120, capable=True) == "cluster"
     with pytest.raises(ValueError, match="H 5136"):
-        fb.resid_norm_path(8, 5136)
+        fb.resid_norm_path(8, 5136, capable=True)
+    with pytest.raises(ValueError, match="clusters: False"):
+        fb.resid_norm_path(8, 5120, capable=False)
     monkeypatch.setattr(fb, "RESID_NORM_PATH", "fastest")
     with pytest.raises(ValueError, match="auto, cluster, block or strided"):
         fb.resid_norm_path(8, 5120)

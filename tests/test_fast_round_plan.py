@@ -45,6 +45,7 @@ def rec(monkeypatch):
     for mod in (fast, fr, sel, fast_selector):
         monkeypatch.setattr(mod, "_fn", r)
         monkeypatch.setattr(mod, "cp", lambda: np)
+    monkeypatch.setattr(fr, "cluster_capable", lambda: True)  # an sm_90 device, as the H200
     return r
 
 
@@ -353,3 +354,23 @@ def test_rings_passed_as_the_workspace_arrays_are_not_copied(flow, monkeypatch):
                                                                   real(dst, src)))
     rnd.step(**dict(a, context_k=ws.ck, context_v=ws.cv))
     assert copied == [True, True, True, False, False, True, True]  # anchor, frontier, live, rings, temp, seed
+
+
+def test_below_sm90_both_selector_launches_are_select_cu(rec, monkeypatch):
+    """fast_selector.cu's kernels use thread-block clusters (sm_90+; below it the module is built
+    without them): on such a device g and the walk take select.cu's launches, as exact=True."""
+    B, K, k, R, H = 2, 3, 4, 8, 32
+    hidden = np.zeros((B, K, H), np.uint16)
+    w_hidden = np.zeros((R, H), np.uint16)
+    g = np.zeros((B * K, R), np.uint16)
+    walk_args = (g.reshape(B, K, R), np.zeros((B, K, k), np.float32), np.zeros((B, K, k), np.int32),
+                 np.zeros(B, np.int32), np.zeros((16, R), np.uint16), np.zeros((16, R), np.uint16),
+                 np.zeros(B, np.float32), np.zeros(B, np.uint64), np.zeros(B, np.int64), np.zeros((B, K), np.int32),
+                 np.zeros((B, K), np.int32), np.zeros((B, K, k), np.float32))
+    fr.rowdot_bits_into(hidden.reshape(B * K, H), w_hidden, g, exact=True)
+    fr.selector_walk_into(*walk_args, exact=True)
+    exact_calls, rec.calls = rec.calls, []
+    monkeypatch.setattr(fr, "cluster_capable", lambda: False)
+    fr.rowdot_bits_into(hidden.reshape(B * K, H), w_hidden, g)
+    fr.selector_walk_into(*walk_args)
+    assert rec.calls == exact_calls and [c[1] for c in exact_calls] == ["bf16_rowdot", "selector_walk"]

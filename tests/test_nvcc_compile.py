@@ -73,3 +73,20 @@ def test_a_compile_error_is_reported(tmp_path):
     bad.write_text('#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = dfl::no_such(); }\n')
     _, rc, stderr = _build(bad, "headers", tmp_path)
     assert rc != 0 and "no_such" in stderr
+
+
+CLUSTER_SOURCES = ("fast_block.cu", "fast_selector.cu")  # thread-block clusters (sm_90+), guarded
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
+@pytest.mark.parametrize("source", CLUSTER_SOURCES)
+def test_cluster_sources_still_build_below_sm90(tmp_path, source):
+    """fast_block.cu (fb_resid_norm_cluster) and fast_selector.cu use __cluster_dims__, which sm_80
+    rejects: their cluster code sits behind __CUDA_ARCH__ >= 900, so NVRTC on an A100 or L40 still
+    builds the module (fast_block.cluster_capable() keeps Python off the missing kernels). Without
+    the guard this build fails."""
+    src = loader.KERNEL_DIR / source
+    assert "__cluster_dims__" in src.read_text()
+    cmd = [c if not c.startswith("-arch=") else "-arch=sm_80" for c in loader.nvcc_command(src, tmp_path / "x.cubin")]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"nvcc failed on {source} for sm_80:\n$ {' '.join(cmd)}\n{proc.stderr}"

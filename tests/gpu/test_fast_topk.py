@@ -58,7 +58,7 @@ def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
-@pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (33, 50001), (120, 248320)])
+@pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (32, 248320), (33, 50001), (120, 248320)])
 @pytest.mark.parametrize("k", [1, 16, 32, 40])
 def test_topk_into_equals_the_c4_order(cupy, kind, m, vr, k):
     import kernels_cu.fast as fast
