@@ -2,7 +2,8 @@
 (H200 probe, issue 12.) For each (M, N, K) of the proposal round (row-major x [M, K] BF16 @ w [N, K]^T
 -> fp32 [M, N], FP32 accumulation, as kernels_cu.fast_gemm.gemm_bf16), asks
 cublasLtMatmulAlgoGetHeuristic for up to 16 algorithms, times each (CUDA events, median, L2 flushed)
-and prints the default gemmEx time, the heuristic's first choice, the best of all and the floor.
+and prints the default gemmEx time, the heuristic's first choice, the best of all and the floor (the
+bytes at the copy bandwidth measured in the same run; not a hard bound for a read-only stream).
 
     python -m benchmarks.lt_probe [--json out.json]
 
@@ -21,8 +22,8 @@ SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs
     (16, 1280, 5120), (8, 6144, 5120), (8, 5120, 4096), (8, 34816, 5120), (8, 5120, 17408), (7, 248320, 5120),
     (256, 1280, 5120), (128, 6144, 5120), (128, 5120, 4096), (128, 34816, 5120), (128, 5120, 17408),
     (120, 248320, 5120),
-    (8, 6144, 2048), (8, 2048, 4096), (8, 12288, 2048), (8, 2048, 6144), (128, 12288, 2048), (128, 2048, 6144),
-    (120, 248320, 2048),
+    (8, 6144, 2048), (8, 2048, 4096), (8, 12288, 2048), (8, 2048, 6144), (7, 248320, 2048),
+    (128, 6144, 2048), (128, 2048, 4096), (128, 12288, 2048), (128, 2048, 6144), (120, 248320, 2048),
 ]
 
 
@@ -55,7 +56,12 @@ def main(argv=None) -> int:
 
     from kernels_cu.fast_gemm import gemm_bf16
 
+    from benchmarks.gpu_bench import Timer, measure_ceilings
+
     gemm_bf16(cp.zeros((2, 8), np.uint16), cp.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
+    import torch
+
+    copy_bw = measure_ceilings(cp, torch, Timer(cp, torch))["copy_bandwidth_TBps"] * 1e12  # the floors' rate
     lt = _lib()
     vp = ctypes.c_void_p
     handle = vp()
@@ -123,7 +129,7 @@ def main(argv=None) -> int:
                 times.append(f"status {exc}")
         default = timed(lambda: gemm_bf16(x, w, c))
         num = [t for t in times if isinstance(t, float)]
-        floor = (n * k * 2 + m * k * 2 + m * n * 4) / 4.2e12 * 1e6
+        floor = (n * k * 2 + m * k * 2 + m * n * 4) / copy_bw * 1e6
         rec = {"M": m, "N": n, "K": k, "gemmEx_us": round(default, 2), "lt_first_us": num[0] if num else None,
                "lt_best_us": min(num) if num else None, "floor_us": round(floor, 2), "lt_all_us": times,
                "heuristic_status": st}
