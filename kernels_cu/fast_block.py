@@ -296,6 +296,11 @@ class CudaEngine:
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
+        if M == 0:
+            return
+        if inter % 4 == 0 and (gu.data.ptr % 16 or act.data.ptr % 8):  # the kernel's 16-byte path
+            raise ValueError("fb_silu_mul: gu must be 16-byte and act 8-byte aligned when I % 4 == 0 "
+                             "(workspace arrays are)")
         _fn("fb_silu_mul")(_row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
 
     def attention(self, q, k, v, kc, vc, frontier, live, window):

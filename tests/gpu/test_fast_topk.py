@@ -61,7 +61,7 @@ def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
 @pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (32, 248320), (33, 50001), (120, 248320)])
 @pytest.mark.parametrize("k", [1, 16, 32, 40])
 def test_topk_into_equals_the_c4_order(cupy, kind, m, vr, k):
-    import kernels_cu.fast as fast
+    from kernels_cu import fast
 
     cp = cupy
     rng = np.random.default_rng(m * 1000 + k)
@@ -82,7 +82,7 @@ def test_topk_into_equals_the_c4_order(cupy, kind, m, vr, k):
 
 @pytest.mark.parametrize("k", [1, 16])
 def test_topk_into_with_a_shortlist(cupy, k):
-    import kernels_cu.fast as fast
+    from kernels_cu import fast
 
     cp = cupy
     rng = np.random.default_rng(5)
