@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         anchor = cp.asarray(rng.integers(0, V, B).astype(np.int32))
         seed = cp.asarray(rng.integers(0, 2**63, B, dtype=np.uint64))
         frontier = cp.asarray(rng.integers(0, 2**20, B).astype(np.int64))
-        walks = ["fast_selector_walk"] + sorted(n for n in fs.WALK_KERNELS if n != "fast_selector_walk")
+        walks = sorted(fs.WALK_KERNELS)
         for T in (0.0, 1.0):
             temp = cp.full(B, T, dtype=np.float32)
             outs = {e: (cp.empty((B, K), np.int32), cp.empty((B, K), np.int32), cp.empty((B, K, TOPK), np.float32))

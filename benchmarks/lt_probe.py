@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 
 SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs and the head
@@ -59,14 +58,14 @@ def main(argv=None) -> int:
     from kernels_cu.fast_gemm import gemm_bf16
 
     gemm_bf16(cp.zeros((2, 8), np.uint16), cp.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
-    copy_bw = measure_ceilings(cp, torch, Timer(cp, torch))["copy_bandwidth_TBps"] * 1e12  # the floors' rate
+    timer = Timer(cp, torch)
+    copy_bw = measure_ceilings(cp, torch, timer)["copy_bandwidth_TBps"] * 1e12  # the floors' rate
     lt = _lib()
     vp = ctypes.c_void_p
     handle = vp()
     assert lt.cublasLtCreate(ctypes.byref(handle)) == 0
     ws_bytes = 32 << 20
     ws = cp.empty(ws_bytes, np.uint8)
-    flush = cp.empty(64 << 20, np.float32)
     out = []
     i32 = ctypes.c_int32
 
@@ -74,19 +73,8 @@ def main(argv=None) -> int:
         v = i32(value)
         assert fn(obj, attr, ctypes.byref(v), ctypes.sizeof(v)) == 0
 
-    def timed(fn, reps=15):
-        fn()
-        cp.cuda.Device().synchronize()
-        ts = []
-        for i in range(reps):
-            flush.fill(float(i))
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
-        return statistics.median(ts)
+    def timed(fn):  # microseconds: gpu_bench's Timer (CUDA events, median, L2 flushed before each call)
+        return timer(fn, warmup=1, reps=15) * 1e3
 
     for m, n, k in SHAPES:
         x = (cp.random.standard_normal((m, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)

@@ -36,8 +36,8 @@ ROWDOT_KERNELS = {
 _TWO_BYTE = {"fast_rowdot_s_v": "fast_rowdot_s", "fast_rowdot_m_v": "fast_rowdot_l"}
 ROWDOT_SMALL_MAX_M = 16  # up to this many rows, blocks of 8 rows (B1 K7 = 7 rows), else 16
 _MAX_GRID_Z = 65535
-WALK_KERNELS = {"fast_selector_walk": 512}  # name -> threads
 WALK_THREADS = 512  # FS_WALK_THREADS
+WALK_KERNELS = {"fast_selector_walk": WALK_THREADS}  # name -> threads
 WALK_KMAX = 32  # FS_WALK_KMAX
 WALK_RMAX = 256  # FS_WALK_RT * 32
 WALK_SMEM_MAX = 48 * 1024 - 1024  # dynamic shared memory without raising the attribute (static: 640 B)

@@ -312,20 +312,17 @@ __device__ u64 radix_rest(const float* zs, int Vr, bool mass_mode, int need, dou
     return block_min_u64(mn);
 }
 
-// Threshold search. mass_mode = false: the k-th largest key over all Vr keys (need = k).
-// mass_mode = true: the key of the token where the kept mass, walked in key order, first
-// reaches top_p of total (kept = finite and key >= base.threshold); the exact kernel's
-// "largest t with S(t) / total >= top_p" selects the same set.
-__device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int need, const Keep& base, double total,
-                                double top_p, u64 best_finite, Hist& h) {
-    const float zmaxf = dflash::f64_to_f32_rn(base.zmax);  // exact: zmax is an fp32 value
-    // pass 0
+// Pass 0 of the threshold search over columns [v0, v1): the 2048-bin histogram (counts, and in
+// mass mode the kept mass) of the bin0 buckets, zeroed first; the whole row in the single-block
+// kernel, one chunk in the split path. Ends with the block's histogram complete.
+__device__ __forceinline__ void hist0(Hist& h, const float* zs, int v0, int v1, bool mass_mode, const Keep& base,
+                                      float zmaxf, u64 best_finite) {
     for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
         h.cnt[i] = 0;
         h.mass[i] = 0.0;
     }
     __syncthreads();
-    row_scan(zs, Vr, [&](float z, int v) {
+    chunk_scan(zs, v0, v1, [&](float z, int v) {
         const u64 key = order_key(z, v);
         if (mass_mode) {
             double e;
@@ -338,6 +335,17 @@ __device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int nee
         }
     });
     __syncthreads();
+}
+
+// Threshold search. mass_mode = false: the k-th largest key over all Vr keys (need = k).
+// mass_mode = true: the key of the token where the kept mass, walked in key order, first
+// reaches top_p of total (kept = finite and key >= base.threshold); the exact kernel's
+// "largest t with S(t) / total >= top_p" selects the same set.
+__device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int need, const Keep& base, double total,
+                                double top_p, u64 best_finite, Hist& h) {
+    const float zmaxf = dflash::f64_to_f32_rn(base.zmax);  // exact: zmax is an fp32 value
+    // pass 0
+    hist0(h, zs, 0, Vr, mass_mode, base, zmaxf, best_finite);
     int bc;
     double bm;
     const int b0 = find_crossing(h, FTD_BINS, false, mass_mode, need, 0.0, total, top_p, &bc, &bm);
@@ -605,25 +613,8 @@ ftd_split_hist0(const float* __restrict__ scratch, FTD_SAMPLING_PARAMS, int N, i
     const u64 best_finite = st->best_finite;
     const float zmaxf = dflash::f64_to_f32_rn(base.zmax);
     const int HC = gridDim.x;
-    for (int i = threadIdx.x; i < FTD_BINS; i += FTD_THREADS) {
-        h.cnt[i] = 0;
-        h.mass[i] = 0.0;
-    }
-    __syncthreads();
     const int v0 = blockIdx.x * hchunk;
-    chunk_scan(zs, v0, min(Vr, v0 + hchunk), [&](float z, int v) {  // the single-block pass 0
-        const u64 key = order_key(z, v);
-        if (mass_mode) {
-            double e;
-            if (!kept(z, v, base, &e)) return;
-            const int b = bin0(z, key, zmaxf, best_finite);
-            atomicAdd(&h.cnt[b], 1);
-            atomicAdd(&h.mass[b], e);
-        } else {
-            atomicAdd(&h.cnt[bin0(z, key, zmaxf, best_finite)], 1);
-        }
-    });
-    __syncthreads();
+    hist0(h, zs, v0, min(Vr, v0 + hchunk), mass_mode, base, zmaxf, best_finite);  // the single-block pass 0
     const size_t row0 = (size_t)n * HC * FTD_BINS;
     {
         const size_t mine = row0 + (size_t)blockIdx.x * FTD_BINS;
