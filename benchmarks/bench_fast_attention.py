@@ -22,7 +22,7 @@ new b give the same bits; new and v4 give the same bits (one split, and their de
     python -m benchmarks.bench_fast_attention [--before PATH] [--sweep] [--cupti] [--draft-attention]
                                               [--json out.json]
 
---sweep adds a split count (SPLITS) sweep for new f; --draft-attention the
+--sweep adds a split count (SPLITS) sweep for new b (masked_block's call since v5); --draft-attention the
 former benchmark (gpu_bench.bench_draft_attention, the Op with BF16 inputs, against torch SDPA).
 Prints the tables last. Needs CuPy and PyTorch on a CUDA GPU.
 """
@@ -210,10 +210,10 @@ def main(argv=None) -> int:
             checks.append(c)
             print(json.dumps(c), flush=True)
             if args.sweep:
-                for ns in (None, 2, 3, 4, 6, 8, 12, 16, 24, 32):
+                for ns in (None, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32):
                     fa.SPLITS = ns
                     try:
-                        ms, out, _ = time_graph(cp, timer, lambda f=newf: f()[1])
+                        ms, out, _ = time_graph(cp, timer, lambda f=newb: f()[1])
                     finally:
                         fa.SPLITS = None
                     sweep.append({"shape": shape, "splits": ns or "auto", "graph_us": ms * 1e3})

@@ -1,6 +1,7 @@
-"""A/B of the split top-k's in-block merge (kernels_cu.fast.topk_plan) in one process (H200 probe,
-issue 12): for each row count and k, the selection timed with the warp lists merged in the
-partial block and without, on the same logits, and the two paths' ids and scores compared.
+"""A/B of the split top-k's kernels (kernels_cu.fast: TOPK_VEC / TOPK_MERGE_WARP, "vec", against the v5
+kernels, "warp") and of their in-block merge (topk_plan) in one process (H200 probe, issue 12): for
+each row count and k, the selection timed four ways on the same logits, and the ids and scores of
+all four compared.
 
     python -m benchmarks.topk_ab [--rows 1,7,15,32,33,64,120] [--k 1,16] [--json out.json]
 """
@@ -27,7 +28,8 @@ def main(argv=None) -> int:
     from benchmarks.gpu_bench import Timer
 
     timer = Timer(cp, torch)
-    saved = fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K
+    saved = fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K, fast.TOPK_VEC, fast.TOPK_MERGE_WARP
+    variants = [(kern, merged) for kern in ("warp", "vec") for merged in (False, True)]
     out = []
     try:
         for m in (int(v) for v in args.rows.split(",")):
@@ -35,7 +37,8 @@ def main(argv=None) -> int:
             for k in (int(v) for v in args.k.split(",")):
                 r = {"rows": m, "k": k}
                 res = {}
-                for merged in (False, True):
+                for kern, merged in variants:
+                    fast.TOPK_VEC = fast.TOPK_MERGE_WARP = kern == "vec"
                     fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = (1 << 30, 1) if merged else (0, 1 << 30)
                     plan = fast.topk_plan(m, args.vocab, k)
                     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
@@ -45,22 +48,24 @@ def main(argv=None) -> int:
                         fast.topk_into(logits, None, args.vocab, k, 0.0, 0.0, partial, scores, ids)
 
                     call()
-                    res[merged] = (scores.copy(), ids.copy())
-                    r["merged_ms" if merged else "unmerged_ms"] = round(timer(call), 4)
-                    r["merged_plan" if merged else "unmerged_plan"] = plan[3]
-                r["same_ids"] = bool(cp.array_equal(res[False][1], res[True][1]))
-                r["same_scores"] = bool(cp.array_equal(res[False][0], res[True][0]))
-                fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = saved
+                    name = f"{kern}_{'merged' if merged else 'unmerged'}"
+                    res[name] = (scores.copy(), ids.copy())
+                    r[name + "_ms"] = round(timer(call), 4)
+                ref = res["warp_unmerged"]
+                r["same_ids"] = all(bool(cp.array_equal(ref[1], v[1])) for v in res.values())
+                r["same_scores"] = all(bool(cp.array_equal(ref[0], v[0])) for v in res.values())
+                fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = saved[:2]
                 r["committed_merges"] = fast.topk_plan(m, args.vocab, k)[3]
                 out.append(r)
                 print(json.dumps(r), flush=True)
     finally:
-        fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = saved
-    print(f"\n{'rows':>5} {'k':>3} {'unmerged ms':>12} {'merged ms':>10} {'merged/un':>9} {'committed':>10} same")
+        (fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K, fast.TOPK_VEC, fast.TOPK_MERGE_WARP) = saved
+    names = [f"{kern}_{'merged' if merged else 'unmerged'}" for kern, merged in variants]
+    print("\nms per call, L2 flushed before each")
+    print(f"{'rows':>5} {'k':>3} " + " ".join(f"{n:>14}" for n in names) + f" {'committed':>9} same")
     for r in out:
-        print(f"{r['rows']:5d} {r['k']:3d} {r['unmerged_ms']:12.4f} {r['merged_ms']:10.4f} "
-              f"{r['merged_ms'] / r['unmerged_ms']:9.2f} {'merged' if r['committed_merges'] else 'unmerged':>10} "
-              f"{r['same_ids'] and r['same_scores']}")
+        print(f"{r['rows']:5d} {r['k']:3d} " + " ".join(f"{r[n + '_ms']:14.4f}" for n in names)
+              + f" {'merged' if r['committed_merges'] else 'unmerged':>9} {r['same_ids'] and r['same_scores']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -111,20 +111,31 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
 
 TOPK_MERGE_IN_BLOCK_MAX_ROWS = 32  # fast_topk_partial_warp merges its warps' lists up to this many rows
 TOPK_MERGE_MIN_K = 2  # ... and for k at least this (benchmarks/topk_ab.py times both sides of both)
+TOPK_VEC = True  # fast_topk_partial_vec where it applies (k <= 32, no shortlist, 16-byte rows); False: the warp kernel
+TOPK_MERGE_WARP = True  # fast_topk_merge_warp for k <= 32; False: fast_topk_merge (per-thread lists)
 
 
 def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     """(S splits per row, chunk columns per split, warp variant, merged in the block, partial lists
     per row) of the split top-k (fast_select.cu): about _TARGET_BLOCKS blocks, chunks of at least
-    2048 columns; k <= 32 keeps one register list per warp (fast_topk_partial_warp), else one per
-    thread (one list per block). The warp variant merges its 8 warp lists in the block for few
-    rows and k > 1 (one list per block), else writes all 8 (fast_select.cu says why)."""
+    2048 columns (a multiple of 4); k <= 32 keeps one register list per warp (fast_topk_partial_vec
+    or fast_topk_partial_warp, topk_vec_applies says which), else one per thread (one list per
+    block). The warp variants merge their 8 warp lists in the block for few rows and k > 1 (one
+    list per block), else write all 8 (fast_select.cu says why)."""
     S = max(1, min(-(-Vr // 2048), -(-_TARGET_BLOCKS // max(M, 1))))
     chunk = -(-Vr // S)
+    chunk += -chunk % 4  # a multiple of 4: the vector kernel's 16-byte groups start on one
     S = -(-Vr // chunk)
     warp = k <= 32
     merged = warp and k >= TOPK_MERGE_MIN_K and M <= TOPK_MERGE_IN_BLOCK_MAX_ROWS
     return S, chunk, warp, merged, S * (_FT_THREADS // 32 if warp and not merged else 1)
+
+
+def topk_vec_applies(logits, shortlist, k: int) -> bool:
+    """Whether topk_into runs fast_topk_partial_vec: k <= 32, no shortlist (the id is the column),
+    rows a multiple of 4 floats and a 16-byte aligned array (its 16-byte loads)."""
+    return (TOPK_VEC and k <= 32 and shortlist is None and logits.shape[1] % 4 == 0
+            and logits.data.ptr % 16 == 0)
 
 
 def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
@@ -138,11 +149,14 @@ def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, sof
         return
     sl = _NULL if shortlist is None else shortlist
     args = (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk))
-    if warp:
+    if topk_vec_applies(logits, shortlist, k):
+        _fn("fast_select", "fast_topk_partial_vec")((S, M), (_FT_THREADS,), (*args[:1], *args[2:], np.int32(merged),
+                                                                              partial))
+    elif warp:
         _fn("fast_select", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
     else:
         _fn("fast_select", "fast_topk_partial")((S, M), (_FT_THREADS,), (*args, partial))
-    _fn("fast_select", "fast_topk_merge")(
+    _fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge")(
         (M,), (_FT_THREADS,),
         (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier),
          np.float32(softcap), _NULL if scores is None else scores, ids))

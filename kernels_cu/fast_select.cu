@@ -5,9 +5,13 @@
 // logits themselves round differently from the exact mode (FP32 tensor-core accumulation
 // instead of one rounding from a double sum), which the suite judges like any engine's.
 //
-// Two launches: fast_topk_partial splits each row over S blocks (each keeps its chunk's
-// best k), fast_topk_merge takes the S*k survivors of a row to the final sorted k and applies
-// u = c * tanh(m * z / c) to the selected raw logits (in double, as the exact kernel).
+// Two launches: a partial kernel splits each row over S blocks (each keeps its chunk's best k:
+// fast_topk_partial_vec for k <= 32 without a shortlist, fast_topk_partial_warp for k <= 32
+// otherwise, fast_topk_partial above 32), a merge kernel (fast_topk_merge_warp for k <= 32,
+// fast_topk_merge above) takes the survivors of a row to the final sorted k and applies
+// u = c * tanh(m * z / c) to the selected raw logits (in double, as the exact kernel). Every
+// variant selects the same keys: keys are distinct, so the top k does not depend on the order
+// in which a kernel meets them.
 #include "philox.cuh"
 
 using dflash::u32;
@@ -105,6 +109,43 @@ fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shor
     if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
 }
 
+// The float a key orders by (the k-th key's value as a pre-filter threshold): key 0 (a list not yet
+// full) gives -inf, which nothing is below; a NaN key gives NaN, which nothing is below either. So
+// `!(z < key_float(thr))` holds for every z whose key can beat thr (it is a superset: ties and -0
+// pass and are decided on the whole key).
+__device__ __forceinline__ float key_float(u64 key) {
+    if (key == 0ull) return __int_as_float(0xff800000);
+    const u32 ord = (u32)(key >> 32);
+    if (ord == 1u) return __int_as_float(0x7fc00000);
+    return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
+}
+
+// One key offered by lane `src` of the warp (warp-uniform call) to the warp's register list (lane i
+// holds rank i of at most k <= 32 keys, 0 = none; thr = rank k-1's key).
+__device__ __forceinline__ void warp_offer(u64& mine, u64& thr, u64 c, int k, int lane) {
+    if (c <= thr) return;
+    const int pos = __popc(__ballot_sync(0xffffffffu, lane < k && mine > c));
+    const u64 up = __shfl_up_sync(0xffffffffu, mine, 1);
+    if (lane > pos && lane < k) mine = up;
+    if (lane == pos) mine = c;
+    thr = __shfl_sync(0xffffffffu, mine, k - 1);
+}
+
+// The warp list's output: one list per warp (merged == 0) at partial[(row_list + warp) * k ...], or the
+// block's 8 lists merged (k rounds of a block max) into one at partial[row_list * k ...].
+__device__ __forceinline__ void warp_lists_out(u64 mine, int k, int merged, int lane, int wid, u64* __restrict__ out_w,
+                                               u64* __restrict__ out_b) {
+    if (!merged) {
+        if (lane < k) out_w[(size_t)wid * k + lane] = mine;
+        return;
+    }
+    __shared__ u64 warp_best[FT_WARPS];
+    __shared__ u64 chosen[FT_KMAX];
+    const u64 one = lane < k ? mine : 0ull;  // each thread a list of at most one key (distinct keys)
+    block_merge(&one, one ? 1 : 0, k, warp_best, chosen);
+    if (threadIdx.x < k) out_b[threadIdx.x] = chosen[threadIdx.x];
+}
+
 // k <= 32: each warp keeps its best k in registers, lane i holding rank i (0 = none), and a
 // batch of 32 logits only costs a ballot against the warp's k-th key; the rare candidates are
 // inserted with a ballot (position) and a shuffle (shift). Grid (S, M). merged != 0: the block
@@ -138,29 +179,96 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
             while (cand) {  // warp-uniform loop
                 const int src = __ffs(cand) - 1;
                 cand &= cand - 1;
-                const u64 c = __shfl_sync(0xffffffffu, keys[j], src);
-                if (c <= thr) continue;
-                const int pos = __popc(__ballot_sync(0xffffffffu, lane < k && mine > c));
-                const u64 up = __shfl_up_sync(0xffffffffu, mine, 1);
-                if (lane > pos && lane < k) mine = up;
-                if (lane == pos) mine = c;
-                thr = __shfl_sync(0xffffffffu, mine, k - 1);
+                warp_offer(mine, thr, __shfl_sync(0xffffffffu, keys[j], src), k, lane);
             }
         }
     }
-    if (!merged) {
-        if (lane < k) partial[(((size_t)m * S + s) * FT_WARPS + wid) * k + lane] = mine;
-        return;
-    }
-    __shared__ u64 warp_best[FT_WARPS];
-    __shared__ u64 chosen[FT_KMAX];
-    const u64 one = lane < k ? mine : 0ull;  // each thread a list of at most one key (distinct keys)
-    block_merge(&one, one ? 1 : 0, k, warp_best, chosen);
-    if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
+    warp_lists_out(mine, k, merged, lane, wid, partial + ((size_t)m * S + s) * FT_WARPS * k,
+                   partial + ((size_t)m * S + s) * k);
 }
 
-// Grid M: the S * k partial keys of row m -> the final top-k. scores/ids may be null (argmax
-// only needs ids). ids are global ids (shortlist remap); -1 and -inf pad missing candidates.
+// fast_topk_partial_warp for the common case (k <= 32, no shortlist, Vr % 4 == 0, a 16-byte aligned
+// logits array, chunk % 4 == 0; kernels_cu/fast.py topk_plan checks): 16-byte loads, FT_VEC of them in
+// flight per lane, and a float pre-filter against the warp's k-th value, so a batch of 4 columns that
+// cannot enter the list costs one compare each and one vote, not a 64-bit key and a ballot per column.
+// Without a shortlist the global id is the column, so columns >= vocab_size are cut by the loop bound.
+// Same keys, same lists (the top k of distinct keys does not depend on the order they are offered in).
+#define FT_VEC 4
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
+fast_topk_partial_vec(const float* __restrict__ logits, int M, int Vr, int vocab_size, int k, int chunk, int merged,
+                      u64* __restrict__ partial) {
+    const int s = blockIdx.x, S = gridDim.x, m = blockIdx.y;
+    if (m >= M) return;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const float* z = logits + (size_t)m * Vr;
+    const int v0 = s * chunk;
+    const int v1 = min(min(Vr, vocab_size), v0 + chunk);
+    u64 mine = 0ull, thr = 0ull;
+    float thrf = key_float(0ull);
+    for (int wb = v0 + wid * 128; wb < v1; wb += FT_VEC * FT_THREADS * 4) {  // warp-uniform bound
+        float4 x[FT_VEC];
+#pragma unroll
+        for (int u = 0; u < FT_VEC; ++u) {
+            const int v = wb + u * FT_THREADS * 4 + lane * 4;
+            if (v + 4 <= v1) {
+                x[u] = __ldg(reinterpret_cast<const float4*>(z + v));
+            } else {  // the chunk's tail: the lanes past v1 never offer (see `n` below)
+                x[u].x = v < v1 ? __ldg(z + v) : 0.0f;
+                x[u].y = v + 1 < v1 ? __ldg(z + v + 1) : 0.0f;
+                x[u].z = v + 2 < v1 ? __ldg(z + v + 2) : 0.0f;
+                x[u].w = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < FT_VEC; ++u) {
+            const int v = wb + u * FT_THREADS * 4 + lane * 4;
+            const int n = max(0, min(4, v1 - v));  // columns of this lane's group that exist
+            const float e4[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
+            unsigned pm = 0u;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pm |= (e < n && !(e4[e] < thrf)) ? (1u << e) : 0u;
+            if (!__any_sync(0xffffffffu, pm != 0u)) continue;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u64 key = ((pm >> e) & 1u) ? fk_key(e4[e], v + e) : 0ull;
+                unsigned cand = __ballot_sync(0xffffffffu, key > thr);
+                while (cand) {  // warp-uniform loop
+                    const int src = __ffs(cand) - 1;
+                    cand &= cand - 1;
+                    warp_offer(mine, thr, __shfl_sync(0xffffffffu, key, src), k, lane);
+                }
+            }
+            thrf = key_float(thr);
+        }
+    }
+    warp_lists_out(mine, k, merged, lane, wid, partial + ((size_t)m * S + s) * FT_WARPS * k,
+                   partial + ((size_t)m * S + s) * k);
+}
+
+// The final top-k of row m from its merged keys (descending, 0 = none): global ids (shortlist remap)
+// and u = c * tanh(m * z / c) of the selected raw logits in double, as the exact kernel; scores/ids
+// may be null (argmax only needs ids); -1 and -inf pad missing candidates.
+__device__ __forceinline__ void topk_write(const u64* chosen, const float* __restrict__ logits,
+                                           const int* __restrict__ shortlist, int m, int Vr, int k, float multiplier,
+                                           float softcap, float* __restrict__ scores, int* __restrict__ ids) {
+    if (threadIdx.x < k) {
+        const u64 key = chosen[threadIdx.x];
+        float u = __int_as_float(0xff800000);
+        int id = -1;
+        if (key) {
+            const int row = fk_row(key);
+            id = shortlist ? shortlist[row] : row;
+            double x = dflash::f32_to_f64(logits[(size_t)m * Vr + row]);
+            if (multiplier > 0.0f) x *= (double)multiplier;
+            if (softcap > 0.0f) x = (double)softcap * tanh(x / (double)softcap);
+            u = dflash::f64_to_f32_rn(x);
+        }
+        if (scores) scores[(size_t)m * k + threadIdx.x] = u;
+        ids[(size_t)m * k + threadIdx.x] = id;
+    }
+}
+
+// Grid M: the S * k partial keys of row m -> the final top-k (any k <= FT_KMAX: per-thread lists).
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_merge(const u64* __restrict__ partial, const float* __restrict__ logits, const int* __restrict__ shortlist,
                 int M, int Vr, int S, int k, float multiplier, float softcap, float* __restrict__ scores,
@@ -177,19 +285,33 @@ fast_topk_merge(const u64* __restrict__ partial, const float* __restrict__ logit
         if (key) list_insert(list, cnt, k, key);
     }
     block_merge(list, cnt, k, warp_best, chosen);
-    if (threadIdx.x < k) {
-        const u64 key = chosen[threadIdx.x];
-        float u = __int_as_float(0xff800000);
-        int id = -1;
-        if (key) {
-            const int row = fk_row(key);
-            id = shortlist ? shortlist[row] : row;
-            double x = dflash::f32_to_f64(logits[(size_t)m * Vr + row]);
-            if (multiplier > 0.0f) x *= (double)multiplier;
-            if (softcap > 0.0f) x = (double)softcap * tanh(x / (double)softcap);
-            u = dflash::f64_to_f32_rn(x);
+    topk_write(chosen, logits, shortlist, m, Vr, k, multiplier, softcap, scores, ids);
+}
+
+// fast_topk_merge for k <= 32: each warp keeps a register list of the keys it reads (32 at a time, a
+// ballot against its k-th key), then the 8 lists are merged in k rounds (no per-thread local arrays).
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
+fast_topk_merge_warp(const u64* __restrict__ partial, const float* __restrict__ logits,
+                     const int* __restrict__ shortlist, int M, int Vr, int S, int k, float multiplier, float softcap,
+                     float* __restrict__ scores, int* __restrict__ ids) {
+    __shared__ u64 warp_best[FT_WARPS];
+    __shared__ u64 chosen[FT_KMAX];
+    const int m = blockIdx.x;
+    if (m >= M) return;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const u64* p = partial + (size_t)m * S * k;
+    const int n = S * k;
+    u64 mine = 0ull, thr = 0ull;
+    for (int wb = wid * 32; wb < n; wb += FT_THREADS) {  // warp-uniform bound
+        const u64 key = wb + lane < n ? p[wb + lane] : 0ull;
+        unsigned cand = __ballot_sync(0xffffffffu, key > thr);
+        while (cand) {
+            const int src = __ffs(cand) - 1;
+            cand &= cand - 1;
+            warp_offer(mine, thr, __shfl_sync(0xffffffffu, key, src), k, lane);
         }
-        if (scores) scores[(size_t)m * k + threadIdx.x] = u;
-        ids[(size_t)m * k + threadIdx.x] = id;
     }
+    const u64 one = lane < k ? mine : 0ull;
+    block_merge(&one, one ? 1 : 0, k, warp_best, chosen);
+    topk_write(chosen, logits, shortlist, m, Vr, k, multiplier, softcap, scores, ids);
 }

@@ -10,6 +10,8 @@
 #   bash tools/h200_runs.sh geometry-fast  # the fast mode at the two official geometries, full width
 #   bash tools/h200_runs.sh fast-v5        # the fast-mode GPU tests changed in session v5, the CLI over
 #                                          # every vector (fast, FastRound), the round bench and trace
+#   bash tools/h200_runs.sh v6-topk        # session v6: the top-k tests, the top-k A/B, the round bench and trace
+#   bash tools/h200_runs.sh v6-attn        # session v6: the attention benchmark with its split sweep
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -58,6 +60,15 @@ for what in "$@"; do
       step bench-round timeout 60 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 40 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+    v6-topk)
+      step gpu-tests-topk timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
+        tests/gpu/test_fast_target.py
+      step topk-ab timeout 90 $PY -m benchmarks.topk_ab --rows 1,7,15,32,64,120 --json "$OUT/topk_ab.json"
+      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+    v6-attn)
+      step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -57,20 +57,37 @@ def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
     return z
 
 
+@pytest.fixture(params=["vec", "warp"])
+def kernels(request, monkeypatch):
+    """Both kernel sets where k <= 32: "vec" (fast_topk_partial_vec where it applies, and
+    fast_topk_merge_warp) and "warp" (fast_topk_partial_warp and fast_topk_merge, the v5 kernels)."""
+    from kernels_cu import fast
+
+    on = request.param == "vec"
+    monkeypatch.setattr(fast, "TOPK_VEC", on)
+    monkeypatch.setattr(fast, "TOPK_MERGE_WARP", on)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
 @pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (32, 248320), (33, 50001), (120, 248320)])
 @pytest.mark.parametrize("k", [1, 16, 32, 40])
-def test_topk_into_equals_the_c4_order(cupy, kind, m, vr, k):
+def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
     from kernels_cu import fast
 
     cp = cupy
+    if k > 32 and kernels == "warp":
+        pytest.skip("k > 32 runs the per-thread-list kernels in both sets")
     rng = np.random.default_rng(m * 1000 + k)
     z = _rows(rng, kind, m, vr)
     vocab = vr - 5
     plan = fast.topk_plan(m, vr, k)
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
-    fast.topk_into(cp.asarray(z), None, vocab, k, 0.0, 0.0, partial, scores, ids)
+    zd = cp.asarray(z)
+    # the vector kernel runs exactly where it should: k <= 32, no shortlist, rows of 4n floats
+    assert fast.topk_vec_applies(zd, None, k) == (kernels == "vec" and k <= 32 and vr % 4 == 0)
+    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids)
     ids, scores = ids.get(), scores.get()
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vocab)
@@ -81,7 +98,7 @@ def test_topk_into_equals_the_c4_order(cupy, kind, m, vr, k):
 
 
 @pytest.mark.parametrize("k", [1, 16])
-def test_topk_into_with_a_shortlist(cupy, k):
+def test_topk_into_with_a_shortlist(cupy, kernels, k):
     from kernels_cu import fast
 
     cp = cupy
@@ -96,3 +113,27 @@ def test_topk_into_with_a_shortlist(cupy, k):
     for r in range(m):
         want_ids, _ = c4_topk(z[r], k, vocab, shortlist)
         assert np.array_equal(ids.get()[r], want_ids), r
+
+
+@pytest.mark.parametrize("k", [1, 16])
+def test_topk_into_on_a_misaligned_array(cupy, kernels, k):
+    """Logits 4 bytes off a 16-byte boundary (a view into a larger buffer): the vector kernel's
+    16-byte loads do not apply, the warp kernel runs, and the result is still the C4 order."""
+    from kernels_cu import fast
+
+    cp = cupy
+    rng = np.random.default_rng(11)
+    m, vr = 5, 248320
+    z = _rows(rng, "gauss", m, vr)
+    buf = cp.empty(m * vr + 1, dtype=np.float32)
+    zd = buf[1:].reshape(m, vr)
+    zd[...] = cp.asarray(z)
+    assert zd.data.ptr % 16 != 0 and not fast.topk_vec_applies(zd, None, k)
+    plan = fast.topk_plan(m, vr, k)
+    partial = cp.empty((m, plan[4], k), dtype=np.uint64)
+    scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
+    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids)
+    for r in range(m):
+        want_ids, want_scores = c4_topk(z[r], k, vr)
+        assert np.array_equal(ids.get()[r], want_ids), r
+        assert np.array_equal(scores.get()[r], want_scores), r
