@@ -134,8 +134,8 @@ def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
 def topk_vec_applies(logits, shortlist, k: int) -> bool:
     """Whether topk_into runs fast_topk_partial_vec: k <= 32, no shortlist (the id is the column),
     rows a multiple of 4 floats and a 16-byte aligned array (its 16-byte loads)."""
-    return (TOPK_VEC and k <= 32 and shortlist is None and logits.shape[1] % 4 == 0
-            and logits.data.ptr % 16 == 0)
+    ptr = logits.data.ptr if hasattr(logits.data, "ptr") else logits.ctypes.data  # CuPy, or NumPy in CPU tests
+    return TOPK_VEC and k <= 32 and shortlist is None and logits.shape[1] % 4 == 0 and ptr % 16 == 0
 
 
 def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
