@@ -3,7 +3,10 @@ kernels, "warp") and of their in-block merge (topk_plan) in one process (H200 pr
 each row count and k, the selection timed four ways on the same logits, and the ids and scores of
 all four compared.
 
-    python -m benchmarks.topk_ab [--rows 1,7,15,32,33,64,120] [--k 1,16] [--json out.json]
+    python -m benchmarks.topk_ab [--rows 1,7,15,32,33,64,120] [--k 1,16] [--blocks 2112,528] [--json out.json]
+
+Columns: kernel set (warp | vec), u / m (lists unmerged / merged in the block), _N: TOPK_TARGET_BLOCKS
+when not the default.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import json
 import sys
 
 
+def _name(kern: str, merged: bool, blocks: int, default_blocks: int) -> str:
+    return f"{kern}_{'m' if merged else 'u'}" + ("" if blocks == default_blocks else f"_{blocks}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,7,15,32,33,64,120")
     ap.add_argument("--k", default="1,16")
     ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--blocks", default=None, help="TOPK_TARGET_BLOCKS values to time the vec kernel at")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -28,8 +36,11 @@ def main(argv=None) -> int:
     from benchmarks.gpu_bench import Timer
 
     timer = Timer(cp, torch)
-    saved = fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K, fast.TOPK_VEC, fast.TOPK_MERGE_WARP
-    variants = [(kern, merged) for kern in ("warp", "vec") for merged in (False, True)]
+    saved = (fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K, fast.TOPK_VEC, fast.TOPK_MERGE_WARP,
+             fast.TOPK_TARGET_BLOCKS)
+    blocks = [int(v) for v in args.blocks.split(",")] if args.blocks else [saved[4]]
+    variants = [("warp", merged, saved[4]) for merged in (False, True)]
+    variants += [("vec", merged, nb) for nb in blocks for merged in (False, True)]
     out = []
     try:
         for m in (int(v) for v in args.rows.split(",")):
@@ -37,8 +48,9 @@ def main(argv=None) -> int:
             for k in (int(v) for v in args.k.split(",")):
                 r = {"rows": m, "k": k}
                 res = {}
-                for kern, merged in variants:
+                for kern, merged, nb in variants:
                     fast.TOPK_VEC = fast.TOPK_MERGE_WARP = kern == "vec"
+                    fast.TOPK_TARGET_BLOCKS = nb
                     fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = (1 << 30, 1) if merged else (0, 1 << 30)
                     plan = fast.topk_plan(m, args.vocab, k)
                     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
@@ -48,23 +60,25 @@ def main(argv=None) -> int:
                         fast.topk_into(logits, None, args.vocab, k, 0.0, 0.0, partial, scores, ids)
 
                     call()
-                    name = f"{kern}_{'merged' if merged else 'unmerged'}"
+                    name = _name(kern, merged, nb, saved[4])
                     res[name] = (scores.copy(), ids.copy())
                     r[name + "_ms"] = round(timer(call), 4)
-                ref = res["warp_unmerged"]
+                ref = res["warp_u"]
                 r["same_ids"] = all(bool(cp.array_equal(ref[1], v[1])) for v in res.values())
                 r["same_scores"] = all(bool(cp.array_equal(ref[0], v[0])) for v in res.values())
                 fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = saved[:2]
+                fast.TOPK_TARGET_BLOCKS = saved[4]
                 r["committed_merges"] = fast.topk_plan(m, args.vocab, k)[3]
                 out.append(r)
                 print(json.dumps(r), flush=True)
     finally:
-        (fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K, fast.TOPK_VEC, fast.TOPK_MERGE_WARP) = saved
-    names = [f"{kern}_{'merged' if merged else 'unmerged'}" for kern, merged in variants]
+        (fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K, fast.TOPK_VEC, fast.TOPK_MERGE_WARP,
+         fast.TOPK_TARGET_BLOCKS) = saved
+    names = [_name(kern, merged, nb, saved[4]) for kern, merged, nb in variants]
     print("\nms per call, L2 flushed before each")
-    print(f"{'rows':>5} {'k':>3} " + " ".join(f"{n:>14}" for n in names) + f" {'committed':>9} same")
+    print(f"{'rows':>5} {'k':>3} " + " ".join(f"{n:>11}" for n in names) + f" {'committed':>9} same")
     for r in out:
-        print(f"{r['rows']:5d} {r['k']:3d} " + " ".join(f"{r[n + '_ms']:14.4f}" for n in names)
+        print(f"{r['rows']:5d} {r['k']:3d} " + " ".join(f"{r[n + '_ms']:11.4f}" for n in names)
               + f" {'merged' if r['committed_merges'] else 'unmerged':>9} {r['same_ids'] and r['same_scores']}")
     if args.json:
         with open(args.json, "w") as f:

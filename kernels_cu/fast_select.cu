@@ -20,6 +20,7 @@ using dflash::u64;
 #define FT_THREADS 256
 #define FT_WARPS (FT_THREADS / 32)
 #define FT_KMAX 64
+#define FT_BATCH_MIN 3  // more candidates than this in one warp-wide step: offered as a sorted batch
 
 namespace {
 
@@ -131,6 +132,54 @@ __device__ __forceinline__ void warp_offer(u64& mine, u64& thr, u64 c, int k, in
     thr = __shfl_sync(0xffffffffu, mine, k - 1);
 }
 
+// The warp's 32 keys (one per lane) sorted descending across the lanes (lane 0 the largest): a
+// bitonic network, blocks of `size` lanes sorted descending where (lane & size) == 0, ascending
+// elsewhere, so the last stage (size 32) leaves one descending run.
+__device__ __forceinline__ u64 warp_sort_desc(u64 x, int lane) {
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const u64 y = __shfl_xor_sync(0xffffffffu, x, stride);
+            const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
+            x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
+        }
+    }
+    return x;
+}
+
+// Many keys offered at once (the first columns of a warp, while the list is not yet selective):
+// `key` is this lane's key (0 for none). The batch is sorted, the top 32 of list and batch are
+// max(list[i], batch[31 - i]) (a bitonic sequence), and a bitonic merge orders them; the list keeps
+// its first k. Same list as offering the keys one by one (the top k of distinct keys).
+__device__ __noinline__ void warp_offer_all(u64& mine, u64& thr, u64 key, int k, int lane) {
+    const u64 b = warp_sort_desc(key, lane);
+    const u64 rev = __shfl_sync(0xffffffffu, b, 31 - lane);
+    const u64 cur = lane < k ? mine : 0ull;
+    u64 c = cur > rev ? cur : rev;
+#pragma unroll
+    for (int stride = 16; stride > 0; stride >>= 1) {
+        const u64 y = __shfl_xor_sync(0xffffffffu, c, stride);
+        c = (lane & stride) == 0 ? (c > y ? c : y) : (c < y ? c : y);
+    }
+    mine = lane < k ? c : 0ull;
+    thr = __shfl_sync(0xffffffffu, mine, k - 1);
+}
+
+// Offer this lane's key (0 for none) of a warp-wide step: few candidates one at a time, many as a batch.
+__device__ __forceinline__ void warp_offer_step(u64& mine, u64& thr, u64 key, int k, int lane) {
+    unsigned cand = __ballot_sync(0xffffffffu, key > thr);
+    if (__popc(cand) > FT_BATCH_MIN) {
+        warp_offer_all(mine, thr, key > thr ? key : 0ull, k, lane);
+        return;
+    }
+    while (cand) {  // warp-uniform loop
+        const int src = __ffs(cand) - 1;
+        cand &= cand - 1;
+        warp_offer(mine, thr, __shfl_sync(0xffffffffu, key, src), k, lane);
+    }
+}
+
 // The warp list's output: one list per warp (merged == 0) at partial[(row_list + warp) * k ...], or the
 // block's 8 lists merged (k rounds of a block max) into one at partial[row_list * k ...].
 __device__ __forceinline__ void warp_lists_out(u64 mine, int k, int merged, int lane, int wid, u64* __restrict__ out_w,
@@ -190,10 +239,11 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
 // fast_topk_partial_warp for the common case (k <= 32, no shortlist, Vr % 4 == 0, a 16-byte aligned
 // logits array, chunk % 4 == 0; kernels_cu/fast.py topk_plan checks): 16-byte loads, FT_VEC of them in
 // flight per lane, and a float pre-filter against the warp's k-th value, so a batch of 4 columns that
-// cannot enter the list costs one compare each and one vote, not a 64-bit key and a ballot per column.
+// cannot enter the list costs one compare each and one vote, not a 64-bit key and a ballot per column;
+// a step with many candidates (a warp's first columns) is offered as one sorted batch (warp_offer_all).
 // Without a shortlist the global id is the column, so columns >= vocab_size are cut by the loop bound.
 // Same keys, same lists (the top k of distinct keys does not depend on the order they are offered in).
-#define FT_VEC 4
+#define FT_VEC 4  // 16-byte loads in flight per lane (the candidate mask below holds 4 FT_VEC bits)
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_partial_vec(const float* __restrict__ logits, int M, int Vr, int vocab_size, int k, int chunk, int merged,
                       u64* __restrict__ partial) {
@@ -219,25 +269,26 @@ fast_topk_partial_vec(const float* __restrict__ logits, int M, int Vr, int vocab
                 x[u].w = 0.0f;
             }
         }
+        // the filter unrolled, the rare candidate path once (its code is not copied 16 times: the
+        // kernel's hot loop stays small enough for the instruction cache)
+        unsigned pm = 0u;  // bit 4u + e: column e of group u passes the filter
 #pragma unroll
         for (int u = 0; u < FT_VEC; ++u) {
-            const int v = wb + u * FT_THREADS * 4 + lane * 4;
-            const int n = max(0, min(4, v1 - v));  // columns of this lane's group that exist
-            const float e4[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
-            unsigned pm = 0u;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) pm |= (e < n && !(e4[e] < thrf)) ? (1u << e) : 0u;
-            if (!__any_sync(0xffffffffu, pm != 0u)) continue;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const u64 key = ((pm >> e) & 1u) ? fk_key(e4[e], v + e) : 0ull;
-                unsigned cand = __ballot_sync(0xffffffffu, key > thr);
-                while (cand) {  // warp-uniform loop
-                    const int src = __ffs(cand) - 1;
-                    cand &= cand - 1;
-                    warp_offer(mine, thr, __shfl_sync(0xffffffffu, key, src), k, lane);
-                }
-            }
+            const int n = max(0, min(4, v1 - (wb + u * FT_THREADS * 4 + lane * 4)));
+            pm |= ((0 < n && !(x[u].x < thrf)) ? 1u : 0u) << (4 * u);
+            pm |= ((1 < n && !(x[u].y < thrf)) ? 2u : 0u) << (4 * u);
+            pm |= ((2 < n && !(x[u].z < thrf)) ? 4u : 0u) << (4 * u);
+            pm |= ((3 < n && !(x[u].w < thrf)) ? 8u : 0u) << (4 * u);
+        }
+        unsigned todo = __reduce_or_sync(0xffffffffu, pm);
+        while (todo) {  // warp-uniform: the (group, column) steps some lane has a candidate in
+            const int i = __ffs(todo) - 1;
+            todo &= todo - 1;
+            const int u = i >> 2, e = i & 3;
+            const float4 xu = u == 0 ? x[0] : u == 1 ? x[1] : u == 2 ? x[2] : x[3];
+            const float ze = e == 0 ? xu.x : e == 1 ? xu.y : e == 2 ? xu.z : xu.w;
+            const int v = wb + u * FT_THREADS * 4 + lane * 4 + e;
+            warp_offer_step(mine, thr, ((pm >> i) & 1u) && !(ze < thrf) ? fk_key(ze, v) : 0ull, k, lane);
             thrf = key_float(thr);
         }
     }
@@ -303,13 +354,7 @@ fast_topk_merge_warp(const u64* __restrict__ partial, const float* __restrict__ 
     const int n = S * k;
     u64 mine = 0ull, thr = 0ull;
     for (int wb = wid * 32; wb < n; wb += FT_THREADS) {  // warp-uniform bound
-        const u64 key = wb + lane < n ? p[wb + lane] : 0ull;
-        unsigned cand = __ballot_sync(0xffffffffu, key > thr);
-        while (cand) {
-            const int src = __ffs(cand) - 1;
-            cand &= cand - 1;
-            warp_offer(mine, thr, __shfl_sync(0xffffffffu, key, src), k, lane);
-        }
+        warp_offer_step(mine, thr, wb + lane < n ? p[wb + lane] : 0ull, k, lane);
     }
     const u64 one = lane < k ? mine : 0ull;
     block_merge(&one, one ? 1 : 0, k, warp_best, chosen);
