@@ -191,7 +191,10 @@ def main(argv=None) -> int:
                 if args.cupti:
                     r["kernels_us"], r["kernels"] = cupti_us(cp, torch, g, s)
                 if name.startswith("new"):
-                    r["splits"] = fa.splits_for(b, HK, -(-(w * HQ // HK) // 64), cap, window)
+                    mt = fa._mt(min(w * HQ // HK, 64))
+                    r["splits"] = fa.splits_for(b, HK, -(-(w * HQ // HK) // 64), cap, window,
+                                                fa.resident_blocks(128, mt, name == "new f"))
+                    r["resident"] = fa.resident_blocks(128, mt, name == "new f")
                 rows.append(r)
                 print(json.dumps(r), flush=True)
             c = {"shape": shape, "new f == new b (bits)": bool(np.array_equal(outs["new f"], outs["new b"]))}

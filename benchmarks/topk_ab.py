@@ -1,11 +1,12 @@
-"""A/B of the split top-k's kernels (kernels_cu.fast: TOPK_VEC / TOPK_MERGE_WARP, "vec", against the v5
-kernels, "warp") and of their in-block merge (topk_plan) in one process (H200 probe, issue 12): for
-each row count and k, the selection timed four ways on the same logits, and the ids and scores of
-all four compared.
+"""A/B of the split top-k's kernels (kernels_cu.fast: TOPK_VEC / TOPK_MERGE_WARP / a bound buffer, against
+the v5 kernels) and of their in-block merge (topk_plan) in one process (H200 probe, issue 12): for
+each row count and k, the selection timed every way on the same logits, and the ids and scores of
+all compared.
 
     python -m benchmarks.topk_ab [--rows 1,7,15,32,33,64,120] [--k 1,16] [--blocks 2112,528] [--json out.json]
 
-Columns: kernel set (warp | vec), u / m (lists unmerged / merged in the block), _N: TOPK_TARGET_BLOCKS
+Columns: kernel set (warp: the v5 kernels | vec: fast_topk_partial_vec | bound: vec after
+fast_topk_bound, what the Ops run), u / m (lists unmerged / merged in the block), _N: TOPK_TARGET_BLOCKS
 when not the default.
 """
 
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
              fast.TOPK_TARGET_BLOCKS)
     blocks = [int(v) for v in args.blocks.split(",")] if args.blocks else [saved[4]]
     variants = [("warp", merged, saved[4]) for merged in (False, True)]
-    variants += [("vec", merged, nb) for nb in blocks for merged in (False, True)]
+    variants += [(kern, merged, nb) for kern in ("vec", "bound") for nb in blocks for merged in (False, True)]
     out = []
     try:
         for m in (int(v) for v in args.rows.split(",")):
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
                 r = {"rows": m, "k": k}
                 res = {}
                 for kern, merged, nb in variants:
-                    fast.TOPK_VEC = fast.TOPK_MERGE_WARP = kern == "vec"
+                    fast.TOPK_VEC = fast.TOPK_MERGE_WARP = kern != "warp"
+                    bound = cp.empty(m, dtype=np.uint64) if kern == "bound" else None
                     fast.TOPK_TARGET_BLOCKS = nb
                     fast.TOPK_MERGE_IN_BLOCK_MAX_ROWS, fast.TOPK_MERGE_MIN_K = (1 << 30, 1) if merged else (0, 1 << 30)
                     plan = fast.topk_plan(m, args.vocab, k)
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
                     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
 
                     def call():
-                        fast.topk_into(logits, None, args.vocab, k, 0.0, 0.0, partial, scores, ids)
+                        fast.topk_into(logits, None, args.vocab, k, 0.0, 0.0, partial, scores, ids, bound)
 
                     call()
                     name = _name(kern, merged, nb, saved[4])

@@ -112,6 +112,7 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
 TOPK_MERGE_IN_BLOCK_MAX_ROWS = 32  # fast_topk_partial_warp merges its warps' lists up to this many rows
 TOPK_MERGE_MIN_K = 2  # ... and for k at least this (benchmarks/topk_ab.py times both sides of both)
 TOPK_VEC = True  # fast_topk_partial_vec where it applies (k <= 32, no shortlist, 16-byte rows); False: the warp kernel
+TOPK_BOUND = True  # ... with fast_topk_bound's per-row bound (where topk_into is given a bound buffer)
 TOPK_MERGE_WARP = True  # fast_topk_merge_warp for k <= 32; False: fast_topk_merge (per-thread lists)
 
 
@@ -138,9 +139,11 @@ def topk_vec_applies(logits, shortlist, k: int) -> bool:
     return TOPK_VEC and k <= 32 and shortlist is None and logits.shape[1] % 4 == 0 and ptr % 16 == 0
 
 
-def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
+def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,
+              bound=None):
     """The split top-k of fp32 logits [M, Vr] into given buffers (no allocation, no host sync):
-    partial [M, lists, k] uint64 scratch, scores [M, k] fp32 (or None), ids [M, k] int32."""
+    partial [M, lists, k] uint64 scratch, scores [M, k] fp32 (or None), ids [M, k] int32, bound [M]
+    uint64 scratch or None (the vector kernel's per-row bound, fast_topk_bound; None: no bound)."""
     M, Vr = logits.shape
     S, chunk, warp, merged, lists = topk_plan(M, Vr, k)
     if tuple(partial.shape) != (M, lists, k):
@@ -150,8 +153,13 @@ def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, sof
     sl = _NULL if shortlist is None else shortlist
     args = (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk))
     if topk_vec_applies(logits, shortlist, k):
-        _fn("fast_select", "fast_topk_partial_vec")((S, M), (_FT_THREADS,), (*args[:1], *args[2:], np.int32(merged),
-                                                                              partial))
+        bounded = TOPK_BOUND and bound is not None
+        if bounded:
+            if tuple(bound.shape) != (M,) or bound.dtype != np.uint64:
+                raise ValueError(f"topk_into: bound {bound.shape} {bound.dtype}, needs ({M},) uint64")
+            _fn("fast_select", "fast_topk_bound")((M,), (_FT_THREADS,), (logits, *args[2:6], bound))
+        _fn("fast_select", "fast_topk_partial_vec")(
+            (S, M), (_FT_THREADS,), (logits, bound if bounded else _NULL, *args[2:], np.int32(merged), partial))
     elif warp:
         _fn("fast_select", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
     else:
@@ -227,7 +235,8 @@ class FastSelectBackend(CudaBackend):
         partial = c.empty((M, lists, k), dtype=np.uint64)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
-        topk_into(logits, sl, vocab_size, k, multiplier, softcap, partial, scores, ids)
+        bound = c.empty(M, dtype=np.uint64)
+        topk_into(logits, sl, vocab_size, k, multiplier, softcap, partial, scores, ids, bound)
         return scores, ids
 
     def candidate_topk(self, *, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0,

@@ -420,12 +420,34 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     if (split == ns - 1 && lve > 0) {
         const int PPR = D >> 1;
         bool found = false, klo_any = false, vlo_any = false;
-        for (int idx = threadIdx.x; idx < FA_NT * PPR; idx += FA_WARPS * 32) {
-            const int row = idx / PPR, col = 2 * (idx - (idx / PPR) * PPR);
-            unsigned kh = 0u, vh = 0u, kl = 0u, vl = 0u;
-            if (row < lve) {
-                const long long off = (((long long)b * W + row) * Hk + hk) * D + col;
-                if (F32) {
+        if constexpr (!F32) {
+            // BF16 bits: rows j < live copied as they are (cp.async, rows >= live zero-filled), all in flight
+            // at once, then V scanned for a non-finite value (a load-store loop here kept one global load
+            // latency per iteration on the kernel's critical path: ~20 us whatever the split count)
+            for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
+                const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+                const bool ok = row < lve;
+                const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
+                const int so = row * ST + ch * 8;
+                cp_async16(smem_addr(sK + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
+                cp_async16(smem_addr(sV + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
+            }
+            cp_commit();
+            cp_wait<0>();
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < lve * CPR; idx += FA_WARPS * 32) {
+                const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+                const uint4 u = *reinterpret_cast<const uint4*>(sV + row * ST + ch * 8);
+                found |= bf16_pair_nonfinite(u.x) | bf16_pair_nonfinite(u.y) | bf16_pair_nonfinite(u.z) |
+                         bf16_pair_nonfinite(u.w);
+            }
+        }
+        if constexpr (F32) {  // FP32 rows split into BF16 hi (stage 0) and lo (stage 1) on the way
+            for (int idx = threadIdx.x; idx < FA_NT * PPR; idx += FA_WARPS * 32) {
+                const int row = idx / PPR, col = 2 * (idx - (idx / PPR) * PPR);
+                unsigned kh = 0u, vh = 0u, kl = 0u, vl = 0u;
+                if (row < lve) {
+                    const long long off = (((long long)b * W + row) * Hk + hk) * D + col;
                     const float2 kx = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(kp) + off);
                     const float2 vx = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(vp) + off);
                     split_pair(kx.x, kx.y, kh, kl);
@@ -433,15 +455,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     found |= !finite32(vx.x) || !finite32(vx.y);
                     klo_any |= kl != 0u;
                     vlo_any |= vl != 0u;
-                } else {
-                    kh = *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(kp) + off);
-                    vh = *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(vp) + off);
-                    found |= bf16_pair_nonfinite(vh);
                 }
-            }
-            *reinterpret_cast<unsigned*>(sK + row * ST + col) = kh;
-            *reinterpret_cast<unsigned*>(sV + row * ST + col) = vh;
-            if (F32) {
+                *reinterpret_cast<unsigned*>(sK + row * ST + col) = kh;
+                *reinterpret_cast<unsigned*>(sV + row * ST + col) = vh;
                 *reinterpret_cast<unsigned*>(sK + (FA_NT + row) * ST + col) = kl;
                 *reinterpret_cast<unsigned*>(sV + (FA_NT + row) * ST + col) = vl;
             }

@@ -32,13 +32,15 @@ _MAX_D, _MAX_W = 128, 64
 _NULL = np.uint64(0)
 _LOG2E = 1.4426950408889634
 
-# Number of key splits: None picks it per call (enough blocks for BLOCKS_PER_SM per multiprocessor,
-# at least MIN_TILES_PER_SPLIT context tiles each); an int forces it (tests exercise the combine).
-# Chosen from the H200 sweep of benchmarks/bench_fast_attention.py (2 runs): at B8 W16 F4096 three splits
-# (0.089 ms full / 0.057 ms local) beat six or more (0.096-0.101 / 0.066-0.087); at B1 W8, 16 splits of 4
-# tiles (0.034 / 0.031 ms) beat 33 of 2 (0.039 / 0.030).
+# Number of key splits: None picks it per call (as many blocks as fit on the GPU at once, BLOCKS_PER_SM per
+# multiprocessor, at least MIN_TILES_PER_SPLIT context tiles each); an int forces it (tests exercise the combine).
+# BLOCKS_PER_SM None: the kernel's occupancy (registers and shared memory per block, resident_blocks; 2 for the
+# D 128 kernels on an H200). One full wave is the H200 sweep's optimum (benchmarks/bench_fast_attention.py
+# --sweep, session v6, BF16 bits, graph us): 27B B8 W16 4 splits 48.9 against 3 (the v5 rule, a partial wave)
+# 55.9 and 5 (a second wave) 64.3; 35B B8 W16 4 splits 71.3 against 87.7 and 93.0; at B1 the tile minimum
+# binds (8 and 16 splits) and 8-16 splits were within 1 us of each other.
 SPLITS: int | None = None
-BLOCKS_PER_SM = 1
+BLOCKS_PER_SM: int | None = None
 MIN_TILES_PER_SPLIT = 4
 
 _last = {"path": None}
@@ -98,14 +100,38 @@ def _sm_count(dev_id: int) -> int:
     return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
 
 
-def splits_for(b: int, hk: int, chunks: int, capacity: int, window: int) -> int:
+def resident_blocks(dp: int, mt: int, f32_inputs: bool) -> int:
+    """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
+    in units of 256) and its shared memory (plus the per-block reservation) against the device's."""
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id)
+
+
+@functools.cache
+def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs)
+    try:  # the driver's occupancy calculator, where CuPy exposes it
+        return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
+                                                                                        smem)))
+    except Exception:  # noqa: BLE001 - any missing binding: count registers and shared memory ourselves
+        a = cp().cuda.Device(dev_id).attributes
+        per_warp = -(-int(main.attributes["num_regs"]) * 32 // 256) * 256
+        by_regs = int(a.get("MaxRegistersPerMultiprocessor", 65536)) // (per_warp * _WARPS)
+        by_smem = int(a.get("MaxSharedMemoryPerMultiprocessor", 233472)) // (
+            smem + int(a.get("ReservedSharedMemoryPerBlock", 1024)))
+        by_threads = int(a.get("MaxThreadsPerMultiProcessor", 2048)) // (32 * _WARPS)
+        return max(1, min(by_regs, by_smem, by_threads))
+
+
+def splits_for(b: int, hk: int, chunks: int, capacity: int, window: int, resident: int = 2) -> int:
     """Key splits per (b, KV head, row chunk): the context tiles a row can see at most (F is on the
-    device), shared so that the grid has about BLOCKS_PER_SM blocks per multiprocessor."""
+    device), shared so that the grid is one wave of `resident` (or BLOCKS_PER_SM) blocks per
+    multiprocessor, with at least MIN_TILES_PER_SPLIT tiles per split."""
     if SPLITS is not None:
         return max(1, int(SPLITS))
     n_ctx = min(capacity, window - 1) if window > 0 else capacity
     tiles = -(-max(n_ctx, 0) // _NT)
-    want = -(-BLOCKS_PER_SM * _sm_count(cp().cuda.Device().id) // max(1, b * hk * chunks))
+    per_sm = BLOCKS_PER_SM if BLOCKS_PER_SM is not None else resident
+    want = per_sm * _sm_count(cp().cuda.Device().id) // max(1, b * hk * chunks)
     return max(1, min(want, tiles // max(1, MIN_TILES_PER_SPLIT)))
 
 
@@ -151,7 +177,7 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
         q, k, v = (c.ascontiguousarray(x) for x in (q, k, v))
     else:
         q, k, v = (c.ascontiguousarray(f32(x), dtype=np.float32) for x in (q, k, v))
-    q, k, v = (_aligned(x, 8) for x in (q, k, v))
+    q, k, v = (_aligned(x, 16 if bits else 8) for x in (q, k, v))  # bits: k / v rows go by 16-byte cp.async
     kc = _aligned(c.ascontiguousarray(kc_bits))
     vc = c.ascontiguousarray(vc_bits)
     vc = _aligned(vc.view(np.uint16) if vc.dtype == np.float16 else vc)
@@ -167,7 +193,7 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
     main, combine, smem = _kernels(dp, mt, not bits)
-    ns = splits_for(b, hk, chunks, cap, window)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits))
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
@@ -198,7 +224,8 @@ class FastAttentionMixin:
         base = getattr(super(), "environment", None)
         rec = dict(base()) if base is not None else {}
         rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
-                                 f"split-K over {_NT}-key tiles (SPLITS={SPLITS}, BLOCKS_PER_SM={BLOCKS_PER_SM}, "
+                                 f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
+                                 f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
                                  f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

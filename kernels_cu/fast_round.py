@@ -181,6 +181,7 @@ class RoundWorkspace:
         k = d.top_k if d.conv else 1
         self.logits = c.empty((M, d.Vr), dtype=np.float32)
         self.partial = c.empty((M, topk_plan(M, d.Vr, k)[4], k), dtype=np.uint64)
+        self.topk_bound = c.empty(M, dtype=np.uint64)  # fast_topk_bound's per-row bound
         self.ids = c.empty((M, k), dtype=np.int32)
         if d.conv:
             self.scores = c.empty((M, k), dtype=np.float32)
@@ -343,14 +344,15 @@ class FastRound(ComposedRounds, FastCudaBackend):
         x = ws.hidden.reshape(B * K, d.H)
         eng.gemm(x, d.head, ws.logits)
         if dm.conv:  # candidate_topk, then candidate_selector
-            topk_into(ws.logits, None, d.vocab_size, d.top_k, d.multiplier, d.softcap, ws.partial, ws.scores, ws.ids)
+            topk_into(ws.logits, None, d.vocab_size, d.top_k, d.multiplier, d.softcap, ws.partial, ws.scores, ws.ids,
+                      ws.topk_bound)
             rowdot_bits_into(x, d.w_hidden, ws.g)
             k = d.top_k
             selector_walk_into(ws.g.reshape(B, K, -1), ws.scores.reshape(B, K, k), ws.ids.reshape(B, K, k),
                                ws.anchor, d.w_pred, d.w_succ, ws.temperature, ws.seed, ws.frontier, ws.path,
                                ws.tokens, ws.q)
         else:  # proposal_head
-            topk_into(ws.logits, None, d.vocab_size, 1, 0.0, 0.0, ws.partial, None, ws.ids)
+            topk_into(ws.logits, None, d.vocab_size, 1, 0.0, 0.0, ws.partial, None, ws.ids, ws.topk_bound)
 
     def step(self, *, anchor, frontier, live, context_k, context_v, num_drafts, temperature=None, seed=None,
              graph: bool | None = None) -> dict:

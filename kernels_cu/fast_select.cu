@@ -236,6 +236,35 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
                    partial + ((size_t)m * S + s) * k);
 }
 
+// A lower bound of each row's k-th best key, for fast_topk_partial_vec's filter (grid M, FT_THREADS):
+// FT_BOUND_PER_THREAD sampled columns per thread (distinct, spread over the eligible columns), each
+// thread's best key, and the k-th best of those FT_THREADS keys. Those k keys are k distinct columns
+// of the row, so the row's k-th best key is at least the bound (0, no bound, when fewer than k
+// columns were sampled), and every key of the row's top k passes a filter `key >= bound`.
+#define FT_BOUND_PER_THREAD 8
+extern "C" __global__ void __launch_bounds__(FT_THREADS)
+fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size, int k, u64* __restrict__ bound) {
+    __shared__ u64 warp_best[FT_WARPS];
+    __shared__ u64 chosen[FT_KMAX];
+    const int m = blockIdx.x;
+    if (m >= M) return;
+    const float* z = logits + (size_t)m * Vr;
+    const int veff = min(Vr, vocab_size);
+    const int n = min(FT_THREADS * FT_BOUND_PER_THREAD, veff);
+    const int stride = n > 0 ? veff / n : 1;
+    u64 best = 0ull;
+#pragma unroll
+    for (int j = 0; j < FT_BOUND_PER_THREAD; ++j) {
+        const int i = threadIdx.x + j * FT_THREADS;
+        if (i < n) {
+            const u64 key = fk_key(__ldg(z + (size_t)i * stride), i * stride);
+            best = key > best ? key : best;
+        }
+    }
+    block_merge(&best, best ? 1 : 0, k, warp_best, chosen);
+    if (threadIdx.x == 0) bound[m] = chosen[k - 1];
+}
+
 // fast_topk_partial_warp for the common case (k <= 32, no shortlist, Vr % 4 == 0, a 16-byte aligned
 // logits array, chunk % 4 == 0; kernels_cu/fast.py topk_plan checks): 16-byte loads, FT_VEC of them in
 // flight per lane, and a float pre-filter against the warp's k-th value, so a batch of 4 columns that
@@ -245,16 +274,19 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
 // Same keys, same lists (the top k of distinct keys does not depend on the order they are offered in).
 #define FT_VEC 4  // 16-byte loads in flight per lane (the candidate mask below holds 4 FT_VEC bits)
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
-fast_topk_partial_vec(const float* __restrict__ logits, int M, int Vr, int vocab_size, int k, int chunk, int merged,
-                      u64* __restrict__ partial) {
+fast_topk_partial_vec(const float* __restrict__ logits, const u64* __restrict__ bound, int M, int Vr, int vocab_size,
+                      int k, int chunk, int merged, u64* __restrict__ partial) {
     const int s = blockIdx.x, S = gridDim.x, m = blockIdx.y;
     if (m >= M) return;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float* z = logits + (size_t)m * Vr;
     const int v0 = s * chunk;
     const int v1 = min(min(Vr, vocab_size), v0 + chunk);
-    u64 mine = 0ull, thr = 0ull;
-    float thrf = key_float(0ull);
+    // keys below the row's bound (fast_topk_bound) cannot rank; the bound itself is a key and may
+    const u64 floor_key = bound ? bound[m] : 0ull;
+    const u64 lo = floor_key ? floor_key - 1 : 0ull;
+    u64 mine = 0ull, thr = lo;
+    float thrf = key_float(floor_key);
     for (int wb = v0 + wid * 128; wb < v1; wb += FT_VEC * FT_THREADS * 4) {  // warp-uniform bound
         float4 x[FT_VEC];
 #pragma unroll
@@ -289,7 +321,8 @@ fast_topk_partial_vec(const float* __restrict__ logits, int M, int Vr, int vocab
             const float ze = e == 0 ? xu.x : e == 1 ? xu.y : e == 2 ? xu.z : xu.w;
             const int v = wb + u * FT_THREADS * 4 + lane * 4 + e;
             warp_offer_step(mine, thr, ((pm >> i) & 1u) && !(ze < thrf) ? fk_key(ze, v) : 0ull, k, lane);
-            thrf = key_float(thr);
+            thr = thr > lo ? thr : lo;  // a list not yet full keeps the row's bound
+            thrf = key_float(thr > lo ? thr : floor_key);
         }
     }
     warp_lists_out(mine, k, merged, lane, wid, partial + ((size_t)m * S + s) * FT_WARPS * k,

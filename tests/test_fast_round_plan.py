@@ -65,13 +65,20 @@ def test_topk_plan_and_launches(rec, M, Vr, k, scores, merged):
     assert lists == (S if merged or not warp else 8 * S)
     backend = fast.FastSelectBackend.__new__(fast.FastSelectBackend)
     backend._topk_rows(np.zeros((M, Vr), np.float32), None, Vr - 1, k, 0.5, 30.0, want_scores=scores)
-    (name, grid, args), (merge_name, merge_grid, merge_args) = [(c[1], c[2], c[4]) for c in rec.calls]
     vec = warp and Vr % 4 == 0  # NumPy's allocations here are 16-byte aligned, no shortlist
+    calls = [(c[1], c[2], c[4]) for c in rec.calls]
+    if vec:  # the per-row bound first: (logits, M, Vr, vocab_size, k, bound [M])
+        (bound_name, bound_grid, bound_args), *calls = calls
+        assert bound_name == "fast_topk_bound" and bound_grid == (M,)
+        assert bound_args[1:] == (("int32", M), ("int32", Vr), ("int32", Vr - 1), ("int32", k),
+                                  ("array", (M,), "uint64"))
+    (name, grid, args), (merge_name, merge_grid, merge_args) = calls
     assert name == ("fast_topk_partial_vec" if vec else "fast_topk_partial_warp" if warp else "fast_topk_partial")
     assert grid == (S, M) and chunk % 4 == 0
     assert merge_name == ("fast_topk_merge_warp" if warp else "fast_topk_merge") and merge_grid == (M,)
-    if vec:  # the vector kernel takes no shortlist: (logits, M, Vr, vocab_size, k, chunk, merged, partial)
-        assert args[1:6] == (("int32", M), ("int32", Vr), ("int32", Vr - 1), ("int32", k), ("int32", chunk))
+    if vec:  # no shortlist: (logits, bound, M, Vr, vocab_size, k, chunk, merged, partial)
+        assert args[1:7] == (("array", (M,), "uint64"), ("int32", M), ("int32", Vr), ("int32", Vr - 1), ("int32", k),
+                             ("int32", chunk))
     assert merge_args[5] == ("int32", lists)  # (partial, logits, shortlist, M, Vr, lists, k, ...)
     assert args[-1] == ("array", (M, lists, k), "uint64")
     if warp:
@@ -249,7 +256,9 @@ def flow(monkeypatch):
 
         fake.launch("block", effect)
 
-    def topk_into(logits, sl, vocab, k, mult, cap, partial, scores, ids):
+    def topk_into(logits, sl, vocab, k, mult, cap, partial, scores, ids, bound):
+        assert bound.shape == (logits.shape[0],) and bound.dtype == np.uint64  # the workspace's, not allocated
+
         def effect():
             ids[...] = logits[:, :1].astype(np.int32) + np.arange(k, dtype=np.int32)
             if scores is not None:

@@ -63,7 +63,15 @@ for what in "$@"; do
     v6-topk)
       step gpu-tests-topk timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
         tests/gpu/test_fast_target.py
-      step topk-ab timeout 120 $PY -m benchmarks.topk_ab --rows 1,7,15,32,64,120 --blocks 2112,1056,528 --json "$OUT/topk_ab.json"
+      step topk-ab timeout 120 $PY -m benchmarks.topk_ab --rows 1,7,15,32,64,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
+      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+    v6-check)
+      step gpu-tests-v6 timeout 280 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
+        tests/gpu/test_fast_attention.py tests/gpu/test_fast_block.py
+      step topk-ab timeout 60 $PY -m benchmarks.topk_ab --rows 7,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
+      step attn timeout 60 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn.json"
       step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;

@@ -57,16 +57,22 @@ def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
     return z
 
 
-@pytest.fixture(params=["vec", "warp"])
+@pytest.fixture(params=["bound", "vec", "warp"])
 def kernels(request, monkeypatch):
-    """Both kernel sets where k <= 32: "vec" (fast_topk_partial_vec where it applies, and
-    fast_topk_merge_warp) and "warp" (fast_topk_partial_warp and fast_topk_merge, the v5 kernels)."""
+    """The kernel sets where k <= 32: "bound" (fast_topk_bound's per-row bound, then
+    fast_topk_partial_vec where it applies, and fast_topk_merge_warp: what the Ops and FastRound run),
+    "vec" (the same without the bound) and "warp" (fast_topk_partial_warp and fast_topk_merge, the
+    v5 kernels)."""
     from kernels_cu import fast
 
-    on = request.param == "vec"
+    on = request.param != "warp"
     monkeypatch.setattr(fast, "TOPK_VEC", on)
     monkeypatch.setattr(fast, "TOPK_MERGE_WARP", on)
     return request.param
+
+
+def _bound(cp, kernels, m):
+    return cp.empty(m, dtype=np.uint64) if kernels == "bound" else None
 
 
 @pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
@@ -76,8 +82,8 @@ def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
     from kernels_cu import fast
 
     cp = cupy
-    if k > 32 and kernels == "warp":
-        pytest.skip("k > 32 runs the per-thread-list kernels in both sets")
+    if k > 32 and kernels != "bound":
+        pytest.skip("k > 32 runs the per-thread-list kernels in every set")
     rng = np.random.default_rng(m * 1000 + k)
     z = _rows(rng, kind, m, vr)
     vocab = vr - 5
@@ -86,8 +92,8 @@ def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
     zd = cp.asarray(z)
     # the vector kernel runs exactly where it should: k <= 32, no shortlist, rows of 4n floats
-    assert fast.topk_vec_applies(zd, None, k) == (kernels == "vec" and k <= 32 and vr % 4 == 0)
-    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids)
+    assert fast.topk_vec_applies(zd, None, k) == (kernels != "warp" and k <= 32 and vr % 4 == 0)
+    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m))
     ids, scores = ids.get(), scores.get()
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vocab)
@@ -109,7 +115,8 @@ def test_topk_into_with_a_shortlist(cupy, kernels, k):
     plan = fast.topk_plan(m, vr, k)
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
-    fast.topk_into(cp.asarray(z), cp.asarray(shortlist), vocab, k, 0.0, 0.0, partial, scores, ids)
+    fast.topk_into(cp.asarray(z), cp.asarray(shortlist), vocab, k, 0.0, 0.0, partial, scores, ids,
+                   _bound(cp, kernels, m))
     for r in range(m):
         want_ids, _ = c4_topk(z[r], k, vocab, shortlist)
         assert np.array_equal(ids.get()[r], want_ids), r
@@ -132,8 +139,44 @@ def test_topk_into_on_a_misaligned_array(cupy, kernels, k):
     plan = fast.topk_plan(m, vr, k)
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
-    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids)
+    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m))
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vr)
         assert np.array_equal(ids.get()[r], want_ids), r
         assert np.array_equal(scores.get()[r], want_scores), r
+
+
+def _c4_rank_keys(z: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Eligible columns of one row in the C4 order (best first)."""
+    rows = np.arange(min(z.size, vocab_size))
+    vals = z[rows].astype(np.float64)
+    nan = np.isnan(vals)
+    return rows[np.lexsort((rows, np.where(nan, np.inf, -vals), nan))]
+
+
+@pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
+@pytest.mark.parametrize(("vr", "vocab"), [(248320, 248315), (3000, 3000), (1000, 900), (40, 40)])
+@pytest.mark.parametrize("k", [1, 16, 32])
+def test_topk_bound_is_at_most_the_rows_kth_key(cupy, kind, vr, vocab, k):
+    """fast_topk_bound's per-row bound is a key at or below the row's k-th best (the column it names
+    ranks k-th or later in the C4 order: the filter `key >= bound` keeps every key of the top k), or 0
+    (no bound) where fewer than k columns exist; on Gaussian rows it is selective (the case it is for)."""
+    from kernels_cu import fast
+
+    cp = cupy
+    m = 5
+    z = _rows(np.random.default_rng(vr + k), kind, m, vr)
+    bound = cp.empty(m, dtype=np.uint64)
+    fast._fn("fast_select", "fast_topk_bound")((m,), (fast._FT_THREADS,), (cp.asarray(z), np.int32(m), np.int32(vr),
+                                                                           np.int32(vocab), np.int32(k), bound))
+    for r, b in enumerate(bound.get().tolist()):
+        order = _c4_rank_keys(z[r], vocab)
+        if order.size < k:
+            assert b == 0, r
+            continue
+        assert b != 0, r
+        col = 0xFFFFFFFF - (b & 0xFFFFFFFF)
+        rank = int(np.nonzero(order == col)[0][0])
+        assert rank >= k - 1, (r, rank)
+        if kind == "gauss" and vr == 248320:
+            assert rank < vr // 64, (r, rank)  # far fewer candidates than columns
