@@ -43,6 +43,23 @@ using dfl::u16;
 #define FA_WARPS 4   // warps per block
 #define FA_ROWS 64   // query rows (W x G) per block
 
+// Phase timing for benchmarks/attn_phases.py (-DFA_TIMING only): thread 0 of each block stamps the SM
+// clock at each phase (fa_clock) and the global timer at entry (fa_start).
+#ifdef FA_TIMING
+#define FA_TIMING_BLOCKS 4096
+__device__ unsigned long long fa_clock[FA_TIMING_BLOCKS * 8];
+__device__ unsigned long long fa_start[FA_TIMING_BLOCKS];
+#define FA_MARK(p)                                                                                   \
+    do {                                                                                             \
+        const unsigned fa_bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);       \
+        if (threadIdx.x == 0 && fa_bl < FA_TIMING_BLOCKS) fa_clock[fa_bl * 8 + (p)] = clock64();     \
+    } while (0)
+#else
+#define FA_MARK(p) \
+    do {           \
+    } while (0)
+#endif
+
 namespace fa {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -246,6 +263,15 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     u16* sV = sK + 2 * FA_NT * ST;                              // [2 stages][FA_NT][ST]
     float* ps = reinterpret_cast<float*>(sV + 2 * FA_NT * ST);  // [FA_WARPS][16][NKW]
 
+#ifdef FA_TIMING
+    {
+        const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (threadIdx.x == 0 && bl < FA_TIMING_BLOCKS) fa_start[bl] = t;
+    }
+#endif
+    FA_MARK(0);
     const int split = blockIdx.x;
     const int b = blockIdx.y / Hk, hk = blockIdx.y - (blockIdx.y / Hk) * Hk;
     const int G = Hq / Hk, M = W * G;
@@ -353,6 +379,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         cp_commit();
     };
 
+    FA_MARK(1);  // Q fragments issued, pad zeroed
     if (t_lo < t_hi) load_ctx(t_lo, 0);
     for (int t = t_lo; t < t_hi; ++t) {
         const int st = (t - t_lo) & 1;
@@ -363,6 +390,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             cp_wait<0>();
         }
         __syncthreads();
+        if (t == t_lo) FA_MARK(6);  // the first context tile in shared memory
         const int kb0 = t * FA_NT;
         const u16* kt = sK + st * FA_NT * ST;
         const u16* vt = sV + st * FA_NT * ST;
@@ -416,6 +444,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         __syncthreads();  // stage st is refilled by the next iteration's prefetch
     }
 
+    FA_MARK(2);  // context tiles done
     // the block tile: rows j < live of k / v (BF16 bits, or FP32 split into hi in stage 0, lo in stage 1)
     if (split == ns - 1 && lve > 0) {
         const int PPR = D >> 1;
@@ -507,6 +536,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
 
+    FA_MARK(3);  // block tile done
     // full row sums (the quad of a row), then merge the key slices of each m-tile
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -566,6 +596,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
         }
     }
+    FA_MARK(4);  // key slices merged
     if (kg != 0) return;
 
 #pragma unroll
@@ -596,6 +627,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             if (tq == 0) part_ml[pr] = make_float2(m[h], l[h]);
         }
     }
+    FA_MARK(5);  // outputs written
 }
 
 // One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits.

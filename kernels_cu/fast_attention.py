@@ -70,20 +70,27 @@ def smem_bytes(dp: int, mt: int) -> int:
     return 2 * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
 
 
+EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
+
+
 @functools.cache
-def _module(dp: int, mt: int, f32_inputs: bool):
+def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = ()):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
     import cupy
 
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}",
-            f"-DFA_F32={int(f32_inputs)}")
+            f"-DFA_F32={int(f32_inputs)}", *extra)
     return cupy.RawModule(code=code, options=opts)
 
 
-@functools.cache
 def _kernels(dp: int, mt: int, f32_inputs: bool):
-    mod = _module(dp, mt, f32_inputs)
+    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS)
+
+
+@functools.cache
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...]):
+    mod = _module(dp, mt, f32_inputs, extra)
     main = mod.get_function(f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}")
     smem = smem_bytes(dp, mt)
     if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)

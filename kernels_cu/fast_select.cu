@@ -121,6 +121,20 @@ __device__ __forceinline__ float key_float(u64 key) {
     return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7fffffffu) : ~ord);
 }
 
+// `key(z, v) > thr` on the float and the column, without forming the key: ord(z) > ord(thr) is z > f
+// and ord(z) == ord(thr) is z == f (f the threshold's float; -0 == +0 as the key folds them; a NaN z
+// fails both, its key being below every number's), then the lower column wins the tie. Every key
+// passes while the list is empty (thr 0) and when the threshold is a NaN key (float compares cannot
+// order NaNs by column; the whole key decides later).
+struct KeyFilter {
+    float f;
+    u32 row;
+    bool all;
+    __device__ __forceinline__ explicit KeyFilter(u64 thr)
+        : f(key_float(thr)), row(0xffffffffu - (u32)(thr & 0xffffffffull)), all(thr == 0ull || (thr >> 32) == 1ull) {}
+    __device__ __forceinline__ bool passes(float z, int v) const { return all || z > f || (z == f && (u32)v < row); }
+};
+
 // One key offered by lane `src` of the warp (warp-uniform call) to the warp's register list (lane i
 // holds rank i of at most k <= 32 keys, 0 = none; thr = rank k-1's key).
 __device__ __forceinline__ void warp_offer(u64& mine, u64& thr, u64 c, int k, int lane) {
@@ -251,15 +265,21 @@ fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size,
     const float* z = logits + (size_t)m * Vr;
     const int veff = min(Vr, vocab_size);
     const int n = min(FT_THREADS * FT_BOUND_PER_THREAD, veff);
-    const int stride = n > 0 ? veff / n : 1;
+    if (n <= 0) {  // no eligible column: no bound (block-uniform)
+        if (threadIdx.x == 0) bound[m] = 0ull;
+        return;
+    }
+    const int stride = veff / n;
+    float zs[FT_BOUND_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < FT_BOUND_PER_THREAD; ++j)  // every load issued before any is used
+        zs[j] = __ldg(z + (size_t)min(threadIdx.x + j * FT_THREADS, n - 1) * stride);
     u64 best = 0ull;
 #pragma unroll
     for (int j = 0; j < FT_BOUND_PER_THREAD; ++j) {
         const int i = threadIdx.x + j * FT_THREADS;
-        if (i < n) {
-            const u64 key = fk_key(__ldg(z + (size_t)i * stride), i * stride);
-            best = key > best ? key : best;
-        }
+        const u64 key = i < n ? fk_key(zs[j], i * stride) : 0ull;
+        best = key > best ? key : best;
     }
     block_merge(&best, best ? 1 : 0, k, warp_best, chosen);
     if (threadIdx.x == 0) bound[m] = chosen[k - 1];
@@ -267,8 +287,9 @@ fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size,
 
 // fast_topk_partial_warp for the common case (k <= 32, no shortlist, Vr % 4 == 0, a 16-byte aligned
 // logits array, chunk % 4 == 0; kernels_cu/fast.py topk_plan checks): 16-byte loads, FT_VEC of them in
-// flight per lane, and a float pre-filter against the warp's k-th value, so a batch of 4 columns that
-// cannot enter the list costs one compare each and one vote, not a 64-bit key and a ballot per column;
+// flight per lane, and a filter against the warp's k-th key on the float and the column (KeyFilter),
+// so a batch of 4 columns that cannot enter the list costs a few compares each and one vote, not a
+// 64-bit key and a ballot per column;
 // a step with many candidates (a warp's first columns) is offered as one sorted batch (warp_offer_all).
 // Without a shortlist the global id is the column, so columns >= vocab_size are cut by the loop bound.
 // Same keys, same lists (the top k of distinct keys does not depend on the order they are offered in).
@@ -286,31 +307,26 @@ fast_topk_partial_vec(const float* __restrict__ logits, const u64* __restrict__ 
     const u64 floor_key = bound ? bound[m] : 0ull;
     const u64 lo = floor_key ? floor_key - 1 : 0ull;
     u64 mine = 0ull, thr = lo;
-    float thrf = key_float(floor_key);
+    KeyFilter flt(thr);
     for (int wb = v0 + wid * 128; wb < v1; wb += FT_VEC * FT_THREADS * 4) {  // warp-uniform bound
+        // every load issued before any is used: past v1 a lane re-reads the last 16-byte group in the row
+        // ([vmax, vmax + 4) lies in the row: Vr % 4 == 0, v1 <= Vr) and `n` below drops what it read
+        const int vmax = (v1 - 1) & ~3;
         float4 x[FT_VEC];
 #pragma unroll
-        for (int u = 0; u < FT_VEC; ++u) {
-            const int v = wb + u * FT_THREADS * 4 + lane * 4;
-            if (v + 4 <= v1) {
-                x[u] = __ldg(reinterpret_cast<const float4*>(z + v));
-            } else {  // the chunk's tail: the lanes past v1 never offer (see `n` below)
-                x[u].x = v < v1 ? __ldg(z + v) : 0.0f;
-                x[u].y = v + 1 < v1 ? __ldg(z + v + 1) : 0.0f;
-                x[u].z = v + 2 < v1 ? __ldg(z + v + 2) : 0.0f;
-                x[u].w = 0.0f;
-            }
-        }
+        for (int u = 0; u < FT_VEC; ++u)
+            x[u] = __ldg(reinterpret_cast<const float4*>(z + min(wb + u * FT_THREADS * 4 + lane * 4, vmax)));
         // the filter unrolled, the rare candidate path once (its code is not copied 16 times: the
         // kernel's hot loop stays small enough for the instruction cache)
         unsigned pm = 0u;  // bit 4u + e: column e of group u passes the filter
 #pragma unroll
         for (int u = 0; u < FT_VEC; ++u) {
-            const int n = max(0, min(4, v1 - (wb + u * FT_THREADS * 4 + lane * 4)));
-            pm |= ((0 < n && !(x[u].x < thrf)) ? 1u : 0u) << (4 * u);
-            pm |= ((1 < n && !(x[u].y < thrf)) ? 2u : 0u) << (4 * u);
-            pm |= ((2 < n && !(x[u].z < thrf)) ? 4u : 0u) << (4 * u);
-            pm |= ((3 < n && !(x[u].w < thrf)) ? 8u : 0u) << (4 * u);
+            const int v = wb + u * FT_THREADS * 4 + lane * 4;
+            const int n = max(0, min(4, v1 - v));
+            pm |= ((0 < n && flt.passes(x[u].x, v)) ? 1u : 0u) << (4 * u);
+            pm |= ((1 < n && flt.passes(x[u].y, v + 1)) ? 2u : 0u) << (4 * u);
+            pm |= ((2 < n && flt.passes(x[u].z, v + 2)) ? 4u : 0u) << (4 * u);
+            pm |= ((3 < n && flt.passes(x[u].w, v + 3)) ? 8u : 0u) << (4 * u);
         }
         unsigned todo = __reduce_or_sync(0xffffffffu, pm);
         while (todo) {  // warp-uniform: the (group, column) steps some lane has a candidate in
@@ -320,9 +336,9 @@ fast_topk_partial_vec(const float* __restrict__ logits, const u64* __restrict__ 
             const float4 xu = u == 0 ? x[0] : u == 1 ? x[1] : u == 2 ? x[2] : x[3];
             const float ze = e == 0 ? xu.x : e == 1 ? xu.y : e == 2 ? xu.z : xu.w;
             const int v = wb + u * FT_THREADS * 4 + lane * 4 + e;
-            warp_offer_step(mine, thr, ((pm >> i) & 1u) && !(ze < thrf) ? fk_key(ze, v) : 0ull, k, lane);
+            warp_offer_step(mine, thr, ((pm >> i) & 1u) && flt.passes(ze, v) ? fk_key(ze, v) : 0ull, k, lane);
             thr = thr > lo ? thr : lo;  // a list not yet full keeps the row's bound
-            thrf = key_float(thr > lo ? thr : floor_key);
+            flt = KeyFilter(thr);
         }
     }
     warp_lists_out(mine, k, merged, lane, wid, partial + ((size_t)m * S + s) * FT_WARPS * k,
@@ -386,8 +402,15 @@ fast_topk_merge_warp(const u64* __restrict__ partial, const float* __restrict__ 
     const u64* p = partial + (size_t)m * S * k;
     const int n = S * k;
     u64 mine = 0ull, thr = 0ull;
-    for (int wb = wid * 32; wb < n; wb += FT_THREADS) {  // warp-uniform bound
-        warp_offer_step(mine, thr, wb + lane < n ? p[wb + lane] : 0ull, k, lane);
+    for (int wb = wid * 32; wb < n; wb += 4 * FT_THREADS) {  // warp-uniform bound; 4 loads in flight per lane
+        u64 keys[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) keys[j] = p[min(wb + j * FT_THREADS + lane, n - 1)];
+#pragma unroll 1
+        for (int j = 0; j < 4; ++j) {
+            const u64 key = j == 0 ? keys[0] : j == 1 ? keys[1] : j == 2 ? keys[2] : keys[3];
+            warp_offer_step(mine, thr, wb + j * FT_THREADS + lane < n ? key : 0ull, k, lane);
+        }
     }
     const u64 one = lane < k ? mine : 0ull;
     block_merge(&one, one ? 1 : 0, k, warp_best, chosen);
