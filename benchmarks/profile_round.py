@@ -152,12 +152,20 @@ def main(argv=None) -> int:
             graph_ms = timer(lambda: ws.graph.launch())
             calls = trace_kernels(torch, lambda: ws.graph.launch(), args.reps)
             summ = summarize(calls)
+            lg = ws.logits  # the head's logits of the last replay: what the top-k kernels were given
+            fin = cp.isfinite(lg)
+            row0 = lg[0][fin[0]]
+            logit_stats = {"finite": float(fin.mean()), "nan": float(cp.isnan(lg).mean()),
+                           "row0_std": float(row0.std()) if row0.size else None,
+                           "row0_distinct": int(cp.unique(row0).size)}
             case = {"geometry": geo, "B": b, "W": w, "graph_ms_flushed": round(graph_ms, 4),
-                    "weight_floor_ms": round(weight_bytes / floor_bw * 1e3, 4), "gemms": log, **summ}
+                    "weight_floor_ms": round(weight_bytes / floor_bw * 1e3, 4), "gemms": log,
+                    "logits": logit_stats, **summ}
             report["cases"].append(case)
             print(f"\n== {geo} B{b} W{w}: graph {graph_ms:.3f} ms (L2 flushed), trace span {summ['span_us']:.0f} us, "
                   f"kernels busy {summ['busy_us']:.0f} us, gaps {summ['gaps_us']:.0f} us over "
                   f"{summ['kernels_per_call']} kernels; weight floor {case['weight_floor_ms'] * 1e3:.0f} us", flush=True)
+            print(f"   logits: {logit_stats}")
             for c, v in summ["classes"].items():
                 print(f"   {c:24s} {v['n']:4d} kernels {v['us']:8.1f} us")
             for k in sorted(summ["kernels"], key=lambda k: -k["us"])[:args.top]:

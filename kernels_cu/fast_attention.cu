@@ -207,6 +207,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NJ][4], float (&m)[2], f
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + sum[h];
+    if (__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) return;  // no row maximum moved: o * 1
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
         o[n][0] *= corr[0];
@@ -291,6 +292,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // blo <= j < bhi (nothing for padding rows and rows >= live)
     const int R0 = blockIdx.z * FA_ROWS + mt * 16 + g;
     int lo_ctx[2], blo[2], bhi[2];
+    int lo_live = -1;  // the largest lo_ctx of this thread's live rows
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int R = R0 + 8 * h;
@@ -302,6 +304,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         } else if (window > 0) {
             const long long t = (long long)i + n_ctx - window;  // distance i + n_ctx - kk < S
             lo_ctx[h] = t < -1 ? -1 : (int)t;
+            lo_live = lo_ctx[h] > lo_live ? lo_ctx[h] : lo_live;
             blo[h] = (int)dfl::max64(0, (long long)i - window + 1);
             bhi[h] = (int)dfl::min64(lve, (long long)i + window);
         } else {
@@ -311,29 +314,40 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
 
-    // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..)
+    // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
+    // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (stage 1 of K, free until
+    // the context loop's first prefetch) by cp.async with the first context tile, and come back by
+    // ldmatrix below (per-element loads with their index arithmetic cost ~5 us before the first tile)
     unsigned qa[KS][4], ql[QL][4];
     bool lo_any = false;
+    if constexpr (F32) {
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
+        for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int R = R0 + 8 * (r & 1);
-            const int col = ks * 16 + (r >> 1) * 8 + 2 * tq;
-            long long off = -1;
-            if (R < M && col < D) {
-                const int i = R / G, gg = R - (R / G) * G;
-                off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + col;
-            }
-            if (F32) {
+            for (int r = 0; r < 4; ++r) {
+                const int R = R0 + 8 * (r & 1);
+                const int col = ks * 16 + (r >> 1) * 8 + 2 * tq;
                 float2 x = make_float2(0.f, 0.f);
-                if (off >= 0) x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(qp) + off);
+                if (R < M && col < D) {
+                    const int i = R / G, gg = R - (R / G) * G;
+                    const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + col;
+                    x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(qp) + off);
+                }
                 split_pair(x.x, x.y, qa[ks][r], ql[F32 ? ks : 0][r]);
                 lo_any |= ql[F32 ? ks : 0][r] != 0u;
-            } else {
-                qa[ks][r] = off >= 0 ? *reinterpret_cast<const unsigned*>(reinterpret_cast<const u16*>(qp) + off) : 0u;
             }
         }
+    } else {
+        u16* sQ = sK + FA_NT * ST;
+        for (int idx = threadIdx.x; idx < FA_ROWS * (D >> 3); idx += FA_WARPS * 32) {
+            const int row = idx / (D >> 3), ch = idx - (idx / (D >> 3)) * (D >> 3);
+            const int R = blockIdx.z * FA_ROWS + row;
+            const bool ok = R < M;
+            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
+            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + ch * 8;
+            cp_async16(smem_addr(sQ + row * ST + ch * 8), reinterpret_cast<const u16*>(qp) + off, ok ? 16 : 0);
+        }
+        cp_commit();
     }
 
     // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
@@ -363,16 +377,22 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     float* pw = ps + warp * 16 * NKW;
     const int key0 = kg * NKW;
 
+    // a thread copies one 16-byte chunk column (lch) of every RPP-th key row: compile-time strides, no division
+    // per chunk; a chunk past D (D < DP) or a key past n_ctx is zero-filled
+    constexpr int CPRC = DP / 8, RPP = FA_WARPS * 32 / CPRC;
+    const int lch = threadIdx.x % CPRC, lrow = threadIdx.x / CPRC;
+    const bool ch_ok = lch < CPR;
     auto load_ctx = [&](int t, int st) {
         const int kb0 = t * FA_NT;
-        for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
-            const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+#pragma unroll
+        for (int j = 0; j < FA_NT / RPP; ++j) {
+            const int row = lrow + RPP * j;
             const int kk = kb0 + row;
-            const bool ok = kk < n_ctx;
-            long long slot = slot0 + (ok ? kk : 0);
+            const bool ok = kk < n_ctx && ch_ok;
+            long long slot = slot0 + (kk < n_ctx ? kk : 0);
             if (slot >= C) slot -= C;
-            const long long goff = slot * row_el + ch * 8;
-            const int so = (st * FA_NT + row) * ST + ch * 8;
+            const long long goff = ok ? slot * row_el + lch * 8 : 0;
+            const int so = (st * FA_NT + row) * ST + lch * 8;
             cp_async16(smem_addr(sK + so), kcb + goff, ok ? 16 : 0);
             cp_async16(smem_addr(sV + so), vcb + goff, ok ? 16 : 0);
         }
@@ -381,6 +401,20 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 
     FA_MARK(1);  // Q fragments issued, pad zeroed
     if (t_lo < t_hi) load_ctx(t_lo, 0);
+    if constexpr (!F32) {  // Q's group is the older one: wait for it alone, read the fragments, free stage 1
+        if (t_lo < t_hi) {
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const u16* sQ = sK + FA_NT * ST;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+            ldsm_x4(sQ + (mt * 16 + (lane & 15)) * ST + ks * 16 + ((lane >> 4) << 3), qa[ks][0], qa[ks][1], qa[ks][2],
+                    qa[ks][3]);
+        __syncthreads();
+    }
     for (int t = t_lo; t < t_hi; ++t) {
         const int st = (t - t_lo) & 1;
         if (t + 1 < t_hi) {
@@ -413,13 +447,22 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         if constexpr (F32) {
             if (qlo) qk_tile<KS, NJ, ST>(s, ql, kt, key0, lane);
         }
+        // a warp's key slice inside [lo, n_ctx) for every live row it holds is not masked (rows past live
+        // are written as zeros whatever their scores)
+        if (__all_sync(0xffffffffu, kb0 + key0 + NKW <= n_ctx && kb0 + key0 > lo_live)) {
 #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
+            for (int j = 0; j < NJ; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int kk = kb0 + key0 + j * 8 + 2 * tq + (e & 1);
-                const bool ok = kk < n_ctx && kk > lo_ctx[e >> 1];
-                s[j][e] = ok ? s[j][e] * sl2 : dfl::neg_inf();
+                for (int e = 0; e < 4; ++e) s[j][e] *= sl2;
+        } else {
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int kk = kb0 + key0 + j * 8 + 2 * tq + (e & 1);
+                    const bool ok = kk < n_ctx && kk > lo_ctx[e >> 1];
+                    s[j][e] = ok ? s[j][e] * sl2 : dfl::neg_inf();
+                }
             }
         }
         softmax_step<NJ, ND>(s, m, l, o);

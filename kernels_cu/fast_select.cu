@@ -132,7 +132,8 @@ struct KeyFilter {
     bool all;
     __device__ __forceinline__ explicit KeyFilter(u64 thr)
         : f(key_float(thr)), row(0xffffffffu - (u32)(thr & 0xffffffffull)), all(thr == 0ull || (thr >> 32) == 1ull) {}
-    __device__ __forceinline__ bool passes(float z, int v) const { return all || z > f || (z == f && (u32)v < row); }
+    // bitwise, not short-circuit: predicates, no branch per column
+    __device__ __forceinline__ bool passes(float z, int v) const { return all | (z > f) | ((z == f) & ((u32)v < row)); }
 };
 
 // One key offered by lane `src` of the warp (warp-uniform call) to the warp's register list (lane i
@@ -323,10 +324,10 @@ fast_topk_partial_vec(const float* __restrict__ logits, const u64* __restrict__ 
         for (int u = 0; u < FT_VEC; ++u) {
             const int v = wb + u * FT_THREADS * 4 + lane * 4;
             const int n = max(0, min(4, v1 - v));
-            pm |= ((0 < n && flt.passes(x[u].x, v)) ? 1u : 0u) << (4 * u);
-            pm |= ((1 < n && flt.passes(x[u].y, v + 1)) ? 2u : 0u) << (4 * u);
-            pm |= ((2 < n && flt.passes(x[u].z, v + 2)) ? 4u : 0u) << (4 * u);
-            pm |= ((3 < n && flt.passes(x[u].w, v + 3)) ? 8u : 0u) << (4 * u);
+            pm |= ((unsigned)((0 < n) & flt.passes(x[u].x, v)) << (4 * u)) |
+                  ((unsigned)((1 < n) & flt.passes(x[u].y, v + 1)) << (4 * u + 1)) |
+                  ((unsigned)((2 < n) & flt.passes(x[u].z, v + 2)) << (4 * u + 2)) |
+                  ((unsigned)((3 < n) & flt.passes(x[u].w, v + 3)) << (4 * u + 3));
         }
         unsigned todo = __reduce_or_sync(0xffffffffu, pm);
         while (todo) {  // warp-uniform: the (group, column) steps some lane has a candidate in
@@ -336,7 +337,7 @@ fast_topk_partial_vec(const float* __restrict__ logits, const u64* __restrict__ 
             const float4 xu = u == 0 ? x[0] : u == 1 ? x[1] : u == 2 ? x[2] : x[3];
             const float ze = e == 0 ? xu.x : e == 1 ? xu.y : e == 2 ? xu.z : xu.w;
             const int v = wb + u * FT_THREADS * 4 + lane * 4 + e;
-            warp_offer_step(mine, thr, ((pm >> i) & 1u) && flt.passes(ze, v) ? fk_key(ze, v) : 0ull, k, lane);
+            warp_offer_step(mine, thr, (((pm >> i) & 1u) != 0u) & flt.passes(ze, v) ? fk_key(ze, v) : 0ull, k, lane);
             thr = thr > lo ? thr : lo;  // a list not yet full keeps the row's bound
             flt = KeyFilter(thr);
         }

@@ -82,6 +82,15 @@ for what in "$@"; do
       step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+    v6-d)
+      step gpu-tests-v6d timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
+        tests/gpu/test_fast_attention.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
+      step topk-ab timeout 60 $PY -m benchmarks.topk_ab --rows 7,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
+      step attn-phases timeout 60 $PY -m benchmarks.attn_phases --json "$OUT/attn_phases.json"
+      step attn timeout 60 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn.json"
+      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
