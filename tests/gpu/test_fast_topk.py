@@ -155,7 +155,7 @@ def _c4_rank_keys(z: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
-@pytest.mark.parametrize(("vr", "vocab"), [(248320, 248315), (3000, 3000), (1000, 900), (40, 40)])
+@pytest.mark.parametrize(("vr", "vocab"), [(248320, 248315), (3000, 3000), (2048, 1030), (1000, 900), (40, 40)])
 @pytest.mark.parametrize("k", [1, 16, 32])
 def test_topk_bound_is_at_most_the_rows_kth_key(cupy, kind, vr, vocab, k):
     """fast_topk_bound's per-row bound is a key at or below the row's k-th best (the column it names
@@ -178,5 +178,5 @@ def test_topk_bound_is_at_most_the_rows_kth_key(cupy, kind, vr, vocab, k):
         col = 0xFFFFFFFF - (b & 0xFFFFFFFF)
         rank = int(np.nonzero(order == col)[0][0])
         assert rank >= k - 1, (r, rank)
-        if kind == "gauss" and vr == 248320:
-            assert rank < vr // 64, (r, rank)  # far fewer candidates than columns
+        if kind == "gauss" and vr == 248320:  # 16 x 1024 samples: about the 0.1 % (k 16) to 0.2 % (k 32) quantile
+            assert rank < vr // 200, (r, rank)
