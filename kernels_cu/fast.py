@@ -49,6 +49,10 @@ _TOPK_MAX = 64  # fast_select.cu FT_KMAX
 _FT_THREADS = 256
 _FTD_THREADS = 512
 TOPK_TARGET_BLOCKS = 16 * 132  # partial top-k blocks to aim for (several waves on an H200's 132 SMs)
+# ... for the vec kernel's shapes (k <= 32, rows of 4n floats): one wave of 4 blocks per SM. H200, session v6
+# (benchmarks/topk_ab.py --blocks 2112,528, bound + vec kernels, ms): 120 rows k 16 0.101 vs 0.108, k 1 0.057
+# vs 0.059; 7 rows k 16 0.039 vs 0.045, k 1 0.016 vs 0.017
+TOPK_VEC_TARGET_BLOCKS = 4 * 132
 
 def _fn(module: str, name: str):
     return load_module(module).get_function(name)
@@ -118,12 +122,14 @@ TOPK_MERGE_WARP = True  # fast_topk_merge_warp for k <= 32; False: fast_topk_mer
 
 def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     """(S splits per row, chunk columns per split, warp variant, merged in the block, partial lists
-    per row) of the split top-k (fast_select.cu): about TOPK_TARGET_BLOCKS blocks, chunks of at least
+    per row) of the split top-k (fast_select.cu): about TOPK_TARGET_BLOCKS blocks (TOPK_VEC_TARGET_BLOCKS
+    where the vec kernel's shape conditions hold), chunks of at least
     2048 columns (a multiple of 4); k <= 32 keeps one register list per warp (fast_topk_partial_vec
     or fast_topk_partial_warp, topk_vec_applies says which), else one per thread (one list per
     block). The warp variants merge their 8 warp lists in the block for few rows and k > 1 (one
     list per block), else write all 8 (fast_select.cu says why)."""
-    S = max(1, min(-(-Vr // 2048), -(-TOPK_TARGET_BLOCKS // max(M, 1))))
+    target = TOPK_VEC_TARGET_BLOCKS if TOPK_VEC and k <= 32 and Vr % 4 == 0 else TOPK_TARGET_BLOCKS
+    S = max(1, min(-(-Vr // 2048), -(-target // max(M, 1))))
     chunk = -(-Vr // S)
     chunk += -chunk % 4  # a multiple of 4: the vector kernel's 16-byte groups start on one
     S = -(-Vr // chunk)

@@ -91,6 +91,18 @@ for what in "$@"; do
       step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+    v6-final)
+      step gpu-tests-v6f timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
+        tests/gpu/test_fast_round.py tests/gpu/test_fast_backend.py
+      step suite-fast timeout 70 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 50 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step topk-ab timeout 30 $PY -m benchmarks.topk_ab --rows 7,120 --json "$OUT/topk_ab.json"
+      step bench timeout 150 $PY -m benchmarks.gpu_bench --no-exact \
+        --ops candidate_topk,proposal_head,draft_attention,masked_block,proposal_round --json "$OUT/bench.json"
+      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
