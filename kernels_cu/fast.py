@@ -223,7 +223,10 @@ class FastSelectBackend(CudaBackend):
         rec = super().environment()
         rec.update(backend=self.name, mode=self.mode, gemm=gemm_path(),
                    fast_kernels="fast_select.cu, fast_target.cu, fast_context.cu (loader NVRTC options)",
-                   resident_weights="BF16 bits cached per source array (FastCudaBackend.prepare)")
+                   resident_weights="BF16 bits cached per source array (FastCudaBackend.prepare)",
+                   fast_topk=(f"TOPK_VEC={TOPK_VEC} (bound + vec partial), TOPK_MERGE_WARP={TOPK_MERGE_WARP}, "
+                              f"TOPK_BOUND={TOPK_BOUND}, target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
+                              f"{TOPK_TARGET_BLOCKS}, in-block merge up to {TOPK_MERGE_IN_BLOCK_MAX_ROWS} rows"))
         try:
             from cupy_backends.cuda.libs import cublas
 
