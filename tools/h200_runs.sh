@@ -10,7 +10,10 @@
 #   bash tools/h200_runs.sh geometry-fast  # the fast mode at the two official geometries, full width
 #   bash tools/h200_runs.sh fast-v5        # the fast-mode GPU tests changed in session v5, the CLI over
 #                                          # every vector (fast, FastRound), the round bench and trace
-#   bash tools/h200_runs.sh v6-topk        # session v6: the top-k tests, the top-k A/B, the round bench and trace
+#   bash tools/h200_runs.sh v6-d           # session v6: top-k / attention / block / round GPU tests, the top-k
+#                                          # A/B, the attention's phases and benchmark, the round bench and trace
+#   bash tools/h200_runs.sh v6-final       # session v6: the final kernels' tests, both CLI suites, the top-k A/B,
+#                                          # the bench of the changed Ops and the rounds, the trace (logs.tgz)
 #   bash tools/h200_runs.sh v6-attn        # session v6: the attention benchmark with its split sweep
 set -uo pipefail
 OUT=${OUT:-h200-out}
@@ -25,6 +28,11 @@ step() {  # name, command...: run it, log it, keep going, remember a failure
   local r=$?
   [ $r -ne 0 ] && rc=1
   printf '%-22s rc=%d %4ds  %s\n' "$name" "$r" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-150)"
+}
+round_steps() {  # the round bench (masked_block, proposal_round; fast mode and torch) and its kernel trace
+  step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+    --json "$OUT/bench.json"
+  step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
 }
 for what in "$@"; do
   case $what in
@@ -57,40 +65,14 @@ for what in "$@"; do
         --json "$OUT/suite_fast.json"
       step suite-fast-round timeout 45 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
-      step bench-round timeout 60 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 40 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
-    v6-topk)
-      step gpu-tests-topk timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
-        tests/gpu/test_fast_target.py
-      step topk-ab timeout 120 $PY -m benchmarks.topk_ab --rows 1,7,15,32,64,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
-      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
-    v6-check)
-      step gpu-tests-v6 timeout 280 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
-        tests/gpu/test_fast_attention.py tests/gpu/test_fast_block.py
-      step topk-ab timeout 60 $PY -m benchmarks.topk_ab --rows 7,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
-      step attn timeout 60 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn.json"
-      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
-    v6-c)
-      step gpu-tests-topk timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py
-      step topk-ab timeout 60 $PY -m benchmarks.topk_ab --rows 7,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
-      step attn-phases timeout 60 $PY -m benchmarks.attn_phases --json "$OUT/attn_phases.json"
-      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+      round_steps ;;
     v6-d)
       step gpu-tests-v6d timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
         tests/gpu/test_fast_attention.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
       step topk-ab timeout 60 $PY -m benchmarks.topk_ab --rows 7,120 --blocks 2112,528 --json "$OUT/topk_ab.json"
       step attn-phases timeout 60 $PY -m benchmarks.attn_phases --json "$OUT/attn_phases.json"
       step attn timeout 60 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn.json"
-      step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json" ;;
+      round_steps ;;
     v6-final)
       step gpu-tests-v6f timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_topk.py \
         tests/gpu/test_fast_round.py tests/gpu/test_fast_backend.py
