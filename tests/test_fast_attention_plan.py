@@ -1,7 +1,8 @@
 """CPU check of the plan of kernels_cu/fast_attention.cu (no GPU needed).
 
 ``emulate`` mirrors the kernel's bookkeeping line for line in float64: the context key range
-n_ctx = min(F, C, S - 1) and its ring slots, the per-row masks (lo_ctx, [blo, bhi)), the 64-key
+n_ctx = min(F, C, S - 1) and its ring slots, the per-row masks (lo_ctx, [blo, bhi)) and the key
+slices left unmasked because every live row of their m-tile may see all of them, the 64-key
 tiles split over ``ns`` blocks, the key slices of the warps (MT m-tiles, 4 / MT slices), the
 online softmax in the exp2 domain, the merge of the slices, the combine of the splits, and where
 a non-finite V meets a zero P (tensor-core PV: 0 * inf = NaN, unless the tile is flagged for the
@@ -90,6 +91,7 @@ def emulate(q, k, v, kc, vc, frontier, live, window, ns=1, mt=None, use_flags=Tr
                     blo = np.zeros(m_rows, int)
                     bhi = np.where(ok, lve, 0)
                 qr = np.stack([q[b, i_of[r], h * g + r % g] for r in range(m_rows)])  # [M, D]
+                mtile = (rows // ROWS) * 4 + (rows % ROWS) // 16  # (row chunk, m-tile) of each row
                 parts = []
                 for s in range(ns):
                     t_lo, t_hi = tiles * s // ns, tiles * (s + 1) // ns
@@ -104,6 +106,13 @@ def emulate(q, k, v, kc, vc, frontier, live, window, ns=1, mt=None, use_flags=Tr
                             keys = np.where(present[:, None], kc[b, slot, h], 0)
                             vals = np.where(present[:, None], vc[b, slot, h], 0)
                             allowed = present[None, :] & (kk[None, :] > lo_ctx[:, None])
+                            # the kernel skips the mask of a warp's key slice that lies inside [lo, n_ctx)
+                            # for every live row of its 16-row m-tile (rows past live are zeroed anyway)
+                            for grp in np.unique(mtile):
+                                sel = mtile == grp
+                                lo_live = max([-1, *lo_ctx[sel & ok].tolist()])
+                                if kb0 + kg * nkw + nkw <= nc and kb0 + kg * nkw > lo_live:
+                                    allowed[sel] = True
                             cut = window > 0 and kb0 <= lve - 1 + nc - window
                             tile_rows = kb0 + np.arange(NT)
                             tile_v = vc[b, (slot0 + np.where(tile_rows < nc, tile_rows, 0)) % cap, h]
@@ -203,11 +212,22 @@ def _random_case(rng, b, w, hq, hk, d, cap, frontier, live, vscale=1.0):
     (3, 8, [0, 2, 3, 40, 41], [8, 8, 2, 8, 7], 1, None),  # window < W: the block tile is cut
     (130, 130, [1000, 129, 5], [8, 8, 8], 3, 1),  # MT 1 (4 key slices) on a 2-tile context
     (0, 100, [50, 100], [8, 6], 2, 2),
+    (128, 300, [500, 129, 1000], [8, 8, 5], 1, None),  # n_ctx 127: the last key slice ends one past n_ctx
 ])
 def test_plan_matches_reference_random(window, cap, frontier, live, ns, mt):
     rng = np.random.default_rng(cap + window + ns)
     case = _random_case(rng, len(frontier), 8, 8, 2, 16, cap, frontier, live)
     _compare(case, window, ns=ns, mt=mt)
+
+
+@pytest.mark.parametrize("live", [18, 17, 24])
+def test_plan_key_slice_starting_at_a_live_rows_window_edge(live):
+    """W 24, one query head per KV head, window 60 (n_ctx 59, row i may see context keys > i - 1), 16-key
+    slices: with 18 rows live, the slice starting at key 16 begins exactly at row 17's window edge (its
+    key 16 is at distance S) and must stay masked; with 17 live it is inside every live row's window."""
+    rng = np.random.default_rng(live)
+    case = _random_case(rng, 1, 24, 2, 2, 16, 200, [500], [live])
+    _compare(case, 60, ns=1, mt=1)
 
 
 @pytest.mark.parametrize("where", ["ctx_cut", "block_cut"])
@@ -240,3 +260,47 @@ def test_plan_without_the_flag_gives_nan():
     out = emulate(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"],
                   case["live"], window, ns=2, use_flags=False)
     assert np.isnan(out[0, 1, :, :4]).all()
+
+
+def test_split_count_fills_one_wave_and_no_more(monkeypatch):
+    """kernels_cu.fast_attention.splits_for (no GPU: the SM count is given): the grid b x hk x chunks x
+    splits never exceeds one wave of `resident` blocks per SM when it splits at all, each split keeps at
+    least MIN_TILES_PER_SPLIT context tiles, and with room it splits (the v5 rule's partial second wave,
+    3 splits of 64 (b, KV head) pairs on 132 SMs x 2, was the H200 sweep's slower choice)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kernels_cu import fast_attention as fa
+
+    class _Dev:
+        id = 0
+
+    class _Cuda:
+        Device = _Dev
+
+    class _Cp:
+        cuda = _Cuda
+
+    monkeypatch.setattr(fa, "cp", lambda: _Cp)
+    monkeypatch.setattr(fa, "_sm_count", lambda dev_id: 132)
+    monkeypatch.setattr(fa, "SPLITS", None)
+    monkeypatch.setattr(fa, "BLOCKS_PER_SM", None)
+    assert fa.splits_for(8, 8, 1, 2048, 2048, 2) == 4  # 27B B8 W16: 256 blocks of 264 slots
+    assert fa.splits_for(1, 8, 1, 2048, 2048, 2) == 8  # 27B B1: 32 tiles, at least 4 per split
+    assert fa.splits_for(1, 8, 1, 4096, 0, 2) == 16  # 35B B1 full attention: 64 tiles
+
+    @settings(max_examples=300, deadline=None)
+    @given(b=st.integers(1, 16), hk=st.integers(1, 16), chunks=st.integers(1, 4), cap=st.integers(1, 70000),
+           window=st.integers(0, 70000), resident=st.integers(1, 4))
+    def check(b, hk, chunks, cap, window, resident):
+        ns = fa.splits_for(b, hk, chunks, cap, window, resident)
+        n_ctx = min(cap, window - 1) if window > 0 else cap
+        tiles = -(-max(n_ctx, 0) // 64)
+        assert ns >= 1
+        if ns > 1:
+            assert b * hk * chunks * ns <= resident * 132
+            assert tiles // ns >= fa.MIN_TILES_PER_SPLIT
+        elif b * hk * chunks * 2 <= resident * 132:  # room for two splits: only too few tiles stop it
+            assert tiles // 2 < fa.MIN_TILES_PER_SPLIT
+
+    check()
