@@ -26,11 +26,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import cupy as cp
     import numpy as np
+    import torch
 
     from benchmarks.bench_fast_attention import GEOMS, SHAPES, make_inputs
     from kernels_cu import fast_attention as fa
-
-    import torch
 
     fa.EXTRA_OPTIONS = ("-DFA_TIMING",)
     clock_hz = cp.cuda.Device().attributes["ClockRate"] * 1e3

@@ -25,8 +25,8 @@ def main(argv=None) -> int:
     import cupy as cp
     import torch
 
-    import kernels_cu.fast as fast
     from benchmarks.gpu_bench import Timer, bits
+    from kernels_cu import fast
     from kernels_cu.fast_gemm import gemm_bf16
 
     timer = Timer(cp, torch)
