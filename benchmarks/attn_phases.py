@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 
+TIMING_BLOCKS = 4096  # fast_attention.cu FA_TIMING_BLOCKS: blocks whose stamps are kept
 PHASES = [(1, "q issued"), (6, "tile 1 in smem"), (2, "ctx done"), (3, "block tile"), (4, "merged"), (5, "written")]
 
 
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from benchmarks.bench_fast_attention import GEOMS, SHAPES, make_inputs
+    from benchmarks.bench_fast_attention import GEOMS, HK, HQ, SHAPES, D, make_inputs
     from kernels_cu import fast_attention as fa
 
     fa.EXTRA_OPTIONS = ("-DFA_TIMING",)
@@ -41,12 +42,12 @@ def main(argv=None) -> int:
             for _ in range(3):
                 fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)
             cp.cuda.runtime.deviceSynchronize()
-            mt = fa._mt(min(w * 4, 64))
-            mod = fa._module(128, mt, False, fa.EXTRA_OPTIONS)
+            mt = fa._mt(min(w * HQ // HK, 64))
+            mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS)
             clk = mod.get_global("fa_clock")
             st = mod.get_global("fa_start")
-            clk_a = cp.ndarray((4096 * 8,), dtype=np.uint64, memptr=clk)
-            st_a = cp.ndarray((4096,), dtype=np.uint64, memptr=st)
+            clk_a = cp.ndarray((TIMING_BLOCKS * 8,), dtype=np.uint64, memptr=clk)
+            st_a = cp.ndarray((TIMING_BLOCKS,), dtype=np.uint64, memptr=st)
             clk_a.fill(0)
             st_a.fill(0)
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
             e1.record()
             e1.synchronize()
             ms = cp.cuda.get_elapsed_time(e0, e1)
-            c = clk_a.get().reshape(4096, 8).astype(np.int64)
+            c = clk_a.get().reshape(TIMING_BLOCKS, 8).astype(np.int64)
             s = st_a.get().astype(np.int64)
             used = c[:, 0] != 0
             n = int(used.sum())

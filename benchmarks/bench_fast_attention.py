@@ -192,9 +192,8 @@ def main(argv=None) -> int:
                     r["kernels_us"], r["kernels"] = cupti_us(cp, torch, g, s)
                 if name.startswith("new"):
                     mt = fa._mt(min(w * HQ // HK, 64))
-                    r["splits"] = fa.splits_for(b, HK, -(-(w * HQ // HK) // 64), cap, window,
-                                                fa.resident_blocks(128, mt, name == "new f"))
-                    r["resident"] = fa.resident_blocks(128, mt, name == "new f")
+                    r["resident"] = fa.resident_blocks(fa._dp(D), mt, name == "new f")
+                    r["splits"] = fa.splits_for(b, HK, -(-(w * HQ // HK) // 64), cap, window, r["resident"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
             c = {"shape": shape, "new f == new b (bits)": bool(np.array_equal(outs["new f"], outs["new b"]))}

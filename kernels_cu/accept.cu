@@ -84,13 +84,7 @@ __device__ dflash::RaceEntry block_race(dflash::RaceEntry e) {
     __shared__ double sh_s[ROW_WARPS];
     __shared__ int sh_i[ROW_WARPS];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        dflash::RaceEntry t;
-        t.score = __shfl_xor_sync(0xffffffffu, e.score, o);
-        t.index = __shfl_xor_sync(0xffffffffu, e.index, o);
-        if (dflash::race_better(t, e)) e = t;
-    }
+    e = dflash::warp_race(e);
     __syncthreads();
     if (lane == 0) {
         sh_s[wid] = e.score;

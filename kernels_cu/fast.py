@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from kernels_cu.backend import CudaBackend
-from kernels_cu.fast_gemm import ResidentWeights, _key, cp, gemm_bf16, gemm_path  # noqa: F401 - re-exported
+from kernels_cu.fast_gemm import ResidentWeights, _key, cp, data_ptr, gemm_bf16, gemm_path  # noqa: F401 - re-exported
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32, inv_freq
 from kernels_cu.ops_select import _sampling_args
@@ -128,7 +128,7 @@ def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     or fast_topk_partial_warp, topk_vec_applies says which), else one per thread (one list per
     block). The warp variants merge their 8 warp lists in the block for few rows and k > 1 (one
     list per block), else write all 8 (fast_select.cu says why)."""
-    target = TOPK_VEC_TARGET_BLOCKS if TOPK_VEC and k <= 32 and Vr % 4 == 0 else TOPK_TARGET_BLOCKS
+    target = TOPK_VEC_TARGET_BLOCKS if _vec_shape(Vr, k) else TOPK_TARGET_BLOCKS
     S = max(1, min(-(-Vr // 2048), -(-target // max(M, 1))))
     chunk = -(-Vr // S)
     chunk += -chunk % 4  # a multiple of 4: the vector kernel's 16-byte groups start on one
@@ -138,11 +138,15 @@ def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     return S, chunk, warp, merged, S * (_FT_THREADS // 32 if warp and not merged else 1)
 
 
+def _vec_shape(Vr: int, k: int) -> bool:
+    """The shape half of topk_vec_applies (what topk_plan can know): k <= 32, rows of 4n floats."""
+    return TOPK_VEC and k <= 32 and Vr % 4 == 0
+
+
 def topk_vec_applies(logits, shortlist, k: int) -> bool:
-    """Whether topk_into runs fast_topk_partial_vec: k <= 32, no shortlist (the id is the column),
-    rows a multiple of 4 floats and a 16-byte aligned array (its 16-byte loads)."""
-    ptr = logits.data.ptr if hasattr(logits.data, "ptr") else logits.ctypes.data  # CuPy, or NumPy in CPU tests
-    return TOPK_VEC and k <= 32 and shortlist is None and logits.shape[1] % 4 == 0 and ptr % 16 == 0
+    """Whether topk_into runs fast_topk_partial_vec: the vec shape (k <= 32, rows a multiple of 4
+    floats), no shortlist (the id is the column) and a 16-byte aligned array (its 16-byte loads)."""
+    return _vec_shape(logits.shape[1], k) and shortlist is None and data_ptr(logits) % 16 == 0
 
 
 def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,

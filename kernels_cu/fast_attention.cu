@@ -47,12 +47,12 @@ using dfl::u16;
 // clock at each phase (fa_clock) and the global timer at entry (fa_start).
 #ifdef FA_TIMING
 #define FA_TIMING_BLOCKS 4096
+#define FA_BLOCK_ID (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
 __device__ unsigned long long fa_clock[FA_TIMING_BLOCKS * 8];
 __device__ unsigned long long fa_start[FA_TIMING_BLOCKS];
 #define FA_MARK(p)                                                                                   \
     do {                                                                                             \
-        const unsigned fa_bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);       \
-        if (threadIdx.x == 0 && fa_bl < FA_TIMING_BLOCKS) fa_clock[fa_bl * 8 + (p)] = clock64();     \
+        if (threadIdx.x == 0 && FA_BLOCK_ID < FA_TIMING_BLOCKS) fa_clock[FA_BLOCK_ID * 8 + (p)] = clock64(); \
     } while (0)
 #else
 #define FA_MARK(p) \
@@ -266,10 +266,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 
 #ifdef FA_TIMING
     {
-        const unsigned bl = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (threadIdx.x == 0 && bl < FA_TIMING_BLOCKS) fa_start[bl] = t;
+        if (threadIdx.x == 0 && FA_BLOCK_ID < FA_TIMING_BLOCKS) fa_start[FA_BLOCK_ID] = t;
     }
 #endif
     FA_MARK(0);
@@ -513,8 +512,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                 found |= bf16_pair_nonfinite(u.x) | bf16_pair_nonfinite(u.y) | bf16_pair_nonfinite(u.z) |
                          bf16_pair_nonfinite(u.w);
             }
-        }
-        if constexpr (F32) {  // FP32 rows split into BF16 hi (stage 0) and lo (stage 1) on the way
+        } else {  // FP32 rows split into BF16 hi (stage 0) and lo (stage 1) on the way
             for (int idx = threadIdx.x; idx < FA_NT * PPR; idx += FA_WARPS * 32) {
                 const int row = idx / PPR, col = 2 * (idx - (idx / PPR) * PPR);
                 unsigned kh = 0u, vh = 0u, kl = 0u, vl = 0u;

@@ -22,13 +22,16 @@ def cp():
     return cupy
 
 
+def data_ptr(a) -> int:
+    """The address of an array's first element: a CuPy array's device pointer, or a NumPy array's
+    host address (host weights before they are made resident; NumPy stand-ins in CPU plan tests)."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    return int(ptr) if ptr is not None else int(a.__array_interface__["data"][0])
+
+
 def _key(a) -> tuple:
     """Identity of a weight array: the object, its data pointer, shape, strides and dtype."""
-    if isinstance(a, np.ndarray):
-        ptr = a.__array_interface__["data"][0]
-    else:
-        ptr = a.data.ptr
-    return (id(a), ptr, tuple(a.shape), tuple(a.strides), str(a.dtype))
+    return (id(a), data_ptr(a), tuple(a.shape), tuple(a.strides), str(a.dtype))
 
 
 class ResidentWeights:

@@ -110,10 +110,9 @@ fast_topk_partial(const float* __restrict__ logits, const int* __restrict__ shor
     if (threadIdx.x < k) partial[((size_t)m * S + s) * k + threadIdx.x] = chosen[threadIdx.x];
 }
 
-// The float a key orders by (the k-th key's value as a pre-filter threshold): key 0 (a list not yet
-// full) gives -inf, which nothing is below; a NaN key gives NaN, which nothing is below either. So
-// `!(z < key_float(thr))` holds for every z whose key can beat thr (it is a superset: ties and -0
-// pass and are decided on the whole key).
+// The float a key orders by (KeyFilter's threshold value): its ordered word mapped back through
+// fk_key's map. Key 0 (a list not yet full) gives -inf and a NaN key NaN; KeyFilter passes every key
+// in both cases, so only a real number's key needs the value.
 __device__ __forceinline__ float key_float(u64 key) {
     if (key == 0ull) return __int_as_float(0xff800000);
     const u32 ord = (u32)(key >> 32);
@@ -294,7 +293,7 @@ fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size,
 }
 
 // fast_topk_partial_warp for the common case (k <= 32, no shortlist, Vr % 4 == 0, a 16-byte aligned
-// logits array, chunk % 4 == 0; kernels_cu/fast.py topk_plan checks): 16-byte loads, FT_VEC of them in
+// logits array, chunk % 4 == 0: kernels_cu/fast.py topk_vec_applies and topk_plan): 16-byte loads, FT_VEC of them in
 // flight per lane, and a filter against the warp's k-th key on the float and the column (KeyFilter),
 // so a batch of 4 columns that cannot enter the list costs a few compares each and one vote, not a
 // 64-bit key and a ballot per column;

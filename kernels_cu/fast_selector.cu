@@ -478,13 +478,7 @@ __device__ __forceinline__ void walk_body(const u16* __restrict__ g, const float
                 best.score = log(weight) - lnl[(size_t)i * k + c];
                 best.index = c;
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                dflash::RaceEntry other;
-                other.score = __shfl_xor_sync(0xffffffffu, best.score, o);
-                other.index = __shfl_xor_sync(0xffffffffu, best.index, o);
-                if (dflash::race_better(other, best)) best = other;
-            }
+            best = dflash::warp_race(best);
             j = best.index == DFLASH_RACE_NONE ? 0 : best.index;
         }
         if (live) q[row * k + c] = qc;

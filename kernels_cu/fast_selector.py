@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels_cu.fast_gemm import data_ptr
 from kernels_cu.loader import load_module
 
 MODULE = "fast_selector"
@@ -59,12 +60,6 @@ def _fn(module: str, name: str):
     return load_module(module).get_function(name)
 
 
-def _ptr(a) -> int:
-    data = getattr(a, "data", None)
-    ptr = getattr(data, "ptr", None)
-    return int(ptr) if ptr is not None else int(a.ctypes.data)  # NumPy stand-ins (CPU plan tests)
-
-
 def rowdot_plan(M: int, N: int, H: int, x_ptr: int = 0, w_ptr: int = 0, kernel: str | None = None):
     """(kernel name, rows per block, grid without z, block) of out[M, N] = x[M, H] @ w[N, H].T.
     16-byte loads when H % 8 == 0 and both pointers are 16-byte aligned. ``kernel`` names one of
@@ -89,7 +84,7 @@ def rowdot_into(x, w, out, *, bits_out: bool = True, kernel: str | None = None):
         raise ValueError(f"rowdot_into: out {out.shape}, expected {(M, N)}")
     if not (M and N):
         return out
-    name, bm, grid_xy, block = rowdot_plan(M, N, H, _ptr(x), _ptr(w), kernel)
+    name, bm, grid_xy, block = rowdot_plan(M, N, H, data_ptr(x), data_ptr(w), kernel)
     fn = _fn(MODULE, name)
     step = _MAX_GRID_Z * bm
     for m0 in range(0, M, step):

@@ -125,6 +125,20 @@ DFLASH_HD bool race_better(const RaceEntry& a, const RaceEntry& b) {
     return a.index < b.index;
 }
 
+#ifdef __CUDACC__
+// The warp's best entry by race_better, in every lane (a butterfly over the 32 lanes).
+__device__ __forceinline__ RaceEntry warp_race(RaceEntry e) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        RaceEntry t;
+        t.score = __shfl_xor_sync(0xffffffffu, e.score, o);
+        t.index = __shfl_xor_sync(0xffffffffu, e.index, o);
+        if (race_better(t, e)) e = t;
+    }
+    return e;
+}
+#endif
+
 DFLASH_HD void race_offer(RaceEntry& best, double weight, u64 seed, u64 position, u32 purpose, int index) {
     if (!(weight > 0.0)) return;
     RaceEntry e;
