@@ -1,0 +1,94 @@
+"""Time fb_resid_norm (kernels_cu/fast_block.cu) the way the round calls it, per path and per
+source mode, at the round's row counts (H200 probe, issue 12). Each configuration is one CUDA graph
+of ``--calls`` launches, replayed; microseconds per call (CUDA events, median of the replays).
+
+    python -m benchmarks.glue_probe [--only M,H,mode,path]   (the latter runs one configuration
+                                                               once, e.g. under ncu)
+modes: conv (resid_in + branch + conv finish, DFlash2's post-attention update), branch (resid_in +
+branch, DFlash's), embed (BF16 source rows, the first norm). Outputs as block_forward's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+CASES = [(8, 5120), (128, 5120), (8, 2048), (128, 2048)]
+MODES = ("conv", "branch")
+PATHS = ("block", "cluster", "strided")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=16)
+    ap.add_argument("--replays", type=int, default=15)
+    ap.add_argument("--only", default=None)
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import numpy as np
+
+    from kernels_cu import fast_block as fb
+
+    eng = fb.CudaEngine(attention=(None, "none"))
+    stream = cp.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng(0)
+
+    def arrays(M, H, mode):
+        f = lambda *s: cp.asarray(rng.standard_normal(s).astype(np.float32))
+        G = H // 16
+        a = {"resid_in": f(M, H), "branch": f(M, H), "resid_out": None, "norm_w": f(H)}
+        a["resid_out"] = a["resid_in"]
+        if mode == "conv":
+            a["conv_base"] = f(2, H)
+            a["fd"] = cp.asarray(rng.integers(0, 1 << 14, (M, 2 * G)).astype(np.uint16))
+            a["norm_f32"] = f(M, H)
+            nb = cp.empty((2 * M, H), np.uint16)
+            a["norm_hi"], a["norm_lo"] = nb[:M], nb[M:]
+        else:
+            a["norm_hi"] = cp.empty((M, H), np.uint16)
+        return a
+
+    def launch(M, H, W, a):
+        eng.resid_norm(M, H, W, eps=1e-6, **a)
+
+    def timed(M, H, mode, path):
+        fb.RESID_NORM_PATH = path
+        a = arrays(M, H, mode)
+        W = 8 if M == 8 else 16
+        with stream:
+            launch(M, H, W, a)
+            stream.synchronize()
+            stream.begin_capture()
+            for _ in range(args.calls):
+                launch(M, H, W, a)
+            g = stream.end_capture()
+            g.launch(stream)
+            stream.synchronize()
+            t = []
+            for _ in range(args.replays):
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(stream)
+                g.launch(stream)
+                e1.record(stream)
+                e1.synchronize()
+                t.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.calls)
+        fb.RESID_NORM_PATH = "auto"
+        return statistics.median(t)
+
+    if args.only:
+        m, h, mode, path = args.only.split(",")
+        fb.RESID_NORM_PATH = path
+        a = arrays(int(m), int(h), mode)
+        for _ in range(3):
+            launch(int(m), int(h), 16, a)
+        cp.cuda.Device().synchronize()
+        return 0
+    print(f"{'M':>4} {'H':>5} {'mode':>7} " + " ".join(f"{p:>8}" for p in PATHS) + "   us per call (graph)")
+    for M, H in CASES:
+        for mode in MODES:
+            print(f"{M:4d} {H:5d} {mode:>7} " + " ".join(f"{timed(M, H, mode, p):8.2f}" for p in PATHS), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
