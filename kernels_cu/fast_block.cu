@@ -26,9 +26,33 @@ using dfl::u16;
 // fd[G + g]) z[r - 1]) (grouped_conv.cu conv_finish, the same operation order). RES: the source
 // is resid_in (else srow); BR: a branch is added; CONV: with the conv finish. Compile-time flags,
 // so that an unrolled loop over a row holds no branches and its loads are all in flight at once.
+// A branch given as `parts` fp32 partial products [parts, M, H] (`stride` elements apart: the K
+// slices of a split GEMM, kernels_cu/fast_block.py split_k), read as their sum in part order.
+struct FbBr {
+    const float* __restrict__ p;
+    int parts;
+    long long stride;
+    __device__ __forceinline__ float at(long long o) const {
+        float z = p[o];
+        for (int q = 1; q < parts; ++q) z += p[q * stride + o];
+        return z;
+    }
+    __device__ __forceinline__ float4 at4(long long o) const {
+        float4 z = *reinterpret_cast<const float4*>(p + o);
+        for (int q = 1; q < parts; ++q) {
+            const float4 t = *reinterpret_cast<const float4*>(p + q * stride + o);
+            z.x += t.x;
+            z.y += t.y;
+            z.z += t.z;
+            z.w += t.w;
+        }
+        return z;
+    }
+};
+
 template <bool RES, bool BR, bool CONV>
 __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const float* resid_in, const u16* srow,
-                                          const float* __restrict__ branch, const float* __restrict__ conv_base,
+                                          const FbBr& branch, const float* __restrict__ conv_base,
                                           const u16* __restrict__ fd) {
     const long long o = (long long)r * H + c;
     float x = RES ? resid_in[o] : dfl::bf16_to_f32(srow[c]);
@@ -36,19 +60,19 @@ __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const floa
         float z;
         if (CONV) {
             const int G = H >> 4, g = c >> 4;
-            z = (conv_base[c] + dfl::bf16_to_f32(fd[g])) * branch[o];
-            if (i >= 1) z = fmaf(conv_base[H + c] + dfl::bf16_to_f32(fd[G + g]), branch[o - H], z);
+            z = (conv_base[c] + dfl::bf16_to_f32(fd[g])) * branch.at(o);
+            if (i >= 1) z = fmaf(conv_base[H + c] + dfl::bf16_to_f32(fd[G + g]), branch.at(o - H), z);
             z = dfl::round_bf16(z);
         } else {
-            z = branch[o];
+            z = branch.at(o);
         }
         x += z;
     }
     return x;
 }
 
-#define FB_RN_THREADS 256
-#define FB_RN_MAXV4 8  // float4 groups per thread held in registers: rows up to 8192 wide
+#define FB_RN_MAX_THREADS 1024  // fb_resid_norm's block: T threads, a multiple of 32 (fast_block.py resid_norm_threads)
+#define FB_RN_MAXV4 4  // float4 groups per thread held in registers: rows up to 16 T wide
 
 // The norm's output of one element (shared by both row paths).
 __device__ __forceinline__ void fb_norm_store(long long o, float y, float* __restrict__ norm_f32,
@@ -63,7 +87,7 @@ __device__ __forceinline__ void fb_norm_store(long long o, float y, float* __res
 // loads (8-byte for BF16 source rows); the four columns share the conv finish's group g.
 template <bool RES, bool BR, bool CONV>
 __device__ __forceinline__ float4 fb_group_value(long long row, int c, int i, int H, const float* resid_in,
-                                                 const u16* srow, const float* __restrict__ branch,
+                                                 const u16* srow, const FbBr& branch,
                                                  const float* __restrict__ conv_base, const u16* __restrict__ fdr) {
     float4 x;
     if (RES) {
@@ -74,7 +98,7 @@ __device__ __forceinline__ float4 fb_group_value(long long row, int c, int i, in
                         dfl::bf16_to_f32(sb.w));
     }
     if (BR) {
-        float4 z = *reinterpret_cast<const float4*>(branch + row + c);
+        float4 z = branch.at4(row + c);
         if (CONV) {
             const int G = H >> 4, g = c >> 4;
             const float4 b0 = *reinterpret_cast<const float4*>(conv_base + c);
@@ -82,7 +106,7 @@ __device__ __forceinline__ float4 fb_group_value(long long row, int c, int i, in
             float4 o = make_float4((b0.x + f0) * z.x, (b0.y + f0) * z.y, (b0.z + f0) * z.z, (b0.w + f0) * z.w);
             if (i >= 1) {
                 const float4 b1 = *reinterpret_cast<const float4*>(conv_base + H + c);
-                const float4 zp = *reinterpret_cast<const float4*>(branch + row - H + c);
+                const float4 zp = branch.at4(row - H + c);
                 const float f1 = dfl::bf16_to_f32(fdr[G + g]);
                 o.x = fmaf(b1.x + f1, zp.x, o.x);
                 o.y = fmaf(b1.y + f1, zp.y, o.y);
@@ -135,18 +159,18 @@ __device__ __forceinline__ void fb_group_norm(long long orow, int c, float4 x, f
     if (norm_lo) *reinterpret_cast<ushort4*>(norm_lo + orow + c) = make_ushort4(lo[0], lo[1], lo[2], lo[3]);
 }
 
-// Element ownership (both paths): thread t owns the groups of four columns q = t, t + 256, ...
-// (columns 4q .. 4q + 3) and sums its squares group by group, column by column, then the
-// block sum; so the two paths give the same bits.
+// Element ownership (both paths): of a block of T threads, thread t owns the groups of four
+// columns q = t, t + T, ... (columns 4q .. 4q + 3) and sums its squares group by group, column by
+// column, then the block sum; so the two paths give the same bits (for the same T).
 //
-// Registers path, H % 4 == 0 and 16-byte aligned rows, NV4 = ceil(H / 1024) groups per thread
+// Registers path, H % 4 == 0 and 16-byte aligned rows, NV4 = ceil(H / 4T) groups per thread
 // (a compile-time count, so the unrolled code holds only the groups a row has: the first
 // version unrolled 32 scalar columns for every width and ran 14 us per row at both 2048 and
 // 5120, H200): every load of the row is issued before the first use, 16-byte loads of the
 // fp32 rows and 8-byte loads of BF16 rows, the norm's second pass reads the registers.
 template <int NV4, bool RES, bool BR, bool CONV>
 __device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, int W, const float* resid_in,
-                                                  const u16* srow, const float* __restrict__ branch,
+                                                  const u16* srow, const FbBr& branch,
                                                   const float* __restrict__ conv_base, const u16* __restrict__ fdr,
                                                   float* resid_out, u16* __restrict__ resid_bits,
                                                   const float* __restrict__ norm_w, float eps,
@@ -157,14 +181,14 @@ __device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, in
     float4 xv[NV4];
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
-        const int q = threadIdx.x + j * FB_RN_THREADS;
+        const int q = threadIdx.x + j * blockDim.x;
         xv[j] = q < H4 ? fb_group_value<RES, BR, CONV>(row, 4 * q, i, H, resid_in, srow, branch, conv_base, fdr)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
-        const int q = threadIdx.x + j * FB_RN_THREADS;
+        const int q = threadIdx.x + j * blockDim.x;
         if (q < H4) fb_group_store(row, 4 * q, xv[j], resid_out, resid_bits, ss);
     }
     if (!norm_w) return;  // block-uniform
@@ -173,7 +197,7 @@ __device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, in
     const long long orow = (skip_first ? (long long)b * (W - 1) + (i - 1) : r) * H;
 #pragma unroll
     for (int j = 0; j < NV4; ++j) {
-        const int q = threadIdx.x + j * FB_RN_THREADS;
+        const int q = threadIdx.x + j * blockDim.x;
         if (q < H4) fb_group_norm(orow, 4 * q, xv[j], denom, norm_w, norm_f32, norm_hi, norm_lo);
     }
 }
@@ -181,16 +205,16 @@ __device__ __forceinline__ void fb_resid_norm_vec(int r, int i, int b, int H, in
 // Any width or alignment: the same ownership with scalar accesses, the norm's second pass
 // re-reading (or recomputing) the row.
 __device__ void fb_resid_norm_strided(int r, int i, int b, int H, int W, const float* resid_in, const u16* srow,
-                                      const float* __restrict__ branch, const float* __restrict__ conv_base,
+                                      const FbBr& branch, const float* __restrict__ conv_base,
                                       const u16* __restrict__ fdr, float* resid_out, u16* __restrict__ resid_bits,
                                       const float* __restrict__ norm_w, float eps, float* __restrict__ norm_f32,
                                       u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first,
                                       float* scratch) {
 #define FB_VALUE(c)                                                                                             \
-    (resid_in ? (branch ? (conv_base ? fb_value<true, true, true>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)   \
+    (resid_in ? (branch.p ? (conv_base ? fb_value<true, true, true>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)   \
                                      : fb_value<true, true, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)) \
                         : fb_value<true, false, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr))            \
-              : (branch ? (conv_base ? fb_value<false, true, true>(r, c, i, H, resid_in, srow, branch, conv_base, fdr) \
+              : (branch.p ? (conv_base ? fb_value<false, true, true>(r, c, i, H, resid_in, srow, branch, conv_base, fdr) \
                                      : fb_value<false, true, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)) \
                         : fb_value<false, false, false>(r, c, i, H, resid_in, srow, branch, conv_base, fdr)))
     const int H4 = (H + 3) >> 2;
@@ -250,11 +274,15 @@ __device__ __forceinline__ const u16* fb_source_row(int r, int i, int b, int H, 
     return src_bits + t * H;
 }
 
-// One block (256 threads) per row r < M of W-column blocks (column i = r % W, batch row b = r / W).
+// One block (T threads, a multiple of 32 up to 1024) per row r < M of W-column blocks (column
+// i = r % W, batch row b = r / W). T is the launcher's: H / 4 or H / 8 columns groups per row so
+// that each thread holds one or two (H200, 128 rows of 5120 after a GEMM: 256 threads, 8 warps an
+// SM, stalled on their loads ran ~10 us a call in the round; benchmarks/glue_probe.py).
 //   source: resid_in (fp32 [M, H]) if not null, else BF16 rows of src_bits: row r itself
 //           (tok_mode 0), or embed row anchor[b] for column 0 and mask_id for the others
 //           (tok_mode 1: int32 anchor, 2: int64 anchor);
-//   branch (optional, fp32 [M, H]): added to the source; with conv_base (side 1 of the conv base,
+//   branch (optional, fp32 [bparts, M, H], parts bstride elements apart, summed in part order: a
+//           split GEMM's K slices): added to the source; with conv_base (side 1 of the conv base,
 //           fp32 [2 taps, H]) and fd (BF16 finish delta [M, 2, G]) the conv finish is applied first;
 //   resid_out / resid_bits (optional): the new residual stream (fp32; BF16 bits). resid_out may
 //           be resid_in (each thread reads its elements before writing them);
@@ -264,40 +292,39 @@ __device__ __forceinline__ const u16* fb_source_row(int r, int i, int b, int H, 
 //           (the masked block's hidden, mask columns only).
 // Rows up to 8192 wide (H % 4 == 0, aligned) run from registers (fb_resid_norm_vec), others
 // strided; the two give the same bits. force_strided: tests compare the two.
-extern "C" __global__ void __launch_bounds__(FB_RN_THREADS)
+extern "C" __global__ void __launch_bounds__(FB_RN_MAX_THREADS)
 fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict__ src_bits,
               const void* __restrict__ tok, int tok_mode, long long mask_id, const float* __restrict__ branch,
               const float* __restrict__ conv_base, const u16* __restrict__ fd, float* resid_out,
               u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps, float* __restrict__ norm_f32,
-              u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first, int force_strided) {
+              u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first, int bparts, long long bstride,
+              int force_strided) {
     __shared__ float scratch[33];
+    const FbBr br{branch, bparts, bstride};
     const int r = blockIdx.x;
     if (r >= M) return;
     const int i = r % W, b = r / W;
     const u16* srow = resid_in ? nullptr : fb_source_row(r, i, b, H, src_bits, tok, tok_mode, mask_id);
     const u16* fdr = fd ? fd + (long long)r * 2 * (H >> 4) : nullptr;
-    const int nv4 = (H + 4 * FB_RN_THREADS - 1) / (4 * FB_RN_THREADS);
-    const bool vec = !force_strided && (H & 3) == 0 && nv4 <= FB_RN_MAXV4 && blockDim.x == FB_RN_THREADS &&
-                     fb_aligned(resid_in, 16) && fb_aligned(srow, 8) && fb_aligned(branch, 16) &&
+    const int nv4 = (H + 4 * (int)blockDim.x - 1) / (4 * (int)blockDim.x);
+    const bool vec = !force_strided && (H & 3) == 0 && nv4 <= FB_RN_MAXV4 && fb_aligned(resid_in, 16) &&
+                     fb_aligned(srow, 8) && fb_aligned(branch, 16) && (bstride & 3) == 0 &&
                      fb_aligned(conv_base, 16) && fb_aligned(resid_out, 16) && fb_aligned(resid_bits, 8) &&
                      fb_aligned(norm_w, 16) && fb_aligned(norm_f32, 16) && fb_aligned(norm_hi, 8) &&
                      fb_aligned(norm_lo, 8);  // block-uniform
     if (!vec) {
-        fb_resid_norm_strided(r, i, b, H, W, resid_in, srow, branch, conv_base, fdr, resid_out, resid_bits, norm_w,
+        fb_resid_norm_strided(r, i, b, H, W, resid_in, srow, br, conv_base, fdr, resid_out, resid_bits, norm_w,
                               eps, norm_f32, norm_hi, norm_lo, skip_first, scratch);
         return;
     }
 #define FB_VEC(N, RES, BR, CONV)                                                                                \
-    fb_resid_norm_vec<N, RES, BR, CONV>(r, i, b, H, W, resid_in, srow, branch, conv_base, fdr, resid_out, resid_bits, \
+    fb_resid_norm_vec<N, RES, BR, CONV>(r, i, b, H, W, resid_in, srow, br, conv_base, fdr, resid_out, resid_bits, \
                                         norm_w, eps, norm_f32, norm_hi, norm_lo, skip_first, scratch)
     switch (nv4) {
         case 1: FB_BY_MODE(FB_VEC, 1) break;
         case 2: FB_BY_MODE(FB_VEC, 2) break;
         case 3: FB_BY_MODE(FB_VEC, 3) break;
-        case 4: FB_BY_MODE(FB_VEC, 4) break;
-        case 5: FB_BY_MODE(FB_VEC, 5) break;
-        case 6: FB_BY_MODE(FB_VEC, 6) break;
-        default: FB_BY_MODE(FB_VEC, 8) break;  // 7 and 8
+        default: FB_BY_MODE(FB_VEC, 4) break;
     }
 #undef FB_VEC
 }
@@ -339,7 +366,7 @@ __device__ __forceinline__ float fb_dsmem_load(const float* p, unsigned rank) {
 template <int NV4, bool RES, bool BR, bool CONV>
 __device__ __forceinline__ void fb_resid_norm_cl(int r, int i, int b, int H, int W, int c0, int c1,
                                                  const float* resid_in, const u16* srow,
-                                                 const float* __restrict__ branch, const float* __restrict__ conv_base,
+                                                 const FbBr& branch, const float* __restrict__ conv_base,
                                                  const u16* __restrict__ fdr, float* resid_out,
                                                  u16* __restrict__ resid_bits, const float* __restrict__ norm_w,
                                                  float eps, float* __restrict__ norm_f32, u16* __restrict__ norm_hi,
@@ -383,8 +410,9 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
                       const float* __restrict__ conv_base, const u16* __restrict__ fd, float* resid_out,
                       u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps,
                       float* __restrict__ norm_f32, u16* __restrict__ norm_hi, u16* __restrict__ norm_lo,
-                      int skip_first) {
+                      int skip_first, int bparts, long long bstride) {
     __shared__ float scratch[33];
+    const FbBr br{branch, bparts, bstride};
     __shared__ float part;
     const int r = blockIdx.x / FB_CL, q = blockIdx.x % FB_CL;  // 1-D clusters: rank = blockIdx.x % FB_CL
     if (r >= M) return;  // whole clusters (the grid is FB_CL * M)
@@ -393,7 +421,7 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
     const u16* fdr = fd ? fd + (long long)r * 2 * (H >> 4) : nullptr;
     const int slice = H / FB_CL, c0 = q * slice, c1 = c0 + slice;
 #define FB_CLV(N, RES, BR, CONV)                                                                                 \
-    fb_resid_norm_cl<N, RES, BR, CONV>(r, i, b, H, W, c0, c1, resid_in, srow, branch, conv_base, fdr, resid_out,  \
+    fb_resid_norm_cl<N, RES, BR, CONV>(r, i, b, H, W, c0, c1, resid_in, srow, br, conv_base, fdr, resid_out,      \
                                        resid_bits, norm_w, eps, norm_f32, norm_hi, norm_lo, skip_first, scratch, &part)
     if (slice <= 4 * FB_CL_THREADS) {
         FB_BY_MODE(FB_CLV, 1)
@@ -489,9 +517,22 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
 // Grid (column blocks, M): row r = blockIdx.y; columns c = blockIdx.x * blockDim.x + threadIdx.x
 // (and the row's 2G finish deltas on the same threads), no per-element index division (one
 // 32-bit r % W per thread).
+// dl may come as dparts K-slice partials [dparts, 2M, 4G] (dstride elements apart; a split GEMM):
+// the hi rows' parts are summed in part order, the lo rows' likewise, then hi + lo.
+__device__ __forceinline__ float fb_delta(const float* __restrict__ dh, const float* __restrict__ dlo, int j,
+                                          int dparts, long long dstride) {
+    float h = dh[j], l = dlo[j];
+    for (int q = 1; q < dparts; ++q) {
+        h += dh[q * dstride + j];
+        l += dlo[q * dstride + j];
+    }
+    return h + l;
+}
+
 extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const float* __restrict__ dl,
                                            const float* __restrict__ base0, int W, int M, int H,
-                                           u16* __restrict__ prepared, u16* __restrict__ fd) {
+                                           u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
+                                           long long dstride) {
     const int G = H >> 4;
     const long long G4 = 4LL * G;
     const int r = blockIdx.y;
@@ -502,12 +543,12 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < H; c += gridDim.x * blockDim.x) {
         const long long t = (long long)r * H + c;
         const int g = c >> 4;
-        float out = (base0[c] + (dh[g] + dlo[g])) * x[t];
-        if (i >= 1) out = fmaf(base0[H + c] + (dh[G + g] + dlo[G + g]), x[t - H], out);
+        float out = (base0[c] + fb_delta(dh, dlo, g, dparts, dstride)) * x[t];
+        if (i >= 1) out = fmaf(base0[H + c] + fb_delta(dh, dlo, G + g, dparts, dstride), x[t - H], out);
         prepared[t] = dfl::f32_to_bf16_rn(out);
     }
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < 2 * G; j += gridDim.x * blockDim.x)
-        fd[(long long)r * 2 * G + j] = dfl::f32_to_bf16_rn(dh[2 * G + j] + dlo[2 * G + j]);
+        fd[(long long)r * 2 * G + j] = dfl::f32_to_bf16_rn(fb_delta(dh, dlo, 2 * G + j, dparts, dstride));
 }
 
 // act [M, I] = BF16(SiLU(gate) * up), SiLU(g) = g / (1 + exp(-g)) (reference/norms.py), from the

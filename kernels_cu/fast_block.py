@@ -126,6 +126,10 @@ class CaptureGemm:
         self._gemm = lib.cublasGemmEx
         self._gemm.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
         self._gemm.restype = i
+        i64 = ctypes.c_int64
+        self._gemm_sb = lib.cublasGemmStridedBatchedEx
+        self._gemm_sb.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, i64, vp, i, i, i64, vp, vp, i, i, i64, i, i, i]
+        self._gemm_sb.restype = i
         self.workspace = cp().empty(self.WORKSPACE_BYTES, dtype=np.uint8)
         self._alpha = np.ones(1, dtype=np.float32)
         self._beta = np.zeros(1, dtype=np.float32)
@@ -135,17 +139,36 @@ class CaptureGemm:
         if status != 0:
             raise RuntimeError(f"{what} returned cuBLAS status {status}")
 
+    def _bind(self):
+        c = cp()
+        handle = c.cuda.device.get_cublas_handle()
+        self._check(self._set_stream(handle, c.cuda.get_current_stream().ptr), "cublasSetStream")
+        self._check(self._set_workspace(handle, self.workspace.data.ptr, self.WORKSPACE_BYTES), "cublasSetWorkspace")
+        self._check(self._set_pointer_mode(handle, 0), "cublasSetPointerMode")
+        return handle
+
+    def split(self, x, w, out):
+        """out [S, M, N]: out[s] = x[:, s K/S : (s+1) K/S] @ w[:, same].T, the S K-slice partials of
+        x @ w.T (one cublasGemmStridedBatchedEx: BF16 in, FP32 out and accumulation; the slices
+        are K / S apart along the rows, leading dimension K). K % (8 S) == 0 (16-byte slices)."""
+        S, M, N = out.shape
+        K = x.shape[1]
+        if (tuple(x.shape) != (M, K) or tuple(w.shape) != (N, K) or K % (8 * S)
+                or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)):
+            raise ValueError(f"CaptureGemm.split: shapes {x.shape} @ {w.shape}.T -> {out.shape} (C-contiguous, "
+                             f"K a multiple of 8 S)")
+        kk = K // S
+        self._check(self._gemm_sb(self._bind(), 1, 0, N, M, kk, self._alpha.ctypes.data, w.data.ptr, 14, K, kk,
+                                  x.data.ptr, 14, K, kk, self._beta.ctypes.data, out.data.ptr, 0, N, M * N, S, 68,
+                                  -1), "cublasGemmStridedBatchedEx")
+
     def __call__(self, x, w, out):
         M, K = x.shape
         N = w.shape[0]
         if w.shape[1] != K or tuple(out.shape) != (M, N) or not (x.flags.c_contiguous and w.flags.c_contiguous
                                                                    and out.flags.c_contiguous):
             raise ValueError(f"CaptureGemm: shapes {x.shape} @ {w.shape}.T -> {out.shape} (C-contiguous)")
-        c = cp()
-        handle = c.cuda.device.get_cublas_handle()
-        self._check(self._set_stream(handle, c.cuda.get_current_stream().ptr), "cublasSetStream")
-        self._check(self._set_workspace(handle, self.workspace.data.ptr, self.WORKSPACE_BYTES), "cublasSetWorkspace")
-        self._check(self._set_pointer_mode(handle, 0), "cublasSetPointerMode")
+        handle = self._bind()
         # row-major C [M, N] = column-major C^T = w (op T) * x, as gemm_bf16
         self._check(self._gemm(handle, 1, 0, N, M, K, self._alpha.ctypes.data, w.data.ptr, 14, K, x.data.ptr, 14, K,
                                self._beta.ctypes.data, out.data.ptr, 0, N, 68, -1), "cublasGemmEx")
@@ -216,6 +239,48 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
     return "cluster" if fits else "block"
 
 
+def resid_norm_threads(H: int) -> int:
+    """fb_resid_norm's block size for rows H wide: one float4 group of the row per thread where
+    H / 4 <= 1024, else about two (a multiple of 32, at most 1024). H200, 128 rows of 5120 after a
+    GEMM (DRAM): the 256-thread block held 8 warps an SM, each stalled on its loads, ~10 us a call in
+    the round (benchmarks/glue_probe.py, ncu)."""
+    groups = max(1, -(-H // 4))
+    per = -(-groups // 1024)  # groups per thread
+    threads = -(-groups // per)
+    return min(1024, 32 * -(-threads // 32))
+
+
+def _parts(a, rows: int, cols: int) -> tuple[int, int]:
+    """(parts, stride in elements) of a branch / delta array given as [rows, cols] or as K-slice
+    partials [parts, rows, cols] (a split GEMM's output)."""
+    if a is None or a.ndim == 2:
+        return 1, 0
+    if a.ndim != 3 or tuple(a.shape[1:]) != (rows, cols) or not a.flags.c_contiguous:
+        raise ValueError(f"partials {a.shape}: expected C-contiguous [parts, {rows}, {cols}]")
+    return int(a.shape[0]), rows * cols
+
+
+# K splits of the block's GEMMs (a strided-batched GEMM over S slices of K, the S fp32 partials
+# summed in slice order by the consumer kernel: fb_conv_prepare for the conv delta, fb_resid_norm
+# for o and down), keyed by the weight's (N, K), for M <= 256. Chosen from
+# benchmarks/splitk_probe.py on the H200 (graph replays with rotating weights, us per call,
+# docs/reports/h200-splitk-probe-v7.json), gemmEx -> split:
+#   (1280, 5120) DFlash2 27B conv delta: M 256 11.3 -> 7.9 (S 4), M 16 8.3 -> 6.1 (S 4)
+#   (5120, 17408) 27B down:              M 128 56.9 -> 48.5 (S 2), M 8 51.5 -> 45.9 (S 2)
+#   (2048, 4096) 35B o:                  M 128 10.0 -> 7.8 (S 4), M 8 8.6 -> 6.6 (S 4)
+#   (2048, 6144) 35B down:               M 128 12.6 -> 9.5 (S 4), M 8 10.5 -> 8.6 (S 4)
+# Shapes not listed, and where splitting measured no gain (27B q/k/v, o, gate/up; the heads), run
+# one GEMM. GEMM_SPLITS = {} turns every split off.
+GEMM_SPLITS = {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 4, (2048, 6144): 4}
+
+
+def split_k(M: int, N: int, K: int) -> int:
+    """How many K slices the block's GEMM x [M, K] @ w [N, K].T runs as (GEMM_SPLITS; 1: not split).
+    Each slice is 16-byte aligned (K % (8 S) == 0)."""
+    s = GEMM_SPLITS.get((N, K), 1) if M <= 256 else 1
+    return s if s > 1 and K % (8 * s) == 0 else 1
+
+
 def attention_impl():
     """(function, name): the fast attention where kernels_cu/fast_attention.py provides it, else
     the exact kernel (same contract: fp32 q/k/v, BF16/FP16 cache bits -> (f32 or None, bits or None))."""
@@ -246,6 +311,12 @@ class CudaEngine:
         return cp().full(shape, value, dtype=dtype)
 
     def gemm(self, x_bits, w_bits, out):
+        """out [M, N] fp32 = x @ w.T; out [S, M, N]: the S K-slice partials (split_k)."""
+        if out.ndim == 3:
+            if self._capture_gemm is None:
+                self._capture_gemm = CaptureGemm()
+            self._capture_gemm.split(x_bits, w_bits, out)
+            return
         if cp().cuda.get_current_stream().is_capturing():  # a host query, no synchronisation
             if not self._capture_gemm:
                 raise RuntimeError(getattr(self, "_capture_error", "capture a call only after an eager warm-up call "
@@ -271,15 +342,17 @@ class CudaEngine:
 
         if M == 0:
             return
+        bparts, bstride = _parts(branch, M, H)
         args = (np.int32(M), np.int32(H), np.int32(W), p(resid_in), p(src_bits), p(tok), np.int32(tok_mode),
                 np.int64(mask_id), p(branch), p(conv_base), p(fd), p(resid_out), p(resid_bits), p(norm_w),
-                np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0))
+                np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0),
+                np.int32(bparts), np.int64(bstride))
         path = resid_norm_path(M, H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
                                bits=(src_bits, resid_bits, norm_hi, norm_lo))
         if path == "cluster":
             _fn("fb_resid_norm_cluster")((_CLUSTER * M,), (_CLUSTER_THREADS,), args)
         else:
-            _fn("fb_resid_norm")((M,), (_THREADS,), (*args, np.int32(1 if path == "strided" else 0)))
+            _fn("fb_resid_norm")((M,), (resid_norm_threads(H),), (*args, np.int32(1 if path == "strided" else 0)))
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
@@ -291,8 +364,10 @@ class CudaEngine:
 
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
+        dparts, dstride = _parts(dl, 2 * M, H // 4)
         _fn("fb_conv_prepare")(_row_grid(H, M), (_THREADS,),
-                               (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd))
+                               (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
+                                np.int64(dstride)))
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
@@ -342,17 +417,24 @@ class Workspace:
         self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), qkv_t)
         self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
         self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
-        self.O = eng.empty((M, H), f32)
+        hd = dm.Hq * dm.D
+        self.O = _split_out(eng, M, H, hd)  # [M, H], or [S, M, H] partials (split_k)
         self.GU = eng.empty((M, 2 * dm.I), f32)
         self.ACT = eng.empty((M, dm.I), u16)
-        self.Z = eng.empty((M, H), f32)
+        self.Z = _split_out(eng, M, H, dm.I)
         self.LIVE_ALL = eng.full((dm.B,), dm.W, np.int32)  # masked_block DFlash2 attends every block column
         if dm.conv:
             self.NF = eng.empty((M, H), f32)  # fp32 normalized input (kept private)
-            self.DL = eng.empty((2 * M, 4 * dm.G), f32)  # conv delta GEMM (hi rows, lo rows)
+            self.DL = _split_out(eng, 2 * M, 4 * dm.G, H)  # conv delta GEMM (hi rows, lo rows)
             self.P = eng.empty((M, H), u16)  # prepared input (BF16)
             self.FDA = eng.empty((M, 2 * dm.G), u16)  # finish deltas (BF16)
             self.FDM = eng.empty((M, 2 * dm.G), u16)
+
+
+def _split_out(eng, M: int, N: int, K: int):
+    """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N]."""
+    s = split_k(M, N, K)
+    return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
 def _norm_targets(ws: Workspace, dm: Dims) -> dict:

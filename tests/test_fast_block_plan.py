@@ -12,12 +12,15 @@ tests/gpu/test_fast_block.py asserts for the GPU (derivation there, in ``error_r
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kernels_cu.fast_block import FastBlockMixin
 from reference.draft_attention import attend
@@ -55,6 +58,18 @@ def _prev_rows(a, W):
     return prev
 
 
+def _part_sum(a):
+    """A GEMM output [M, N], or its K-slice partials [S, M, N] summed in slice order in fp32 (as
+    fb_resid_norm / fb_conv_prepare read them)."""
+    a = np.asarray(a, np.float32)
+    if a.ndim == 2:
+        return a
+    t = a[0].copy()
+    for p in a[1:]:
+        t = (t + p).astype(np.float32)
+    return t
+
+
 class NumpyEngine:
     """What each fast_block.cu kernel computes, in NumPy float32."""
 
@@ -70,8 +85,15 @@ class NumpyEngine:
 
     @staticmethod
     def gemm(x_bits, w_bits, out):
-        # FP32 accumulation of BF16 products: within a few FP32 ulps of the float64 sum
-        out[...] = (from_bits(x_bits).astype(np.float64) @ from_bits(w_bits).astype(np.float64).T).astype(np.float32)
+        # FP32 accumulation of BF16 products: within a few FP32 ulps of the float64 sum. out [S, M, N]:
+        # the S K-slice partials (fast_block.split_k), each a float64 sum rounded once
+        x, w = from_bits(x_bits).astype(np.float64), from_bits(w_bits).astype(np.float64)
+        if out.ndim == 2:
+            out[...] = (x @ w.T).astype(np.float32)
+            return
+        k = x.shape[1] // out.shape[0]
+        for s in range(out.shape[0]):
+            out[s] = (x[:, s * k: (s + 1) * k] @ w[:, s * k: (s + 1) * k].T).astype(np.float32)
 
     @staticmethod
     def resid_norm(M, H, W, *, resid_in=None, src_bits=None, tok=None, mask_id=0, branch=None, conv_base=None,
@@ -85,6 +107,7 @@ class NumpyEngine:
             rows = r if tok is None else np.where(i == 0, np.asarray(tok, np.int64)[b], int(mask_id))
             x = from_bits(np.asarray(src_bits).reshape(-1, H)[rows])
         if branch is not None:
+            branch = _part_sum(branch)
             if conv_base is not None:
                 f = from_bits(fd).reshape(M, 2, H // 16)
                 c0 = conv_base[0][None, :] + np.repeat(f[:, 0], 16, axis=1)
@@ -133,6 +156,7 @@ class NumpyEngine:
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
         g = H // 16
+        dl = _part_sum(dl)
         delta = dl[:M] + dl[M:]
         c0 = base0[0][None, :] + np.repeat(delta[:, :g], 16, axis=1)
         c1 = base0[1][None, :] + np.repeat(delta[:, g: 2 * g], 16, axis=1)
@@ -261,3 +285,70 @@ def test_plan_qkv_as_bits_or_fp32_values_gives_the_same_hidden(monkeypatch, vari
         monkeypatch.setattr(fb, "QKV_BITS", flag)
         outs.append(NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"])
     assert np.array_equal(outs[0], outs[1])
+
+
+# The K-split GEMMs (fast_block.split_k): the larger case's o (256 x 256), down (256 x 768) and conv
+# delta (64 x 256) weights split into 4, 2 and 4 slices, the consumers (fb_resid_norm's branch,
+# fb_conv_prepare's delta) summing the partials.
+_SPLITS = {(256, 256): 4, (256, 768): 2, (64, 256): 4}
+
+
+def _split_shapes(monkeypatch):
+    """Run with _SPLITS and record the shapes of the split GEMM outputs."""
+    import kernels_cu.fast_block as fb
+
+    monkeypatch.setattr(fb, "GEMM_SPLITS", _SPLITS)
+    seen = []
+    gemm = NumpyEngine.gemm
+
+    def spy(x_bits, w_bits, out):
+        if out.ndim == 3:
+            seen.append(tuple(out.shape))
+        gemm(x_bits, w_bits, out)
+
+    monkeypatch.setattr(NumpyEngine, "gemm", staticmethod(spy))
+    return seen
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_plan_split_gemms_stay_inside_the_derived_bound(monkeypatch, variant):
+    seen = _split_shapes(monkeypatch)
+    case = larger_case(variant, seed=5)
+    out = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
+    expect = {(4, 48, 256), (2, 48, 256)} | ({(4, 96, 64)} if variant == "dflash2" else set())
+    assert set(seen) == expect, seen
+    comp, norm = error_ratio(case, out)
+    assert comp <= 4.0 and norm <= 1.5, (comp, norm)  # the bound of the test above
+
+
+def test_plan_split_gemms_a_consumer_reading_one_part_fails(monkeypatch):
+    """Negative control: a consumer that reads only the first K slice leaves the bound far behind."""
+    _split_shapes(monkeypatch)
+    monkeypatch.setattr(sys.modules[__name__], "_part_sum",
+                        lambda a: np.asarray(a, np.float32)[0] if np.ndim(a) == 3 else np.asarray(a, np.float32))
+    case = larger_case("dflash2", seed=5)
+    out = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
+    comp, norm = error_ratio(case, out)
+    assert comp > 4.0 and norm > 1.5, (comp, norm)
+
+
+def test_split_k_table_and_alignment(monkeypatch):
+    import kernels_cu.fast_block as fb
+
+    assert fb.split_k(256, 1280, 5120) == 4 and fb.split_k(8, 5120, 17408) == 2
+    assert fb.split_k(512, 1280, 5120) == 1  # more rows than measured: one GEMM
+    assert fb.split_k(128, 6144, 5120) == 1  # not in the table
+    monkeypatch.setattr(fb, "GEMM_SPLITS", {(64, 40): 4, (64, 64): 4})
+    assert fb.split_k(8, 64, 40) == 1  # 40 / 4 = 10 columns: not 16-byte slices
+    assert fb.split_k(8, 64, 64) == 4
+
+
+@given(st.integers(1, 16384))
+def test_resid_norm_threads_cover_the_row_in_at_most_four_groups(h):
+    from kernels_cu.fast_block import resid_norm_threads
+
+    t = resid_norm_threads(h)
+    groups = -(-h // 4)
+    assert t % 32 == 0 and 32 <= t <= 1024
+    assert -(-groups // t) <= 4  # fast_block.cu FB_RN_MAXV4: the registers path holds the row
+    assert t < groups + 32 or t == 32  # no whole idle warp beyond the row's groups

@@ -168,13 +168,14 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
-@pytest.mark.parametrize("h", [256, 2048, 5120, 8192, 8448])
+@pytest.mark.parametrize("h", [256, 2048, 5120, 8192, 8448, 16384, 16448])
 def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode, h):
-    """The single-CTA fb_resid_norm holds rows up to 8192 wide in registers (fb_resid_norm_vec):
-    every output must be bitwise its strided loop's (same element ownership and per-thread order,
-    same block sum). Each source / branch mode of the kernel at the 35B and 27B widths, the register
-    limit and one width past it (both runs take the strided loop there, so that width only checks
-    that the fallback runs, not a difference between paths)."""
+    """The single-CTA fb_resid_norm holds rows up to 16 T wide in registers (fb_resid_norm_vec; T
+    threads, fast_block.resid_norm_threads): every output must be bitwise its strided loop's (same
+    element ownership and per-thread order, same block sum). Each source / branch mode of the kernel
+    at the 35B and 27B widths, 1, 2, 3 and 4 groups per thread, and one width past the register
+    limit (both runs take the strided loop there, so that width only checks that the fallback runs,
+    not a difference between paths)."""
     import kernels_cu.fast_block as fb
 
     M = 24
@@ -246,3 +247,81 @@ def test_qkv_as_bits_gives_the_fp32_paths_bits(cupy, monkeypatch, variant):
                       impl.draft_layer(**_inputs(impl, dl))["x_next"].get())
         assert impl._fb_ws and all((ws.Q.dtype == np.uint16) == flag for ws in impl._fb_ws.values())
     assert np.array_equal(outs[False][0], outs[True][0]) and np.array_equal(outs[False][1], outs[True][1])
+
+
+@pytest.mark.parametrize("path", ["block", "cluster", "strided"])
+@pytest.mark.parametrize("mode", ["plain", "conv"])
+@pytest.mark.parametrize("parts", [2, 4])
+def test_resid_norm_branch_partials_equal_their_sum(cupy, monkeypatch, path, mode, parts):
+    """A branch given as K-slice partials [S, M, H] (a split GEMM, fast_block.split_k) is read as
+    their fp32 sum in part order: every output bitwise the kernel's on the pre-summed branch (for the
+    conv finish the preceding row's partials too)."""
+    import kernels_cu.fast_block as fb
+
+    M, h = 32, 5120
+    src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
+    rng = cupy.random.default_rng(7)
+    p = rng.standard_normal((parts, M, h), dtype=np.float32)
+    summed = p[0].copy()
+    for q in range(1, parts):
+        summed += p[q]  # one fp32 add at a time, in part order
+    split = _resid_norm_run(cupy, fb, monkeypatch, path, {**src, "branch": p}, norm_w, M, h)
+    whole = _resid_norm_run(cupy, fb, monkeypatch, path, {**src, "branch": summed}, norm_w, M, h)
+    for k in split:
+        assert np.array_equal(_bits(split[k]), _bits(whole[k])), k
+
+
+def test_conv_prepare_delta_partials_equal_their_sum(cupy):
+    """fb_conv_prepare on the conv delta as K-slice partials [S, 2M, 4G]: the hi rows' parts summed in
+    order, the lo rows' likewise, then hi + lo; bitwise the kernel's on the pre-summed delta."""
+    import kernels_cu.fast_block as fb
+
+    M, W, h, S = 32, 16, 5120, 4
+    rng = cupy.random.default_rng(11)
+    x = rng.standard_normal((M, h), dtype=np.float32)
+    base0 = rng.standard_normal((2, h), dtype=np.float32)
+    dl = rng.standard_normal((S, 2 * M, h // 4), dtype=np.float32)
+    summed = dl[0].copy()
+    for q in range(1, S):
+        summed += dl[q]
+    outs = []
+    for d in (dl, summed):
+        prepared, fd = cupy.zeros((M, h), np.uint16), cupy.zeros((M, 2 * (h // 16)), np.uint16)
+        fb.CudaEngine.conv_prepare(x, d, base0, W, M, h, prepared, fd)
+        outs.append((prepared.get(), fd.get()))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("shape", [(256, 1280, 5120, 4), (8, 5120, 17408, 2), (128, 2048, 4096, 4)])
+def test_split_gemm_partials_are_the_k_slices(cupy, shape):
+    """CaptureGemm.split (cublasGemmStridedBatchedEx): out[s] is x[:, slice s] @ w[:, slice s].T. Each
+    partial is a sum of K / S exact BF16 products accumulated in fp32; any order of that sum is within
+    gamma_{K/S} sum |x w| (u = 2^-24, recursive summation; blocked or tensor-core orders are shorter
+    chains), checked against float64 per slice, plus one fp32 rounding of the output."""
+    import kernels_cu.fast_block as fb
+
+    M, N, K, S = shape
+    rng = cupy.random.default_rng(3)
+
+    def bf16(*s):
+        return (rng.standard_normal(s, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    x, w = bf16(M, K), bf16(N, K)
+    out = cupy.empty((S, M, N), np.float32)
+    eng = fb.CudaEngine(attention=(None, "none"))
+    eng.gemm(x, w, out)
+    xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    wf = (w.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    kk = K // S
+    u = 2.0**-24
+    gamma = kk * u / (1 - kk * u)
+    for s in range(S):
+        sl = slice(s * kk, (s + 1) * kk)
+        ref = xf[:, sl] @ wf[:, sl].T
+        mag = cupy.abs(xf[:, sl]) @ cupy.abs(wf[:, sl]).T
+        err = cupy.abs(out[s].astype(np.float64) - ref)
+        assert bool(cupy.all(err <= gamma * mag + u * cupy.abs(ref))), float(cupy.max(err / (mag + 1e-300)))
+    # a wrong slice (the mutant that reads slice 0 everywhere) is far outside that bound
+    ref1 = xf[:, kk: 2 * kk] @ wf[:, kk: 2 * kk].T
+    mag1 = cupy.abs(xf[:, kk: 2 * kk]) @ cupy.abs(wf[:, kk: 2 * kk]).T
+    assert not bool(cupy.all(cupy.abs(out[0].astype(np.float64) - ref1) <= gamma * mag1 + u * cupy.abs(ref1)))
