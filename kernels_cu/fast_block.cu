@@ -72,7 +72,8 @@ __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const floa
 }
 
 #define FB_RN_MAX_THREADS 1024  // fb_resid_norm's block: T threads, a multiple of 32 (fast_block.py resid_norm_threads)
-#define FB_RN_MAXV4 4  // float4 groups per thread held in registers: rows up to 16 T wide
+#define FB_RN_MAXV4 4  // float4 groups per thread held in registers: rows up to 16 T wide (more spill
+                       // at the 64 registers a 1024-thread block allows)
 
 // The norm's output of one element (shared by both row paths).
 __device__ __forceinline__ void fb_norm_store(long long o, float y, float* __restrict__ norm_f32,

@@ -239,11 +239,18 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
     return "cluster" if fits else "block"
 
 
+# fb_resid_norm's block size: None sizes it to the row (resid_norm_threads); an int (a multiple of
+# 32 up to 1024) forces it (benchmarks/round_ab.py times 256, the size before session v7).
+RESID_NORM_THREADS = None
+
+
 def resid_norm_threads(H: int) -> int:
     """fb_resid_norm's block size for rows H wide: one float4 group of the row per thread where
     H / 4 <= 1024, else about two (a multiple of 32, at most 1024). H200, 128 rows of 5120 after a
     GEMM (DRAM): the 256-thread block held 8 warps an SM, each stalled on its loads, ~10 us a call in
     the round (benchmarks/glue_probe.py, ncu)."""
+    if RESID_NORM_THREADS is not None:
+        return int(RESID_NORM_THREADS)
     groups = max(1, -(-H // 4))
     per = -(-groups // 1024)  # groups per thread
     threads = -(-groups // per)

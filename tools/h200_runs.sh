@@ -15,6 +15,8 @@
 #   bash tools/h200_runs.sh v6-final       # session v6: the final kernels' tests, both CLI suites, the top-k A/B,
 #                                          # the bench of the changed Ops and the rounds, the trace (logs.tgz)
 #   bash tools/h200_runs.sh v6-attn        # session v6: the attention benchmark with its split sweep
+#   bash tools/h200_runs.sh v7-a           # session v7: the block / attention / round GPU tests, fb_resid_norm
+#                                          # per path, the round A/B (K-split GEMMs), the trace (logs.tgz)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -84,6 +86,13 @@ for what in "$@"; do
       step bench timeout 150 $PY -m benchmarks.gpu_bench --no-exact \
         --ops candidate_topk,proposal_head,draft_attention,masked_block,proposal_round --json "$OUT/bench.json"
       step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v7-a)
+      step gpu-tests-v7a timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py \
+        tests/gpu/test_fast_attention.py tests/gpu/test_fast_round.py
+      step glue timeout 60 $PY -m benchmarks.glue_probe
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --rounds 3 --json "$OUT/round_ab.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
