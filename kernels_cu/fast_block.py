@@ -163,6 +163,9 @@ class CaptureGemm:
                                   -1), "cublasGemmStridedBatchedEx")
 
     def __call__(self, x, w, out):
+        """out [M, N] = x @ w.T (cublasGemmEx); out [S, M, N]: the K-slice partials (split)."""
+        if out.ndim == 3:
+            return self.split(x, w, out)
         M, K = x.shape
         N = w.shape[0]
         if w.shape[1] != K or tuple(out.shape) != (M, N) or not (x.flags.c_contiguous and w.flags.c_contiguous
@@ -322,6 +325,8 @@ class CudaEngine:
         if out.ndim == 3:
             if self._capture_gemm is None:
                 self._capture_gemm = CaptureGemm()
+            if not self._capture_gemm:
+                raise RuntimeError(f"a split GEMM needs CaptureGemm: {getattr(self, '_capture_error', '')}")
             self._capture_gemm.split(x_bits, w_bits, out)
             return
         if cp().cuda.get_current_stream().is_capturing():  # a host query, no synchronisation

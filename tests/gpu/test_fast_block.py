@@ -110,6 +110,34 @@ def test_repeat_call_moves_no_weights(fast, cupy):
     assert np.array_equal(first, second)
 
 
+
+def test_fast_block_suite_with_every_block_gemm_split(cupy, monkeypatch):
+    """Every GEMM of the block whose K allows it split in two (fast_block.split_k forced; the vectors'
+    shapes are not in GEMM_SPLITS): the consumers sum the partials, and the suite still gives no FAIL
+    or ERROR, the same verdicts as the unsplit run (also a fresh backend, so no workspace made
+    without the splits is reused)."""
+    import kernels_cu.fast_block as fb
+    from conformance.compare import Result
+    from conformance.runner import run_suite
+    from kernels_cu.fast import FastCudaBackend
+
+    calls = []
+    monkeypatch.setattr(fb, "split_k", lambda M, N, K: 2 if K % 16 == 0 else 1)
+    gemm = fb.CaptureGemm.split
+
+    def spy(self, x, w, out):
+        calls.append(out.shape)
+        return gemm(self, x, w, out)
+
+    monkeypatch.setattr(fb.CaptureGemm, "split", spy)
+    results = run_suite(FastCudaBackend(), ROOT / "vectors", ops_pattern="masked_block,draft_layer")
+    counts = Counter(r.result.name for r in results)
+    bad = [r for r in results if r.result in (Result.FAIL, Result.ERROR, Result.NOT_IMPLEMENTED)]
+    assert calls, "no GEMM was split"
+    assert len(results) == 40 and not bad, f"{counts}: " + "; ".join(
+        f"{r.op}/{r.case} {r.result.name}: {r.detail}" for r in bad[:20])
+
+
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
 def test_call_captures_into_a_cuda_graph(fast, cupy, variant):
     cp = cupy
@@ -292,8 +320,9 @@ def test_conv_prepare_delta_partials_equal_their_sum(cupy):
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("engine", ["block", "round"])
 @pytest.mark.parametrize("shape", [(256, 1280, 5120, 4), (8, 5120, 17408, 2), (128, 2048, 4096, 4)])
-def test_split_gemm_partials_are_the_k_slices(cupy, shape):
+def test_split_gemm_partials_are_the_k_slices(cupy, shape, engine):
     """CaptureGemm.split (cublasGemmStridedBatchedEx): out[s] is x[:, slice s] @ w[:, slice s].T. Each
     partial is a sum of K / S exact BF16 products accumulated in fp32; any order of that sum is within
     gamma_{K/S} sum |x w| (u = 2^-24, recursive summation; blocked or tensor-core orders are shorter
@@ -308,7 +337,12 @@ def test_split_gemm_partials_are_the_k_slices(cupy, shape):
 
     x, w = bf16(M, K), bf16(N, K)
     out = cupy.empty((S, M, N), np.float32)
-    eng = fb.CudaEngine(attention=(None, "none"))
+    if engine == "block":
+        eng = fb.CudaEngine(attention=(None, "none"))
+    else:  # FastRound's engine: every GEMM, eager too, through CaptureGemm
+        from kernels_cu.fast_round import RoundEngine
+
+        eng = RoundEngine()
     eng.gemm(x, w, out)
     xf = (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     wf = (w.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
