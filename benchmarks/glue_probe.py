@@ -4,6 +4,10 @@ of ``--calls`` launches, replayed; microseconds per call (CUDA events, median of
 
     python -m benchmarks.glue_probe [--only M,H,mode,path]   (the latter runs one configuration
                                                                once, e.g. under ncu)
+    python -m benchmarks.glue_probe --cold                     (the block path at 128 rows, inputs
+        rotated over > 128 MB so they come from DRAM as in the round; branch as 1 or 2 K-slice
+        partials; block sizes swept through fast_block.RESID_NORM_THREADS; fb_conv_prepare with the
+        delta whole or in 4 partials)
 modes: conv (resid_in + branch + conv finish, DFlash2's post-attention update), branch (resid_in +
 branch, DFlash's), embed (BF16 source rows, the first norm). Outputs as block_forward's.
 """
@@ -23,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=15)
     ap.add_argument("--only", default=None)
+    ap.add_argument("--cold", action="store_true")
     args = ap.parse_args(argv)
     import cupy as cp
     import numpy as np
@@ -33,10 +38,11 @@ def main(argv=None) -> int:
     stream = cp.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(0)
 
-    def arrays(M, H, mode):
+    def arrays(M, H, mode, parts=1):
         f = lambda *s: cp.asarray(rng.standard_normal(s).astype(np.float32))
         G = H // 16
-        a = {"resid_in": f(M, H), "branch": f(M, H), "resid_out": None, "norm_w": f(H)}
+        a = {"resid_in": f(M, H), "branch": f(M, H) if parts == 1 else f(parts, M, H), "resid_out": None,
+             "norm_w": f(H)}
         a["resid_out"] = a["resid_in"]
         if mode == "conv":
             a["conv_base"] = f(2, H)
@@ -75,6 +81,56 @@ def main(argv=None) -> int:
         fb.RESID_NORM_PATH = "auto"
         return statistics.median(t)
 
+    def cold(launch_j, n_sets):
+        with stream:
+            for j in range(n_sets):
+                launch_j(j)
+            stream.synchronize()
+            stream.begin_capture()
+            for j in range(args.calls):
+                launch_j(j % n_sets)
+            g = stream.end_capture()
+            g.launch(stream)
+            stream.synchronize()
+            t = []
+            for _ in range(args.replays):
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(stream)
+                g.launch(stream)
+                e1.record(stream)
+                e1.synchronize()
+                t.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.calls)
+        return statistics.median(t)
+
+    if args.cold:
+        M, W, calls = 128, 16, args.calls
+        args.calls = max(calls, 16)
+        print(f"{'H':>5} {'mode':>7} {'parts':>5} " + " ".join(f"{'T' + str(t):>7}" for t in (320, 448, 640, 1024))
+              + "   fb_resid_norm us per call, inputs from DRAM")
+        for H in (5120, 2048):
+            for mode, parts in (("conv", 1), ("conv", 2), ("branch", 1), ("branch", 2)):
+                sets = [arrays(M, H, mode, parts) for _ in range(16)]
+                row = []
+                for t in (320, 448, 640, 1024):
+                    if -(-H // 4 // t) > 4:
+                        row.append(float("nan"))
+                        continue
+                    fb.RESID_NORM_THREADS = t
+                    fb.RESID_NORM_PATH = "block"
+                    row.append(cold(lambda j, H=H, sets=sets: launch(M, H, W, sets[j]), 16))
+                fb.RESID_NORM_THREADS, fb.RESID_NORM_PATH = None, "auto"
+                print(f"{H:5d} {mode:>7} {parts:5d} " + " ".join(f"{v:7.2f}" for v in row), flush=True)
+                del sets
+        H = 5120
+        for dparts in (1, 4):
+            ins = [(cp.asarray(rng.standard_normal((M, H)).astype(np.float32)),
+                    cp.asarray(rng.standard_normal((dparts, 2 * M, H // 4) if dparts > 1 else (2 * M, H // 4))
+                               .astype(np.float32)),
+                    cp.asarray(rng.standard_normal((2, H)).astype(np.float32)),
+                    cp.empty((M, H), np.uint16), cp.empty((M, H // 8), np.uint16)) for _ in range(16)]
+            us = cold(lambda j, ins=ins: eng.conv_prepare(*ins[j][:3], W, M, H, *ins[j][3:]), 16)
+            print(f"fb_conv_prepare 128 x 5120, delta in {dparts} part(s): {us:.2f} us per call, inputs from DRAM")
+        return 0
     if args.only:
         m, h, mode, path = args.only.split(",")
         fb.RESID_NORM_PATH = path

@@ -530,23 +530,36 @@ __device__ __forceinline__ float fb_delta(const float* __restrict__ dh, const fl
     return h + l;
 }
 
+// Per block of T columns (T % 16 == 0, T <= 1024) the 2 T / 16 deltas its columns use (both taps)
+// are summed once into shared memory (a K-split delta has 2 dparts terms each; the first version
+// summed them per column, 16 times over, and ran 4.8 -> 10.9 us a call at 128 rows, H200).
 extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const float* __restrict__ dl,
                                            const float* __restrict__ base0, int W, int M, int H,
                                            u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
                                            long long dstride) {
+    __shared__ float dsm[2][64];
     const int G = H >> 4;
     const long long G4 = 4LL * G;
     const int r = blockIdx.y;
-    if (r >= M) return;
-    const int i = r % W;
+    if (r >= M) return;  // block-uniform
+    const int i = r % W, ng = blockDim.x >> 4;
     const float* dh = dl + r * G4;
     const float* dlo = dl + (M + (long long)r) * G4;
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < H; c += gridDim.x * blockDim.x) {
-        const long long t = (long long)r * H + c;
-        const int g = c >> 4;
-        float out = (base0[c] + fb_delta(dh, dlo, g, dparts, dstride)) * x[t];
-        if (i >= 1) out = fmaf(base0[H + c] + fb_delta(dh, dlo, G + g, dparts, dstride), x[t - H], out);
-        prepared[t] = dfl::f32_to_bf16_rn(out);
+    for (int c0 = blockIdx.x * blockDim.x; c0 < H; c0 += gridDim.x * blockDim.x) {  // block-uniform
+        if (threadIdx.x < 2 * ng) {
+            const int tap = threadIdx.x / ng, gl = threadIdx.x % ng, g = (c0 >> 4) + gl;
+            if (g < G && (tap == 0 || i >= 1)) dsm[tap][gl] = fb_delta(dh, dlo, tap * G + g, dparts, dstride);
+        }
+        __syncthreads();
+        const int c = c0 + threadIdx.x;
+        if (c < H) {
+            const long long t = (long long)r * H + c;
+            const int gl = threadIdx.x >> 4;
+            float out = (base0[c] + dsm[0][gl]) * x[t];
+            if (i >= 1) out = fmaf(base0[H + c] + dsm[1][gl], x[t - H], out);
+            prepared[t] = dfl::f32_to_bf16_rn(out);
+        }
+        __syncthreads();  // dsm is rewritten by the next slice
     }
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < 2 * G; j += gridDim.x * blockDim.x)
         fd[(long long)r * 2 * G + j] = dfl::f32_to_bf16_rn(fb_delta(dh, dlo, 2 * G + j, dparts, dstride));
