@@ -530,39 +530,81 @@ __device__ __forceinline__ float fb_delta(const float* __restrict__ dh, const fl
     return h + l;
 }
 
-// Per block of T columns (T % 16 == 0, T <= 1024) the 2 T / 16 deltas its columns use (both taps)
-// are summed once into shared memory (a K-split delta has 2 dparts terms each; the first version
-// summed them per column, 16 times over, and ran 4.8 -> 10.9 us a call at 128 rows, H200).
-extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const float* __restrict__ dl,
-                                           const float* __restrict__ base0, int W, int M, int H,
-                                           u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
-                                           long long dstride) {
-    __shared__ float dsm[2][64];
+// Per slice of T * CPT columns (T threads, CPT columns each: 4 with 16-byte loads when the launcher
+// has checked alignment, else 1; T * CPT <= 1024) the slice's deltas for both taps are summed once
+// into shared memory (a K-split delta has 2 dparts terms each; the first version summed them per
+// column, 16 times over: 4.8 -> 10.9 us a call at 128 rows, H200), while each thread's x, previous
+// row and base loads are already in flight. The arithmetic per element is unchanged.
+template <int CPT>
+__device__ __forceinline__ void fb_conv_prepare_body(const float* __restrict__ x, const float* __restrict__ dl,
+                                                     const float* __restrict__ base0, int W, int M, int H,
+                                                     u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
+                                                     long long dstride, float (*dsm)[64]) {
     const int G = H >> 4;
     const long long G4 = 4LL * G;
     const int r = blockIdx.y;
-    if (r >= M) return;  // block-uniform
-    const int i = r % W, ng = blockDim.x >> 4;
+    const int i = r % W, span = blockDim.x * CPT, ng = span >> 4;
     const float* dh = dl + r * G4;
     const float* dlo = dl + (M + (long long)r) * G4;
-    for (int c0 = blockIdx.x * blockDim.x; c0 < H; c0 += gridDim.x * blockDim.x) {  // block-uniform
+    for (int c0 = blockIdx.x * span; c0 < H; c0 += gridDim.x * span) {  // block-uniform
+        const int c = c0 + threadIdx.x * CPT;
+        const long long t = (long long)r * H + c;
+        float xv[CPT], xp[CPT], b0[CPT], b1[CPT];
+        if (c < H) {  // H % CPT == 0
+            if (CPT == 4) {
+                *reinterpret_cast<float4*>(xv) = *reinterpret_cast<const float4*>(x + t);
+                *reinterpret_cast<float4*>(b0) = *reinterpret_cast<const float4*>(base0 + c);
+                if (i >= 1) {
+                    *reinterpret_cast<float4*>(xp) = *reinterpret_cast<const float4*>(x + t - H);
+                    *reinterpret_cast<float4*>(b1) = *reinterpret_cast<const float4*>(base0 + H + c);
+                }
+            } else {
+                xv[0] = x[t];
+                b0[0] = base0[c];
+                if (i >= 1) {
+                    xp[0] = x[t - H];
+                    b1[0] = base0[H + c];
+                }
+            }
+        }
         if (threadIdx.x < 2 * ng) {
             const int tap = threadIdx.x / ng, gl = threadIdx.x % ng, g = (c0 >> 4) + gl;
             if (g < G && (tap == 0 || i >= 1)) dsm[tap][gl] = fb_delta(dh, dlo, tap * G + g, dparts, dstride);
         }
         __syncthreads();
-        const int c = c0 + threadIdx.x;
         if (c < H) {
-            const long long t = (long long)r * H + c;
-            const int gl = threadIdx.x >> 4;
-            float out = (base0[c] + dsm[0][gl]) * x[t];
-            if (i >= 1) out = fmaf(base0[H + c] + dsm[1][gl], x[t - H], out);
-            prepared[t] = dfl::f32_to_bf16_rn(out);
+            const int gl = (c - c0) >> 4;  // the CPT columns share their group
+            const float d0 = dsm[0][gl], d1 = i >= 1 ? dsm[1][gl] : 0.f;
+            u16 o[CPT];
+#pragma unroll
+            for (int e = 0; e < CPT; ++e) {
+                float out = (b0[e] + d0) * xv[e];
+                if (i >= 1) out = fmaf(b1[e] + d1, xp[e], out);
+                o[e] = dfl::f32_to_bf16_rn(out);
+            }
+            if (CPT == 4)
+                *reinterpret_cast<ushort4*>(prepared + t) = make_ushort4(o[0], o[1], o[2], o[3]);
+            else
+                prepared[t] = o[0];
         }
         __syncthreads();  // dsm is rewritten by the next slice
     }
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < 2 * G; j += gridDim.x * blockDim.x)
         fd[(long long)r * 2 * G + j] = dfl::f32_to_bf16_rn(fb_delta(dh, dlo, 2 * G + j, dparts, dstride));
+}
+
+// vec: 4 columns per thread (H % 4 == 0; x, base0 16-byte and prepared 8-byte aligned; the launcher
+// checks), grid (ceil(H / 4T), M); else one column per thread, grid (ceil(H / T), M). T <= 256.
+extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const float* __restrict__ dl,
+                                           const float* __restrict__ base0, int W, int M, int H,
+                                           u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
+                                           long long dstride, int vec) {
+    __shared__ float dsm[2][64];
+    if ((int)blockIdx.y >= M) return;  // block-uniform
+    if (vec)
+        fb_conv_prepare_body<4>(x, dl, base0, W, M, H, prepared, fd, dparts, dstride, dsm);
+    else
+        fb_conv_prepare_body<1>(x, dl, base0, W, M, H, prepared, fd, dparts, dstride, dsm);
 }
 
 // act [M, I] = BF16(SiLU(gate) * up), SiLU(g) = g / (1 + exp(-g)) (reference/norms.py), from the

@@ -242,6 +242,9 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
     return "cluster" if fits else "block"
 
 
+# fb_conv_prepare: 4 columns per thread with 16-byte loads where aligned (False: one column per
+# thread; the same bits, tests/gpu/test_fast_block.py compares them).
+CONV_PREPARE_VEC = True
 # fb_resid_norm's block size: None sizes it to the row (resid_norm_threads); an int (a multiple of
 # 32 up to 1024) forces it (benchmarks/round_ab.py times 256, the size before session v7).
 RESID_NORM_THREADS = None
@@ -377,9 +380,11 @@ class CudaEngine:
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
         dparts, dstride = _parts(dl, 2 * M, H // 4)
-        _fn("fb_conv_prepare")(_row_grid(H, M), (_THREADS,),
+        vec = (CONV_PREPARE_VEC and H % 4 == 0 and x.data.ptr % 16 == 0 and base0.data.ptr % 16 == 0
+               and prepared.data.ptr % 8 == 0)
+        _fn("fb_conv_prepare")(_row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
                                (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
-                                np.int64(dstride)))
+                                np.int64(dstride), np.int32(1 if vec else 0)))
 
     @staticmethod
     def silu_mul(gu, M, inter, act):

@@ -299,12 +299,15 @@ def test_resid_norm_branch_partials_equal_their_sum(cupy, monkeypatch, path, mod
         assert np.array_equal(_bits(split[k]), _bits(whole[k])), k
 
 
-def test_conv_prepare_delta_partials_equal_their_sum(cupy):
+@pytest.mark.parametrize("h", [5120, 2064])
+def test_conv_prepare_delta_partials_equal_their_sum(cupy, monkeypatch, h):
     """fb_conv_prepare on the conv delta as K-slice partials [S, 2M, 4G]: the hi rows' parts summed in
-    order, the lo rows' likewise, then hi + lo; bitwise the kernel's on the pre-summed delta."""
+    order, the lo rows' likewise, then hi + lo; bitwise the kernel's on the pre-summed delta; and its
+    4-columns-per-thread path (CONV_PREPARE_VEC) bitwise its one-column path, both ways (2064: a
+    width whose last slice is partial)."""
     import kernels_cu.fast_block as fb
 
-    M, W, h, S = 32, 16, 5120, 4
+    M, W, S = 32, 16, 4
     rng = cupy.random.default_rng(11)
     x = rng.standard_normal((M, h), dtype=np.float32)
     base0 = rng.standard_normal((2, h), dtype=np.float32)
@@ -313,11 +316,15 @@ def test_conv_prepare_delta_partials_equal_their_sum(cupy):
     for q in range(1, S):
         summed += dl[q]
     outs = []
-    for d in (dl, summed):
-        prepared, fd = cupy.zeros((M, h), np.uint16), cupy.zeros((M, 2 * (h // 16)), np.uint16)
-        fb.CudaEngine.conv_prepare(x, d, base0, W, M, h, prepared, fd)
-        outs.append((prepared.get(), fd.get()))
-    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+    for vec in (True, False):
+        monkeypatch.setattr(fb, "CONV_PREPARE_VEC", vec)
+        for d in (dl, summed):
+            prepared, fd = cupy.zeros((M, h), np.uint16), cupy.zeros((M, 2 * (h // 16)), np.uint16)
+            fb.CudaEngine.conv_prepare(x, d, base0, W, M, h, prepared, fd)
+            outs.append((prepared.get(), fd.get()))
+    for o in outs[1:]:
+        assert np.array_equal(outs[0][0], o[0]) and np.array_equal(outs[0][1], o[1])
+    assert outs[0][0].any() and outs[0][1].any()
 
 
 @pytest.mark.parametrize("engine", ["block", "round"])
