@@ -15,6 +15,9 @@
 #   bash tools/h200_runs.sh v6-final       # session v6: the final kernels' tests, both CLI suites, the top-k A/B,
 #                                          # the bench of the changed Ops and the rounds, the trace (logs.tgz)
 #   bash tools/h200_runs.sh v6-attn        # session v6: the attention benchmark with its split sweep
+#   bash tools/h200_runs.sh v7-tests       # session v7: every GPU test, both CLI suites of the fast mode
+#   bash tools/h200_runs.sh v7-bench       # session v7: the bench of the block and the rounds, the round A/B,
+#                                          # the trace
 #   bash tools/h200_runs.sh v7-a           # session v7: the block / attention / round GPU tests, fb_resid_norm
 #                                          # per path, the round A/B (K-split GEMMs), the trace (logs.tgz)
 set -uo pipefail
@@ -86,6 +89,19 @@ for what in "$@"; do
       step bench timeout 150 $PY -m benchmarks.gpu_bench --no-exact \
         --ops candidate_topk,proposal_head,draft_attention,masked_block,proposal_round --json "$OUT/bench.json"
       step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v7-tests)
+      step gpu-tests-v7 timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu
+      step suite-fast timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v7-bench)
+      step bench timeout 150 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step round-ab timeout 120 $PY -m benchmarks.round_ab --rounds 3 --json "$OUT/round_ab.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v7-a)
       step gpu-tests-v7a timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py \
