@@ -26,25 +26,39 @@ using dfl::u16;
 // fd[G + g]) z[r - 1]) (grouped_conv.cu conv_finish, the same operation order). RES: the source
 // is resid_in (else srow); BR: a branch is added; CONV: with the conv finish. Compile-time flags,
 // so that an unrolled loop over a row holds no branches and its loads are all in flight at once.
-// A branch given as `parts` fp32 partial products [parts, M, H] (`stride` elements apart: the K
-// slices of a split GEMM, kernels_cu/fast_block.py split_k), read as their sum in part order.
+// A branch given as `parts` (1 .. FB_MAX_PARTS) fp32 partial products [parts, M, H] (`stride`
+// elements apart: the K slices of a split GEMM, kernels_cu/fast_block.py split_k), read as their sum
+// in part order. Every part's load is issued before the first add (an unrolled, predicated loop: a
+// runtime-count loop waited one memory latency per part).
+#define FB_MAX_PARTS 4
 struct FbBr {
     const float* __restrict__ p;
     int parts;
     long long stride;
     __device__ __forceinline__ float at(long long o) const {
-        float z = p[o];
-        for (int q = 1; q < parts; ++q) z += p[q * stride + o];
+        float t[FB_MAX_PARTS];
+#pragma unroll
+        for (int q = 0; q < FB_MAX_PARTS; ++q) t[q] = q < parts ? p[q * stride + o] : 0.f;
+        float z = t[0];
+#pragma unroll
+        for (int q = 1; q < FB_MAX_PARTS; ++q)
+            if (q < parts) z += t[q];
         return z;
     }
     __device__ __forceinline__ float4 at4(long long o) const {
-        float4 z = *reinterpret_cast<const float4*>(p + o);
-        for (int q = 1; q < parts; ++q) {
-            const float4 t = *reinterpret_cast<const float4*>(p + q * stride + o);
-            z.x += t.x;
-            z.y += t.y;
-            z.z += t.z;
-            z.w += t.w;
+        float4 t[FB_MAX_PARTS];
+#pragma unroll
+        for (int q = 0; q < FB_MAX_PARTS; ++q)
+            t[q] = q < parts ? *reinterpret_cast<const float4*>(p + q * stride + o) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 z = t[0];
+#pragma unroll
+        for (int q = 1; q < FB_MAX_PARTS; ++q) {
+            if (q < parts) {
+                z.x += t[q].x;
+                z.y += t[q].y;
+                z.z += t[q].z;
+                z.w += t[q].w;
+            }
         }
         return z;
     }
@@ -522,10 +536,19 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
 // the hi rows' parts are summed in part order, the lo rows' likewise, then hi + lo.
 __device__ __forceinline__ float fb_delta(const float* __restrict__ dh, const float* __restrict__ dlo, int j,
                                           int dparts, long long dstride) {
-    float h = dh[j], l = dlo[j];
-    for (int q = 1; q < dparts; ++q) {
-        h += dh[q * dstride + j];
-        l += dlo[q * dstride + j];
+    float th[FB_MAX_PARTS], tl[FB_MAX_PARTS];  // every load issued before the first add
+#pragma unroll
+    for (int q = 0; q < FB_MAX_PARTS; ++q) {
+        th[q] = q < dparts ? dh[q * dstride + j] : 0.f;
+        tl[q] = q < dparts ? dlo[q * dstride + j] : 0.f;
+    }
+    float h = th[0], l = tl[0];
+#pragma unroll
+    for (int q = 1; q < FB_MAX_PARTS; ++q) {
+        if (q < dparts) {
+            h += th[q];
+            l += tl[q];
+        }
     }
     return h + l;
 }

@@ -242,8 +242,10 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
     return "cluster" if fits else "block"
 
 
-# fb_conv_prepare: 4 columns per thread with 16-byte loads where aligned (False: one column per
-# thread; the same bits, tests/gpu/test_fast_block.py compares them).
+# fb_conv_prepare: 4 columns per thread with 16-byte loads where aligned and the grid still has at
+# least 256 blocks (B8 W16: 640; at B1 W8 one column per thread keeps 160 blocks: the 4-column
+# grid's 40 measured 1.9 -> 2.8 us a call in the 27B B1 trace); "always": wherever aligned; False:
+# one column per thread. The same bits either way (tests/gpu/test_fast_block.py).
 CONV_PREPARE_VEC = True
 # fb_resid_norm's block size: None sizes it to the row (resid_norm_threads); an int (a multiple of
 # 32 up to 1024) forces it (benchmarks/round_ab.py times 256, the size before session v7).
@@ -268,8 +270,9 @@ def _parts(a, rows: int, cols: int) -> tuple[int, int]:
     partials [parts, rows, cols] (a split GEMM's output)."""
     if a is None or a.ndim == 2:
         return 1, 0
-    if a.ndim != 3 or tuple(a.shape[1:]) != (rows, cols) or not a.flags.c_contiguous:
-        raise ValueError(f"partials {a.shape}: expected C-contiguous [parts, {rows}, {cols}]")
+    if a.ndim != 3 or tuple(a.shape[1:]) != (rows, cols) or not a.flags.c_contiguous or not 1 <= a.shape[0] <= 4:
+        raise ValueError(f"partials {a.shape}: expected C-contiguous [parts <= 4, {rows}, {cols}] "
+                         f"(fast_block.cu FB_MAX_PARTS)")
     return int(a.shape[0]), rows * cols
 
 
@@ -290,7 +293,7 @@ GEMM_SPLITS = {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 4, (2048, 6144):
 def split_k(M: int, N: int, K: int) -> int:
     """How many K slices the block's GEMM x [M, K] @ w [N, K].T runs as (GEMM_SPLITS; 1: not split).
     Each slice is 16-byte aligned (K % (8 S) == 0)."""
-    s = GEMM_SPLITS.get((N, K), 1) if M <= 256 else 1
+    s = min(GEMM_SPLITS.get((N, K), 1), 4) if M <= 256 else 1  # the consumers read at most 4 parts
     return s if s > 1 and K % (8 * s) == 0 else 1
 
 
@@ -381,7 +384,7 @@ class CudaEngine:
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
         dparts, dstride = _parts(dl, 2 * M, H // 4)
         vec = (CONV_PREPARE_VEC and H % 4 == 0 and x.data.ptr % 16 == 0 and base0.data.ptr % 16 == 0
-               and prepared.data.ptr % 8 == 0)
+               and prepared.data.ptr % 8 == 0 and (CONV_PREPARE_VEC == "always" or -(-H // 1024) * M >= 256))
         _fn("fb_conv_prepare")(_row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
                                (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
                                 np.int64(dstride), np.int32(1 if vec else 0)))
