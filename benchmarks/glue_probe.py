@@ -15,7 +15,6 @@ branch, DFlash's), embed (BF16 source rows, the first norm). Outputs as block_fo
 from __future__ import annotations
 
 import argparse
-import statistics
 
 CASES = [(8, 5120), (128, 5120), (8, 2048), (128, 2048)]
 MODES = ("conv", "branch")
@@ -32,6 +31,7 @@ def main(argv=None) -> int:
     import cupy as cp
     import numpy as np
 
+    from benchmarks.graph_timer import graph_us
     from kernels_cu import fast_block as fb
 
     eng = fb.CudaEngine(attention=(None, "none"))
@@ -61,46 +61,12 @@ def main(argv=None) -> int:
         fb.RESID_NORM_PATH = path
         a = arrays(M, H, mode)
         W = 8 if M == 8 else 16
-        with stream:
-            launch(M, H, W, a)
-            stream.synchronize()
-            stream.begin_capture()
-            for _ in range(args.calls):
-                launch(M, H, W, a)
-            g = stream.end_capture()
-            g.launch(stream)
-            stream.synchronize()
-            t = []
-            for _ in range(args.replays):
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record(stream)
-                g.launch(stream)
-                e1.record(stream)
-                e1.synchronize()
-                t.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.calls)
+        us = graph_us(cp, stream, lambda _j: launch(M, H, W, a), calls=args.calls, replays=args.replays)
         fb.RESID_NORM_PATH = "auto"
-        return statistics.median(t)
+        return us
 
     def cold(launch_j, n_sets):
-        with stream:
-            for j in range(n_sets):
-                launch_j(j)
-            stream.synchronize()
-            stream.begin_capture()
-            for j in range(args.calls):
-                launch_j(j % n_sets)
-            g = stream.end_capture()
-            g.launch(stream)
-            stream.synchronize()
-            t = []
-            for _ in range(args.replays):
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record(stream)
-                g.launch(stream)
-                e1.record(stream)
-                e1.synchronize()
-                t.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / args.calls)
-        return statistics.median(t)
+        return graph_us(cp, stream, launch_j, calls=args.calls, replays=args.replays, sets=n_sets)
 
     if args.cold:
         M, W, calls = 128, 16, args.calls

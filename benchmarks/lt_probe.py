@@ -45,6 +45,35 @@ def _lib():
     raise RuntimeError("libcublasLt not found")
 
 
+def lt_setup(lt, handle, m: int, n: int, k: int, ws_bytes: int, algos: int):
+    """The cuBLASLt objects of x [m, k] BF16 @ w [n, k]^T -> fp32 [m, n] (COMPUTE_32F; column-major
+    C^T = w (op T) x) and up to ``algos`` heuristic results: (desc, la, lb, lc, pref, results, count,
+    status). Free the first five with lt_free."""
+    vp, i32 = ctypes.c_void_p, ctypes.c_int32
+    desc, la, lb, lc, pref = vp(), vp(), vp(), vp(), vp()
+    assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), 68, 0) == 0  # COMPUTE_32F, scale R_32F
+    for attr, val in ((3, 1), (4, 0)):  # TRANSA = T, TRANSB = N
+        v = i32(val)
+        assert lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), ctypes.sizeof(v)) == 0
+    for lay, dt, rows, cols in ((la, 14, k, n), (lb, 14, k, m), (lc, 0, n, m)):
+        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, ctypes.c_uint64(rows), ctypes.c_uint64(cols),
+                                             ctypes.c_int64(rows)) == 0
+    assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
+    wsz = ctypes.c_uint64(ws_bytes)
+    assert lt.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsz), 8) == 0
+    res = (HeuristicResult * algos)()
+    got = i32()
+    st = lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, algos, res, ctypes.byref(got))
+    return desc, la, lb, lc, pref, res, got.value, st
+
+
+def lt_free(lt, desc, la, lb, lc, pref):
+    lt.cublasLtMatmulPreferenceDestroy(pref)
+    for lay in (la, lb, lc):
+        lt.cublasLtMatrixLayoutDestroy(lay)
+    lt.cublasLtMatmulDescDestroy(desc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -80,26 +109,11 @@ def main(argv=None) -> int:
         x = (cp.random.standard_normal((m, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
         w = (cp.random.standard_normal((n, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
         c = cp.empty((m, n), np.float32)
-        desc, la, lb, lc, pref = vp(), vp(), vp(), vp(), vp()
-        assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), 68, 0) == 0  # COMPUTE_32F, scale R_32F
-        setattr_(lt.cublasLtMatmulDescSetAttribute, desc, 3, 1)  # TRANSA = T
-        setattr_(lt.cublasLtMatmulDescSetAttribute, desc, 4, 0)  # TRANSB = N
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(la), 14, ctypes.c_uint64(k), ctypes.c_uint64(n),
-                                             ctypes.c_int64(k)) == 0
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lb), 14, ctypes.c_uint64(k), ctypes.c_uint64(m),
-                                             ctypes.c_int64(k)) == 0
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lc), 0, ctypes.c_uint64(n), ctypes.c_uint64(m),
-                                             ctypes.c_int64(n)) == 0
-        assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
-        wsz = ctypes.c_uint64(ws_bytes)
-        assert lt.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsz), 8) == 0
-        res = (HeuristicResult * args.algos)()
-        got = i32()
-        st = lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, args.algos, res, ctypes.byref(got))
+        desc, la, lb, lc, pref, res, got, st = lt_setup(lt, handle, m, n, k, ws_bytes, args.algos)
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         stream = vp(cp.cuda.get_current_stream().ptr)
         times = []
-        for r in range(got.value if st == 0 else 0):
+        for r in range(got if st == 0 else 0):
             if res[r].state != 0:
                 continue
 
@@ -121,11 +135,7 @@ def main(argv=None) -> int:
                "heuristic_status": st}
         out.append(rec)
         print(json.dumps(rec), flush=True)
-        lt.cublasLtMatmulPreferenceDestroy(pref)
-        lt.cublasLtMatrixLayoutDestroy(la)
-        lt.cublasLtMatrixLayoutDestroy(lb)
-        lt.cublasLtMatrixLayoutDestroy(lc)
-        lt.cublasLtMatmulDescDestroy(desc)
+        lt_free(lt, desc, la, lb, lc, pref)
         del x, w, c
     print(f"\n{'M':>5} {'N':>7} {'K':>6} {'gemmEx':>8} {'Lt 1st':>8} {'Lt best':>8} {'floor':>7} (us)")
     for r in out:

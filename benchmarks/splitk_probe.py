@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 
+from benchmarks import graph_timer
 from benchmarks.lt_probe import SHAPES as LT_SHAPES
-from benchmarks.lt_probe import HeuristicResult
 from benchmarks.lt_probe import _lib as _lt_lib
+from benchmarks.lt_probe import lt_free, lt_setup
 
 SHAPES = [
     # 27B DFlash2: conv delta (2M rows), q/k/v, o, gate/up, down; B8 W16 then B1 W8
@@ -82,31 +82,9 @@ def main(argv=None) -> int:
     stream = cp.cuda.Stream(non_blocking=True)
 
     def graph_us(launch, n_w):
-        """Per-call microseconds of a captured sequence of args.calls launches (launch(j) uses weight
-        copy j % n_w), median over the replays."""
-        with stream:
-            for j in range(2):
-                launch(j)
-            stream.synchronize()
-            stream.begin_capture()
-            for j in range(args.calls):
-                launch(j % n_w)
-            g = stream.end_capture()
-            g.upload(stream)
-            g.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(args.replays):
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                a.record(stream)
-                g.launch(stream)
-                b.record(stream)
-                b.synchronize()
-                times.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / args.calls)
-        return round(statistics.median(times), 2)
-
-    def i32v(v):
-        return ctypes.c_int32(v)
+        """Per-call microseconds of args.calls launches cycling over the n_w weight copies."""
+        return round(graph_timer.graph_us(cp, stream, launch, calls=args.calls, replays=args.replays, sets=n_w,
+                                          warm=2), 2)
 
     def probe(m, n, k):
         n_w = max(2, min(16, -(-(128 << 20) // (n * k * 2))))
@@ -136,26 +114,10 @@ def main(argv=None) -> int:
             err = float(cp.abs(c[:s].sum(axis=0) - ref).max() / (cp.abs(ref).max() + 1e-30))
             rec[f"split{s}_relerr"] = err
         # cuBLASLt heuristic algorithms, each in its own graph
-        desc, la, lb, lc, pref = vp(), vp(), vp(), vp(), vp()
-        assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), 68, 0) == 0
-        for attr, val in ((3, 1), (4, 0)):
-            v = i32v(val)
-            assert lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4) == 0
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(la), 14, ctypes.c_uint64(k), ctypes.c_uint64(n),
-                                             ctypes.c_int64(k)) == 0
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lb), 14, ctypes.c_uint64(k), ctypes.c_uint64(m),
-                                             ctypes.c_int64(k)) == 0
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lc), 0, ctypes.c_uint64(n), ctypes.c_uint64(m),
-                                             ctypes.c_int64(n)) == 0
-        assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
-        wsz = ctypes.c_uint64(ws_bytes)
-        assert lt.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsz), 8) == 0
-        res = (HeuristicResult * args.algos)()
-        got = ctypes.c_int32()
-        st = lt.cublasLtMatmulAlgoGetHeuristic(lth, desc, la, lb, lc, lc, pref, args.algos, res, ctypes.byref(got))
+        desc, la, lb, lc, pref, res, got, st = lt_setup(lt, lth, m, n, k, ws_bytes, args.algos)
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         lt_times = []
-        for r in range(got.value if st == 0 else 0):
+        for r in range(got if st == 0 else 0):
             if res[r].state != 0:
                 continue
 
@@ -174,10 +136,7 @@ def main(argv=None) -> int:
         rec["lt_all_us"] = lt_times
         rec["lt_best_us"] = min(num) if num else None
         rec["lt_best_index"] = lt_times.index(min(num)) if num else None
-        for fn, h in ((lt.cublasLtMatmulPreferenceDestroy, pref), (lt.cublasLtMatrixLayoutDestroy, la),
-                      (lt.cublasLtMatrixLayoutDestroy, lb), (lt.cublasLtMatrixLayoutDestroy, lc),
-                      (lt.cublasLtMatmulDescDestroy, desc)):
-            fn(h)
+        lt_free(lt, desc, la, lb, lc, pref)
         return rec
 
     out = []
