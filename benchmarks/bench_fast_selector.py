@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 
+from benchmarks.graph_timer import graph_us
+
 H, R, TOPK, V = 5120, 256, 16, 248320
 
 
@@ -32,25 +34,8 @@ def _bits(rng, shape, scale, xp=np):
 
 
 def _graph_us(cp, fn, reps, n=20):
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        fn()
-        s.synchronize()
-        s.begin_capture()
-        for _ in range(n):
-            fn()
-        graph = s.end_capture()
-        graph.launch(s)
-        s.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(s)
-            graph.launch(s)
-            b.record(s)
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b) * 1000.0 / n)
-    return statistics.median(times)
+    """Median microseconds per call of fn captured n times in one graph (benchmarks/graph_timer.py)."""
+    return graph_us(cp, cp.cuda.Stream(non_blocking=True), lambda _j: fn(), calls=n, replays=reps)
 
 
 def main(argv=None) -> int:

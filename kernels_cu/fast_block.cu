@@ -20,12 +20,6 @@
 
 using dfl::u16;
 
-// The residual stream value at (row r, column c) before the norm: the source row (fp32 stream,
-// BF16 bits of the caller's x, or an embedding row chosen by token) plus the branch output. The
-// DFlash2 finish on the branch z: BF16((base1[c] + fd[g]) z[r] + 1{i >= 1} (base1[H + c] +
-// fd[G + g]) z[r - 1]) (grouped_conv.cu conv_finish, the same operation order). RES: the source
-// is resid_in (else srow); BR: a branch is added; CONV: with the conv finish. Compile-time flags,
-// so that an unrolled loop over a row holds no branches and its loads are all in flight at once.
 // A branch given as `parts` (1 .. FB_MAX_PARTS) fp32 partial products [parts, M, H] (`stride`
 // elements apart: the K slices of a split GEMM, kernels_cu/fast_block.py split_k), read as their sum
 // in part order. Every part's load is issued before the first add (an unrolled, predicated loop: a
@@ -64,6 +58,12 @@ struct FbBr {
     }
 };
 
+// The residual stream value at (row r, column c) before the norm: the source row (fp32 stream,
+// BF16 bits of the caller's x, or an embedding row chosen by token) plus the branch output. The
+// DFlash2 finish on the branch z: BF16((base1[c] + fd[g]) z[r] + 1{i >= 1} (base1[H + c] +
+// fd[G + g]) z[r - 1]) (grouped_conv.cu conv_finish, the same operation order). RES: the source
+// is resid_in (else srow); BR: a branch is added; CONV: with the conv finish. Compile-time flags,
+// so that an unrolled loop over a row holds no branches and its loads are all in flight at once.
 template <bool RES, bool BR, bool CONV>
 __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const float* resid_in, const u16* srow,
                                           const FbBr& branch, const float* __restrict__ conv_base,
@@ -290,7 +290,7 @@ __device__ __forceinline__ const u16* fb_source_row(int r, int i, int b, int H, 
 }
 
 // One block (T threads, a multiple of 32 up to 1024) per row r < M of W-column blocks (column
-// i = r % W, batch row b = r / W). T is the launcher's: H / 4 or H / 8 columns groups per row so
+// i = r % W, batch row b = r / W). T is the launcher's: H / 4 or about H / 8 column groups per row so
 // that each thread holds one or two (H200, 128 rows of 5120 after a GEMM: 256 threads, 8 warps an
 // SM, stalled on their loads ran ~10 us a call in the round; benchmarks/glue_probe.py).
 //   source: resid_in (fp32 [M, H]) if not null, else BF16 rows of src_bits: row r itself
@@ -536,21 +536,7 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
 // the hi rows' parts are summed in part order, the lo rows' likewise, then hi + lo.
 __device__ __forceinline__ float fb_delta(const float* __restrict__ dh, const float* __restrict__ dlo, int j,
                                           int dparts, long long dstride) {
-    float th[FB_MAX_PARTS], tl[FB_MAX_PARTS];  // every load issued before the first add
-#pragma unroll
-    for (int q = 0; q < FB_MAX_PARTS; ++q) {
-        th[q] = q < dparts ? dh[q * dstride + j] : 0.f;
-        tl[q] = q < dparts ? dlo[q * dstride + j] : 0.f;
-    }
-    float h = th[0], l = tl[0];
-#pragma unroll
-    for (int q = 1; q < FB_MAX_PARTS; ++q) {
-        if (q < dparts) {
-            h += th[q];
-            l += tl[q];
-        }
-    }
-    return h + l;
+    return FbBr{dh, dparts, dstride}.at(j) + FbBr{dlo, dparts, dstride}.at(j);
 }
 
 // Per slice of T * CPT columns (T threads, CPT columns each: 4 with 16-byte loads when the launcher

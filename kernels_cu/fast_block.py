@@ -248,7 +248,7 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
 # one column per thread. The same bits either way (tests/gpu/test_fast_block.py).
 CONV_PREPARE_VEC = True
 # fb_resid_norm's block size: None sizes it to the row (resid_norm_threads); an int (a multiple of
-# 32 up to 1024) forces it (benchmarks/round_ab.py times 256, the size before session v7).
+# 32 up to 1024) forces it (benchmarks/glue_probe.py --cold sweeps it).
 RESID_NORM_THREADS = None
 
 
@@ -265,14 +265,17 @@ def resid_norm_threads(H: int) -> int:
     return min(1024, 32 * -(-threads // 32))
 
 
+MAX_PARTS = 4  # fast_block.cu FB_MAX_PARTS: K-slice partials a consumer kernel reads
+
+
 def _parts(a, rows: int, cols: int) -> tuple[int, int]:
     """(parts, stride in elements) of a branch / delta array given as [rows, cols] or as K-slice
     partials [parts, rows, cols] (a split GEMM's output)."""
     if a is None or a.ndim == 2:
         return 1, 0
-    if a.ndim != 3 or tuple(a.shape[1:]) != (rows, cols) or not a.flags.c_contiguous or not 1 <= a.shape[0] <= 4:
-        raise ValueError(f"partials {a.shape}: expected C-contiguous [parts <= 4, {rows}, {cols}] "
-                         f"(fast_block.cu FB_MAX_PARTS)")
+    if (a.ndim != 3 or tuple(a.shape[1:]) != (rows, cols) or not a.flags.c_contiguous
+            or not 1 <= a.shape[0] <= MAX_PARTS):
+        raise ValueError(f"partials {a.shape}: expected C-contiguous [parts <= {MAX_PARTS}, {rows}, {cols}]")
     return int(a.shape[0]), rows * cols
 
 
@@ -293,7 +296,7 @@ GEMM_SPLITS = {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 4, (2048, 6144):
 def split_k(M: int, N: int, K: int) -> int:
     """How many K slices the block's GEMM x [M, K] @ w [N, K].T runs as (GEMM_SPLITS; 1: not split).
     Each slice is 16-byte aligned (K % (8 S) == 0)."""
-    s = min(GEMM_SPLITS.get((N, K), 1), 4) if M <= 256 else 1  # the consumers read at most 4 parts
+    s = min(GEMM_SPLITS.get((N, K), 1), MAX_PARTS) if M <= 256 else 1
     return s if s > 1 and K % (8 * s) == 0 else 1
 
 
@@ -327,15 +330,10 @@ class CudaEngine:
         return cp().full(shape, value, dtype=dtype)
 
     def gemm(self, x_bits, w_bits, out):
-        """out [M, N] fp32 = x @ w.T; out [S, M, N]: the S K-slice partials (split_k)."""
-        if out.ndim == 3:
-            if self._capture_gemm is None:
-                self._capture_gemm = CaptureGemm()
-            if not self._capture_gemm:
-                raise RuntimeError(f"a split GEMM needs CaptureGemm: {getattr(self, '_capture_error', '')}")
-            self._capture_gemm.split(x_bits, w_bits, out)
-            return
-        if cp().cuda.get_current_stream().is_capturing():  # a host query, no synchronisation
+        """out [M, N] fp32 = x @ w.T; out [S, M, N]: the S K-slice partials (split_k, CaptureGemm only)."""
+        if out.ndim == 3 and self._capture_gemm is None:
+            self._capture_gemm = CaptureGemm()
+        if out.ndim == 3 or cp().cuda.get_current_stream().is_capturing():  # a host query, no synchronisation
             if not self._capture_gemm:
                 raise RuntimeError(getattr(self, "_capture_error", "capture a call only after an eager warm-up call "
                                            "(the capture GEMM and its workspace are made there)"))
@@ -437,8 +435,7 @@ class Workspace:
         self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), qkv_t)
         self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
         self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
-        hd = dm.Hq * dm.D
-        self.O = _split_out(eng, M, H, hd)  # [M, H], or [S, M, H] partials (split_k)
+        self.O = _split_out(eng, M, H, dm.Hq * dm.D)  # [M, H], or [S, M, H] partials (split_k)
         self.GU = eng.empty((M, 2 * dm.I), f32)
         self.ACT = eng.empty((M, dm.I), u16)
         self.Z = _split_out(eng, M, H, dm.I)
