@@ -620,8 +620,10 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
     context: kernels_cu.fast_round.FastRound's captured graph replayed (the step's graph, launched on
     the timer's stream) against torch.cuda.CUDAGraph replay of the same math (_torch_block then
     _torch_round_head). Rows: proposal_round (eager: FastRound.step(graph=False) / torch eager) and
-    proposal_round[graph]; floor = the block's and the head's weights once at the copy bandwidth
-    (the selector's codebook rows and the rings are left out; the rings' bytes are in the checks)."""
+    proposal_round[graph]; floor = the bytes the round must move at the copy bandwidth: the block's
+    and the head's weights once plus the rings (each layer's K and V of every batch row read once), as
+    masked_block's floor (the selector's codebook rows, 2.6 MB, are left out). The weights-only floor
+    of sessions up to v7 is in the checks (floor_weights_ms)."""
     import torch.nn.functional as F
 
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
@@ -636,8 +638,10 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
         for b, w in shapes:
             kw, (kc, vc, anchor, frontier, live) = round_inputs(cp, torch, cfg, b, w, context)
             shape = f"{label} B{b} W{w} F{context}"
-            floor = weight_bytes / floor_bw * 1e3
-            checks = {"shape": shape, "weight_bytes": weight_bytes, "ring_bytes": L * b * cap * hk * d * 4}
+            ring_bytes = L * b * cap * hk * d * 4
+            floor = (weight_bytes + ring_bytes) / floor_bw * 1e3
+            checks = {"shape": shape, "weight_bytes": weight_bytes, "ring_bytes": ring_bytes,
+                      "floor_weights_ms": weight_bytes / floor_bw * 1e3}
 
             def tor():
                 hid = _torch_block(torch, F, tw, kc, vc, anchor, frontier, live, cfg, w)

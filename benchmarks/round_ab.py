@@ -1,29 +1,43 @@
-"""A/B of the round's graph replay under fast_block settings, in one process (H200, issue 12).
+"""A/B of the round's graph replay under kernel settings, in one process (H200, issue 12).
 
 For each geometry (27B DFlash2, 35B DFlash) and shape (B1 W8, B8 W16, F 4096) it builds the round
 (FastRound, random weights, as benchmarks.gpu_bench's proposal_round bench), then for each
 configuration re-makes the workspace and the captured graph and times the graph replay (gpu_bench's
-Timer: L2 flushed, median). Configurations, interleaved over ``--rounds`` passes:
-  nosplit  GEMM_SPLITS {}: every GEMM of the block whole
-  v7       the defaults (the K-split GEMMs of fast_block.GEMM_SPLITS)
+Timer: L2 flushed, median). Configurations (``--configs``, the first is the baseline), interleaved
+over ``--rounds`` passes, each a set of module attributes:
+  nosplit     fast_block.GEMM_SPLITS {}: every GEMM of the block whole
+  v7          fast_block's defaults (the K-split GEMMs of GEMM_SPLITS)
+  rowdot_k4   the selector's g on mma.m8n8k4.f64 (fast_rowdot_s_v / fast_rowdot_m_v)
+  rowdot_k16  the selector's g on mma.m16n8k16.f64 (fast_rowdot_s16_v / fast_rowdot_m16_v)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
-path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, the ratio, the
-weight floor at the measured copy bandwidth and at the issue's 4.1 TB/s, and whether the tokens
-equal nosplit's.
+path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, each
+configuration against the first, the last one against the floors (weights + rings, and weights only,
+at the measured copy bandwidth and at the issue's 4.1 TB/s), and whether the tokens equal the
+first configuration's.
 
-    python -m benchmarks.round_ab [--rounds 3] [--json out.json]
+    python -m benchmarks.round_ab [--rounds 3] [--configs nosplit,v7] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 
 CONFIGS = {
-    "nosplit": {"GEMM_SPLITS": {}},
+    "nosplit": {"kernels_cu.fast_block.GEMM_SPLITS": {}},
     "v7": {},
+    "rowdot_k4": {"kernels_cu.fast_selector.ROWDOT_SMALL": "fast_rowdot_s_v",
+                  "kernels_cu.fast_selector.ROWDOT_LARGE": "fast_rowdot_m_v"},
+    "rowdot_k16": {"kernels_cu.fast_selector.ROWDOT_SMALL": "fast_rowdot_s16_v",
+                   "kernels_cu.fast_selector.ROWDOT_LARGE": "fast_rowdot_m16_v"},
 }
+
+
+def _target(path: str):
+    mod, attr = path.rsplit(".", 1)
+    return importlib.import_module(mod), attr
 
 
 def main(argv=None) -> int:
@@ -31,19 +45,26 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="1x8,8x16")
     ap.add_argument("--geometries", default="dflash2-27b,dflash-35b-a3b")
+    ap.add_argument("--configs", default="nosplit,v7", help=f"of {', '.join(CONFIGS)}; the first is the baseline")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown[0]!r}; known: {', '.join(CONFIGS)}")
     import cupy as cp
     import torch
 
-    import kernels_cu.fast_block as fb
     from benchmarks.gpu_bench import Timer, measure_ceilings, round_drafter, round_inputs
     from conformance.geometry import GEOMETRIES, _capacity
     from reference.config import PRESETS
 
     timer = Timer(cp, torch)
     copy_bw = measure_ceilings(cp, torch, timer)["copy_bandwidth_TBps"] * 1e12
-    defaults = {"GEMM_SPLITS": fb.GEMM_SPLITS}
+    configs = {n: CONFIGS[n] for n in names}
+    base = names[0]
+    paths = {p for over in configs.values() for p in over}
+    defaults = {p: getattr(*_target(p)) for p in paths}
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     report = {"copy_TBps": copy_bw / 1e12, "cases": []}
     for geo in args.geometries.split(","):
@@ -52,12 +73,12 @@ def main(argv=None) -> int:
         cap = _capacity(cfg, 4096)
         for b, w in shapes:
             kw, _ = round_inputs(cp, torch, cfg, b, w, 4096)
-            times = {name: [] for name in CONFIGS}
+            times = {name: [] for name in configs}
             tokens = {}
             for _ in range(args.rounds):
-                for name, over in CONFIGS.items():
-                    for k, v in defaults.items():
-                        setattr(fb, k, over.get(k, v))
+                for name, over in configs.items():
+                    for p, v in defaults.items():
+                        setattr(*_target(p), over.get(p, v))
                     cp.cuda.Device().synchronize()
                     fr._ws.clear()  # a new workspace (the split outputs' shapes) and a new graph
                     ws = fr.workspace(b, w, cap)
@@ -67,12 +88,16 @@ def main(argv=None) -> int:
                         out = fr.step(**kw_ws)
                     tokens.setdefault(name, cp.asnumpy(out["tokens"]))
                     times[name].append(timer(lambda ws=ws: ws.graph.launch()))
-            for k, v in defaults.items():
-                setattr(fb, k, v)
-            rec = {"geometry": geo, "B": b, "W": w, "weight_bytes": weight_bytes,
-                   "floor_ms_measured_bw": weight_bytes / copy_bw * 1e3, "floor_ms_4_1": weight_bytes / 4.1e12 * 1e3,
+            for p, v in defaults.items():
+                setattr(*_target(p), v)
+            ring_bytes = cfg.num_hidden_layers * b * cap * cfg.num_key_value_heads * cfg.head_dim * 4
+            moved = weight_bytes + ring_bytes
+            rec = {"geometry": geo, "B": b, "W": w, "weight_bytes": weight_bytes, "ring_bytes": ring_bytes,
+                   "floor_ms_measured_bw": moved / copy_bw * 1e3, "floor_ms_4_1": moved / 4.1e12 * 1e3,
+                   "floor_weights_ms_measured_bw": weight_bytes / copy_bw * 1e3,
+                   "floor_weights_ms_4_1": weight_bytes / 4.1e12 * 1e3,
                    "ms": {n: statistics.median(t) for n, t in times.items()}, "all_ms": times,
-                   "tokens_equal_nosplit": {n: bool((tokens[n] == tokens["nosplit"]).all()) for n in tokens}}
+                   f"tokens_equal_{base}": {n: bool((tokens[n] == tokens[base]).all()) for n in tokens}}
             report["cases"].append(rec)
             print(json.dumps(rec), flush=True)
         fr.drop()
@@ -80,13 +105,16 @@ def main(argv=None) -> int:
         del fr, tw, tr, wbits, extra
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
-    print(f"\n{'round':<24}" + "".join(f"{n:>9}" for n in CONFIGS) + "  v7/nosplit  v7/floor(meas)  v7/floor(4.1)")
+    last = names[-1]
+    print(f"\n{'round':<24}" + "".join(f"{n:>12}" for n in configs) + f"  {last}/{base}"
+          + "  /floor(meas)  /floor(4.1)  /weights(meas)  /weights(4.1)")
     for r in report["cases"]:
         ms = r["ms"]
         label = f"{r['geometry']} B{r['B']} W{r['W']}"
-        print(f"{label:<24}" + "".join(f"{ms[n]:9.3f}" for n in CONFIGS)
-              + f"  {ms['v7'] / ms['nosplit']:10.3f}  {ms['v7'] / r['floor_ms_measured_bw']:14.2f}"
-              f"  {ms['v7'] / r['floor_ms_4_1']:13.2f}")
+        print(f"{label:<24}" + "".join(f"{ms[n]:12.3f}" for n in configs)
+              + f"  {ms[last] / ms[base]:{len(last) + len(base) + 1}.3f}"
+              + f"  {ms[last] / r['floor_ms_measured_bw']:12.2f}  {ms[last] / r['floor_ms_4_1']:11.2f}"
+              + f"  {ms[last] / r['floor_weights_ms_measured_bw']:14.2f}  {ms[last] / r['floor_weights_ms_4_1']:13.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

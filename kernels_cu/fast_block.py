@@ -281,7 +281,7 @@ def _parts(a, rows: int, cols: int) -> tuple[int, int]:
 
 # K splits of the block's GEMMs (a strided-batched GEMM over S slices of K, the S fp32 partials
 # summed in slice order by the consumer kernel: fb_conv_prepare for the conv delta, fb_resid_norm
-# for o and down), keyed by the weight's (N, K), for M <= 256. Chosen from
+# for o and down), keyed by the weight's (N, K), for M <= SPLIT_MAX_M. Chosen from
 # benchmarks/splitk_probe.py on the H200 (graph replays with rotating weights, us per call,
 # docs/reports/h200-splitk-probe-v7.json), gemmEx -> split:
 #   (1280, 5120) DFlash2 27B conv delta: M 256 11.3 -> 7.9 (S 4), M 16 8.3 -> 6.1 (S 4)
@@ -291,12 +291,13 @@ def _parts(a, rows: int, cols: int) -> tuple[int, int]:
 # Shapes not listed, and where splitting measured no gain (27B q/k/v, o, gate/up; the heads), run
 # one GEMM. GEMM_SPLITS = {} turns every split off.
 GEMM_SPLITS = {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 4, (2048, 6144): 4}
+SPLIT_MAX_M = 256  # rows up to which GEMM_SPLITS applies
 
 
 def split_k(M: int, N: int, K: int) -> int:
     """How many K slices the block's GEMM x [M, K] @ w [N, K].T runs as (GEMM_SPLITS; 1: not split).
     Each slice is 16-byte aligned (K % (8 S) == 0)."""
-    s = min(GEMM_SPLITS.get((N, K), 1), MAX_PARTS) if M <= 256 else 1
+    s = min(GEMM_SPLITS.get((N, K), 1), MAX_PARTS) if M <= SPLIT_MAX_M else 1
     return s if s > 1 and K % (8 * s) == 0 else 1
 
 
@@ -617,7 +618,10 @@ class FastBlockMixin:
                              "[Wgate;Wup], fast_block.cu glue kernels, attention: " + self._fb_engine().attention_name)
         rec["fast_block_paths"] = (f"QKV_BITS={QKV_BITS} (read when a workspace is made), RESID_NORM_PATH="
                                    f"{RESID_NORM_PATH}, RESID_NORM_CLUSTER_MAX_ROWS={RESID_NORM_CLUSTER_MAX_ROWS}, "
-                                   f"thread-block clusters: {cluster_capable()}")
+                                   f"RESID_NORM_THREADS={RESID_NORM_THREADS} (None: resid_norm_threads(H)), "
+                                   f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "
+                                   f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
+                                   f"{cluster_capable()}")
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

@@ -150,6 +150,19 @@ __device__ __forceinline__ void dmma(double& c0, double& c1, double a, double b)
                  : "d"(a), "d"(b));
 }
 
+// Hopper's own f64 shape (sm_90): 16 x 8 outputs, k 16, eight times an m8n8k4's work per instruction.
+// Fragments (PTX ISA, mma.m16n8k16 .f64; lane = 4 g + t): a[i] is A(g + 8 (i % 2), t + 4 (i / 2)),
+// b[i] is B(t + 4 i, g), c[i] is C(g + 8 (i / 2), 2 t + i % 2).
+__device__ __forceinline__ void dmma16(double& c0, double& c1, double& c2, double& c3, const double (&a)[8],
+                                       const double (&b)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, {%4,%5,%6,%7,%8,%9,%10,%11}, "
+        "{%12,%13,%14,%15}, {%0,%1,%2,%3};"
+        : "+d"(c0), "+d"(c1), "+d"(c2), "+d"(c3)
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]),
+          "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+
 // 8 BF16 of row p starting at h (zeros past H or for an absent row).
 template <bool VEC>
 __device__ __forceinline__ uint4 load8(const u16* __restrict__ p, bool valid, int h, int H) {
@@ -170,48 +183,68 @@ __device__ __forceinline__ uint4 load8(const u16* __restrict__ p, bool valid, in
 }
 
 // One unit = 32 consecutive h. Lane (r8 = lane / 4, q = lane % 4) holds h = 32u + 8q .. + 7 of
-// row r8 of every tile: k-step j of the unit multiplies element j, which sits at fragment
-// column k = q in A (x: row r8, col q) and fragment row k = q in B (w^T: row q, col r8), the
-// same h on both sides.
-template <int TMW, int TNW>
-__device__ __forceinline__ void unit_mma(const uint4 (&v)[TMW + TNW], double (&acc)[TMW][TNW][2]) {
-    bool special = false;
-#pragma unroll
-    for (int i = 0; i < TMW + TNW; ++i) special |= has_special(v[i]);
-    if (__any_sync(0xffffffffu, special)) {  // warp-uniform: mma.sync needs the whole warp
+// row r8 of every tile (8 BF16 in v[i]), for the TMW tiles of x rows and the TNW tiles of w rows.
+// The fragments' k index is a permutation of h, the same on both sides (the sum does not care):
+//   KS 4 (mma.m8n8k4): step j of 8 multiplies element j, at A(r8, q) and B(q, r8);
+//   KS 16 (mma.m16n8k16, TMW even: x tiles 2p and 2p + 1 are one 16-row fragment): step s of 2
+//   multiplies elements 4s .. 4s + 3, element 4s + i at A(r8 [+ 8], q + 4i) and B(q + 4i, r8).
+// CVT: the element -> double conversion (finite BF16 only, or any value).
+template <int TMW, int TNW, int KS, typename CVT>
+__device__ __forceinline__ void unit_steps(const uint4 (&v)[TMW + TNW], double (&acc)[TMW][TNW][2], CVT cvt) {
+    if constexpr (KS == 4) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             double a[TMW], b[TNW];
 #pragma unroll
-            for (int i = 0; i < TMW; ++i) a[i] = dflash::f32_to_f64(__uint_as_float(half_bits(v[i], j)));
+            for (int i = 0; i < TMW; ++i) a[i] = cvt(half_bits(v[i], j));
 #pragma unroll
-            for (int i = 0; i < TNW; ++i) b[i] = dflash::f32_to_f64(__uint_as_float(half_bits(v[TMW + i], j)));
+            for (int i = 0; i < TNW; ++i) b[i] = cvt(half_bits(v[TMW + i], j));
 #pragma unroll
             for (int tm = 0; tm < TMW; ++tm)
 #pragma unroll
                 for (int tn = 0; tn < TNW; ++tn) dmma(acc[tm][tn][0], acc[tm][tn][1], a[tm], b[tn]);
         }
-        return;
+    } else {
+        static_assert(KS == 16 && TMW % 2 == 0, "m16n8k16 takes x tiles in pairs");
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            double a[TMW / 2][8], b[TNW][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                for (int p = 0; p < TMW / 2; ++p) {
+                    a[p][2 * i] = cvt(half_bits(v[2 * p], 4 * s + i));
+                    a[p][2 * i + 1] = cvt(half_bits(v[2 * p + 1], 4 * s + i));
+                }
+#pragma unroll
+                for (int tn = 0; tn < TNW; ++tn) b[tn][i] = cvt(half_bits(v[TMW + tn], 4 * s + i));
+            }
+#pragma unroll
+            for (int p = 0; p < TMW / 2; ++p)
+#pragma unroll
+                for (int tn = 0; tn < TNW; ++tn)
+                    dmma16(acc[2 * p][tn][0], acc[2 * p][tn][1], acc[2 * p + 1][tn][0], acc[2 * p + 1][tn][1], a[p],
+                           b[tn]);
+        }
     }
+}
+
+template <int TMW, int TNW, int KS>
+__device__ __forceinline__ void unit_mma(const uint4 (&v)[TMW + TNW], double (&acc)[TMW][TNW][2]) {
+    bool special = false;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        double a[TMW], b[TNW];
-#pragma unroll
-        for (int i = 0; i < TMW; ++i) a[i] = bf16f_to_f64_finite(half_bits(v[i], j));
-#pragma unroll
-        for (int i = 0; i < TNW; ++i) b[i] = bf16f_to_f64_finite(half_bits(v[TMW + i], j));
-#pragma unroll
-        for (int tm = 0; tm < TMW; ++tm)
-#pragma unroll
-            for (int tn = 0; tn < TNW; ++tn) dmma(acc[tm][tn][0], acc[tm][tn][1], a[tm], b[tn]);
-    }
+    for (int i = 0; i < TMW + TNW; ++i) special |= has_special(v[i]);
+    if (__any_sync(0xffffffffu, special))  // warp-uniform: mma.sync needs the whole warp
+        unit_steps<TMW, TNW, KS>(v, acc, [](u32 f) { return dflash::f32_to_f64(__uint_as_float(f)); });
+    else
+        unit_steps<TMW, TNW, KS>(v, acc, [](u32 f) { return bf16f_to_f64_finite(f); });
 }
 
 // Block: WN x WK warps; warp (wn, wk) owns the TMW x TNW tiles at rows blockIdx.z * 8 TMW,
 // columns blockIdx.y * 8 TNW WN + wn * 8 TNW; h is split over G = CS WK slices (units of 32),
 // slice rank * WK + wk (CS blocks per cluster). UB units per load batch, two batches in
 // registers (the next batch's loads fly while the current one multiplies).
-template <int TMW, int TNW, int WN, int WK, int UB, int CS, bool VEC>
+template <int TMW, int TNW, int WN, int WK, int UB, int CS, bool VEC, int KS>
 __device__ __forceinline__ void rowdot_body(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N, int H,
                                             float* __restrict__ out, u16* __restrict__ out_bits) {
     constexpr int NT = 32 * WN * WK, BM = 8 * TMW, BN = 8 * TNW * WN, G = CS * WK, NV = TMW + TNW;
@@ -259,7 +292,7 @@ __device__ __forceinline__ void rowdot_body(const u16* __restrict__ x, const u16
     auto mma_batch = [&](const uint4(&buf)[UB][NV], int bt) {
 #pragma unroll
         for (int ub = 0; ub < UB; ++ub)
-            if (u0 + bt * UB + ub < u1) unit_mma<TMW, TNW>(buf[ub], acc);  // warp-uniform
+            if (u0 + bt * UB + ub < u1) unit_mma<TMW, TNW, KS>(buf[ub], acc);  // warp-uniform
     };
     if (nbat > 0) load_batch(bufA, 0);
     for (int bt = 0; bt < nbat; bt += 2) {
@@ -311,18 +344,23 @@ __device__ __forceinline__ void rowdot_body(const u16* __restrict__ x, const u16
 // out[m, n] = sum_h x[m, h] w[n, h] in double, rounded once (out_bits: BF16 bits; else fp32
 // out). Grid (CS, ceil(N / BN), ceil(M / BM)), clusters of CS blocks along x; BM = 8 TMW rows,
 // BN = 8 TNW WN columns, 32 WN WK threads per block. _v: 16-byte loads (H % 8 == 0 and x, w
-// 16-byte aligned), else 2-byte loads. fast_selector.py ROWDOT_KERNELS mirrors this table.
-#define FS_ROWDOT(NAME, TMW, TNW, WN, WK, UB, CS, VEC)                                                                \
+// 16-byte aligned), else 2-byte loads. KS: the MMA, 4 (m8n8k4) or 16 (m16n8k16, TMW even).
+// fast_selector.py ROWDOT_KERNELS mirrors this table.
+#define FS_ROWDOT(NAME, TMW, TNW, WN, WK, UB, CS, VEC, KS)                                                            \
     extern "C" __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(32 * WN * WK)                            \
         NAME(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N, int H, float* __restrict__ out,      \
              u16* __restrict__ out_bits) {                                                                          \
-        rowdot_body<TMW, TNW, WN, WK, UB, CS, VEC>(x, w, M, N, H, out, out_bits);                                    \
+        rowdot_body<TMW, TNW, WN, WK, UB, CS, VEC, KS>(x, w, M, N, H, out, out_bits);                                \
     }
-FS_ROWDOT(fast_rowdot_s_v, 1, 4, 1, 8, 2, 8, true)
-FS_ROWDOT(fast_rowdot_s, 1, 4, 1, 8, 2, 8, false)
-FS_ROWDOT(fast_rowdot_m_v, 2, 4, 2, 4, 1, 8, true)
-FS_ROWDOT(fast_rowdot_l, 4, 4, 2, 2, 1, 8, false)  // m_v's 2-byte fallback (run on the H200; m with
-                                                   // 2-byte loads was not)
+FS_ROWDOT(fast_rowdot_s_v, 1, 4, 1, 8, 2, 8, true, 4)
+FS_ROWDOT(fast_rowdot_s, 1, 4, 1, 8, 2, 8, false, 4)
+FS_ROWDOT(fast_rowdot_m_v, 2, 4, 2, 4, 1, 8, true, 4)
+FS_ROWDOT(fast_rowdot_l, 4, 4, 2, 2, 1, 8, false, 4)  // m_v's 2-byte fallback (run on the H200; m with
+                                                      // 2-byte loads was not)
+FS_ROWDOT(fast_rowdot_s16_v, 2, 4, 1, 8, 2, 8, true, 16)
+FS_ROWDOT(fast_rowdot_m16_v, 2, 4, 2, 4, 1, 8, true, 16)
+FS_ROWDOT(fast_rowdot_l16_v, 4, 4, 2, 2, 1, 8, true, 16)
+FS_ROWDOT(fast_rowdot_w16_v, 2, 8, 1, 8, 1, 8, true, 16)
 
 // --- the walk -----------------------------------------------------------------------------
 //

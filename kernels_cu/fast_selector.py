@@ -26,16 +26,25 @@ from kernels_cu.loader import load_module
 MODULE = "fast_selector"
 CLUSTER = 8  # fast_selector.cu FS_CLUSTER: blocks per cluster of the walk (grid x)
 _NULL = np.uint64(0)
-# fast_selector.cu's FS_ROWDOT instances: name -> (TMW, TNW, WN, WK, UB, CS); a block computes
-# 8 TMW rows x 8 TNW WN columns with 32 WN WK threads, a cluster of CS blocks splits h.
+# fast_selector.cu's FS_ROWDOT instances: name -> (TMW, TNW, WN, WK, UB, CS, KS); a block computes
+# 8 TMW rows x 8 TNW WN columns with 32 WN WK threads, a cluster of CS blocks splits h; KS the MMA's
+# k: 4 (mma.m8n8k4.f64) or 16 (mma.m16n8k16.f64, Hopper's own shape).
 ROWDOT_KERNELS = {
-    "fast_rowdot_s_v": (1, 4, 1, 8, 2, 8),  # M <= 16 (B1 K7: 7 rows)
-    "fast_rowdot_s": (1, 4, 1, 8, 2, 8),
-    "fast_rowdot_m_v": (2, 4, 2, 4, 1, 8),  # more rows (B8 K15: 120)
-    "fast_rowdot_l": (4, 4, 2, 2, 1, 8),  # m_v's 2-byte fallback
+    "fast_rowdot_s_v": (1, 4, 1, 8, 2, 8, 4),  # M <= 16 (B1 K7: 7 rows)
+    "fast_rowdot_s": (1, 4, 1, 8, 2, 8, 4),
+    "fast_rowdot_m_v": (2, 4, 2, 4, 1, 8, 4),  # more rows (B8 K15: 120)
+    "fast_rowdot_l": (4, 4, 2, 2, 1, 8, 4),  # m_v's 2-byte fallback
+    "fast_rowdot_s16_v": (2, 4, 1, 8, 2, 8, 16),
+    "fast_rowdot_m16_v": (2, 4, 2, 4, 1, 8, 16),
+    "fast_rowdot_l16_v": (4, 4, 2, 2, 1, 8, 16),
+    "fast_rowdot_w16_v": (2, 8, 1, 8, 1, 8, 16),
 }
-_TWO_BYTE = {"fast_rowdot_s_v": "fast_rowdot_s", "fast_rowdot_m_v": "fast_rowdot_l"}
-ROWDOT_SMALL_MAX_M = 16  # up to this many rows, blocks of 8 rows (B1 K7 = 7 rows), else 16
+# the 2-byte load kernel that stands in for a 16-byte one where those loads do not apply
+_TWO_BYTE = {"fast_rowdot_s_v": "fast_rowdot_s", "fast_rowdot_m_v": "fast_rowdot_l", "fast_rowdot_s16_v": "fast_rowdot_s",
+             "fast_rowdot_m16_v": "fast_rowdot_l", "fast_rowdot_l16_v": "fast_rowdot_l", "fast_rowdot_w16_v": "fast_rowdot_l"}
+ROWDOT_SMALL_MAX_M = 16  # up to this many rows ROWDOT_SMALL (B1 K7 = 7 rows), else ROWDOT_LARGE
+ROWDOT_SMALL = "fast_rowdot_s_v"
+ROWDOT_LARGE = "fast_rowdot_m_v"
 _MAX_GRID_Z = 65535
 WALK_THREADS = 512  # FS_WALK_THREADS
 WALK_KERNELS = {"fast_selector_walk": WALK_THREADS}  # name -> threads
@@ -46,7 +55,7 @@ WALK_SMEM_MAX = 48 * 1024 - 1024  # dynamic shared memory without raising the at
 
 def rowdot_shape(name: str):
     """(rows per block, columns per block, threads, cluster size) of a rowdot kernel."""
-    tmw, tnw, wn, wk, _ub, cs = ROWDOT_KERNELS[name]
+    tmw, tnw, wn, wk, _ub, cs, _ks = ROWDOT_KERNELS[name]
     return 8 * tmw, 8 * tnw * wn, 32 * wn * wk, cs
 
 
@@ -66,7 +75,7 @@ def rowdot_plan(M: int, N: int, H: int, x_ptr: int = 0, w_ptr: int = 0, kernel: 
     ROWDOT_KERNELS instead of the default choice (its _v form only where 16-byte loads apply)."""
     vec = H % 8 == 0 and x_ptr % 16 == 0 and w_ptr % 16 == 0
     if kernel is None:
-        kernel = "fast_rowdot_s_v" if M <= ROWDOT_SMALL_MAX_M else "fast_rowdot_m_v"
+        kernel = ROWDOT_SMALL if M <= ROWDOT_SMALL_MAX_M else ROWDOT_LARGE
     if not vec and kernel.endswith("_v"):
         kernel = _TWO_BYTE[kernel]
     bm, bn, threads, cs = rowdot_shape(kernel)

@@ -51,7 +51,8 @@ def masked_block(
         stacked.update(zip(CONV_WEIGHTS, (attn_conv_base, mlp_conv_base, attn_conv_proj, mlp_conv_proj)))
     if len(windows) != len(wq) or len(context_k) != len(wq):
         raise ValueError(f"masked_block: {len(windows)} windows and {len(context_k)} rings for {len(wq)} layers")
-    x = work(embed)[block_tokens(anchor, mask_token_id, int(num_drafts))]
+    # the gather before the cast: the same values, without a float64 copy of the whole table
+    x = work(np.asarray(embed)[block_tokens(anchor, mask_token_id, int(num_drafts))])
     width = x.shape[1]
     attn_live = np.asarray(live) if variant == "dflash" else np.full(x.shape[0], width)
     for layer, window in enumerate(windows):

@@ -123,8 +123,8 @@ def masked_block(kw, out) -> dict:
     stacked = {name: kw[name] for name in LAYER_WEIGHTS}
     if kw["variant"] == "dflash2":
         stacked.update({name: kw[name] for name in CONV_WEIGHTS})
-    x = mg.exact(np.asarray(kw["embed"], np.float64)[block_tokens(kw["anchor"], kw["mask_token_id"],
-                                                                   int(kw["num_drafts"]))])
+    rows = np.asarray(kw["embed"])[block_tokens(kw["anchor"], kw["mask_token_id"], int(kw["num_drafts"]))]
+    x = mg.exact(np.asarray(rows, np.float64))  # gathered first: no float64 copy of the whole table
     width = x.v.shape[1]
     live = np.asarray(kw["live"]) if kw["variant"] == "dflash" else np.full(x.v.shape[0], width)
     for i, window in enumerate(kw["windows"]):

@@ -22,9 +22,10 @@ def _define(name: str) -> int:
 
 
 def _instances() -> dict:
-    """FS_ROWDOT(name, TMW, TNW, WN, WK, UB, CS, VEC) instantiations of the .cu."""
-    pat = r"^FS_ROWDOT\((\w+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (true|false)\)"
-    return {m[0]: tuple(int(v) for v in m[1:7]) + (m[7] == "true",) for m in re.findall(pat, SRC, re.MULTILINE)}
+    """FS_ROWDOT(name, TMW, TNW, WN, WK, UB, CS, VEC, KS) instantiations of the .cu: name ->
+    (TMW, TNW, WN, WK, UB, CS, KS, VEC)."""
+    pat = r"^FS_ROWDOT\((\w+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (true|false), (\d+)\)"
+    return {m[0]: tuple(int(v) for v in m[1:7]) + (int(m[8]), m[7] == "true") for m in re.findall(pat, SRC, re.MULTILINE)}
 
 
 def test_constants_match_the_source():
@@ -35,11 +36,12 @@ def test_constants_match_the_source():
     walks = dict(re.findall(r"^FS_WALK\((\w+), (\w+)\)", SRC, re.MULTILINE))
     assert {n: fs.WALK_THREADS if t == "FS_WALK_THREADS" else int(t) for n, t in walks.items()} == fs.WALK_KERNELS
     inst = _instances()
-    assert {n: v[:6] for n, v in inst.items()} == fs.ROWDOT_KERNELS
-    for name, (tmw, tnw, wn, wk, _ub, cs, vec) in inst.items():
+    assert {n: v[:7] for n, v in inst.items()} == fs.ROWDOT_KERNELS
+    for name, (tmw, tnw, wn, wk, _ub, cs, ks, vec) in inst.items():
         bm, bn, threads, got_cs = fs.rowdot_shape(name)
         assert (8 * tmw, 8 * tnw * wn, 32 * wn * wk, cs) == (bm, bn, threads, got_cs) and vec == name.endswith("_v")
         assert (bm * bn) % cs == 0 and threads <= 1024  # the cluster's blocks share the outputs evenly
+        assert ks == 4 or (ks == 16 and tmw % 2 == 0)  # m16n8k16 takes the 8-row x tiles in pairs
     assert {"fast_rowdot_s", "fast_rowdot_l"} <= set(inst)  # the 2-byte fallbacks of the defaults
 
 

@@ -20,6 +20,9 @@
 #                                          # the trace
 #   bash tools/h200_runs.sh v7-a           # session v7: the block / attention / round GPU tests, fb_resid_norm
 #                                          # per path, the round A/B (K-split GEMMs), the trace (logs.tgz)
+#   bash tools/h200_runs.sh v8-geo-sel     # session v8: the selector's rowdot kernels (bench, GPU tests), and
+#                                          # the fast mode at both full geometries as four processes at once
+#                                          # (35B; 27B B1; 27B B8 W8; 27B B8 W16), cut at GEO_DEADLINE s
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -109,6 +112,25 @@ for what in "$@"; do
       step glue timeout 60 $PY -m benchmarks.glue_probe
       step round-ab timeout 200 $PY -m benchmarks.round_ab --rounds 3 --json "$OUT/round_ab.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v8-geo-sel)
+      GEO_DEADLINE=${GEO_DEADLINE:-560}
+      step sel-bench timeout 150 $PY -m benchmarks.bench_fast_selector --json "$OUT/sel_bench.json"
+      geo() {  # name, geometry arguments...: one geometry process in the background, 4 BLAS threads
+        local name=$1; shift
+        OMP_NUM_THREADS=4 OPENBLAS_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout $((GEO_DEADLINE - SECONDS)) \
+          $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend "$@" \
+          --json "$OUT/geo_$name.json" >"$OUT/geo_$name.log" 2>&1 &
+      }
+      geo 35b --geometry dflash-35b-a3b
+      geo 27b-b1 --geometry dflash2-27b --batch 1
+      geo 27b-b8w8 --geometry dflash2-27b --batch 8 --width 8 --ops masked_block candidate_topk candidate_selector
+      geo 27b-b8w16 --geometry dflash2-27b --batch 8 --width 16 --ops masked_block candidate_topk candidate_selector
+      step sel-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_selector.py \
+        tests/test_fast_selector_plan.py
+      wait
+      for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
+$(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-90)"; done
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
