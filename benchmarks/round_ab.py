@@ -8,7 +8,10 @@ over ``--rounds`` passes, each a set of module attributes:
   nosplit     fast_block.GEMM_SPLITS {}: every GEMM of the block whole
   v7          fast_block's defaults (the K-split GEMMs of GEMM_SPLITS)
   rowdot_k4   the selector's g on mma.m8n8k4.f64 (fast_rowdot_s_v / fast_rowdot_m_v)
-  rowdot_k16  the selector's g on mma.m16n8k16.f64 (fast_rowdot_s16_v / fast_rowdot_m16_v)
+  rowdot_k16  above 16 rows the selector's g on mma.m16n8k16.f64 (fast_rowdot_s_v / fast_rowdot_m16_v;
+              the session v8 A/B, docs/reports/h200-round-ab-rowdot-v8.json, had s16_v for 7 rows)
+  tiles2, tiles1  the attention's key splits with at least 2 / 1 context tiles each (fast_attention
+              MIN_TILES_PER_SPLIT, default 4: the bound that sets the split count at B1)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
 path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, each
 configuration against the first, the last one against the floors (weights + rings, and weights only,
@@ -30,8 +33,10 @@ CONFIGS = {
     "v7": {},
     "rowdot_k4": {"kernels_cu.fast_selector.ROWDOT_SMALL": "fast_rowdot_s_v",
                   "kernels_cu.fast_selector.ROWDOT_LARGE": "fast_rowdot_m_v"},
-    "rowdot_k16": {"kernels_cu.fast_selector.ROWDOT_SMALL": "fast_rowdot_s16_v",
+    "rowdot_k16": {"kernels_cu.fast_selector.ROWDOT_SMALL": "fast_rowdot_s_v",
                    "kernels_cu.fast_selector.ROWDOT_LARGE": "fast_rowdot_m16_v"},
+    "tiles2": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 2},
+    "tiles1": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 1},
 }
 
 

@@ -30,9 +30,12 @@
 // 120 rows 87 -> 29 us. Six tilings (warp tiles 8x32 to 32x32, 128 or 256 threads, 1 to 7
 // blocks per SM's worth of warps, clusters of 4 or 8, one or two units of loads in flight)
 // all took 29-39 us at 120 rows although their load traffic, conversion work and occupancy
-// differ by 2-3x: about 23 G m8n8k4 MMAs per second, roughly a fifth of the FP64 tensor
-// peak. Not verified: whether Hopper's own f64 shapes (mma.m16n8k16.f64 and friends, sm_90)
-// run at the full rate; that is the next thing to try for the ~10 us goal.
+// differ by 2-3x. Hopper's own f64 shape (mma.m16n8k16, DMMA.16x8x16 in the SASS: eight times
+// an m8n8k4's products per instruction, x tiles taken in pairs) was tried in session v8
+// (docs/reports/h200-fast-selector-v8.json, cold L2): 120 rows 30.1 -> 24.0 us with m_v's
+// tiling (m16_v; 32-row tiles the same, a 1 x 8-warp block 41.8), 7 rows 8.3 -> 9.7 (16-row
+// tiles for 7 rows: s_v stays). So the MMA rate was not what held the rowdot at ~29 us; what
+// does was not measured (no profile of this kernel). Both shapes give bf16_rowdot's bits.
 //
 // How the walk is fast (bitwise equal). selector_walk computes, per step, k energies after
 // the predecessor is known, with a dependent load of the predecessor's w_pred row, and
@@ -357,10 +360,7 @@ FS_ROWDOT(fast_rowdot_s, 1, 4, 1, 8, 2, 8, false, 4)
 FS_ROWDOT(fast_rowdot_m_v, 2, 4, 2, 4, 1, 8, true, 4)
 FS_ROWDOT(fast_rowdot_l, 4, 4, 2, 2, 1, 8, false, 4)  // m_v's 2-byte fallback (run on the H200; m with
                                                       // 2-byte loads was not)
-FS_ROWDOT(fast_rowdot_s16_v, 2, 4, 1, 8, 2, 8, true, 16)
-FS_ROWDOT(fast_rowdot_m16_v, 2, 4, 2, 4, 1, 8, true, 16)
-FS_ROWDOT(fast_rowdot_l16_v, 4, 4, 2, 2, 1, 8, true, 16)
-FS_ROWDOT(fast_rowdot_w16_v, 2, 8, 1, 8, 1, 8, true, 16)
+FS_ROWDOT(fast_rowdot_m16_v, 2, 4, 2, 4, 1, 8, true, 16)  // m_v's tiling on m16n8k16: the default above 16 rows
 
 // --- the walk -----------------------------------------------------------------------------
 //

@@ -6,8 +6,11 @@ round's captured graph, kernels_cu/fast_round.py).
   with ``bits_out=False``), as select.cu bf16_rowdot up to the order of the double sum (the .cu
   says when and why the results are equal); FP64 tensor cores (DMMA), one launch of clusters of 8
   blocks.
-  fast_rowdot_s_v (blocks of 8 rows) up to 16 rows, fast_rowdot_m_v (16 rows) above; the 2-byte
-  load kernels where H % 8 != 0 or a pointer is not 16-byte aligned.
+  ROWDOT_SMALL = fast_rowdot_s_v (blocks of 8 rows, mma.m8n8k4) up to 16 rows, ROWDOT_LARGE =
+  fast_rowdot_m16_v (16 rows, mma.m16n8k16) above; the 2-byte load kernels where H % 8 != 0 or a
+  pointer is not 16-byte aligned. H200, CUPTI, H 5120, R 256, cold L2 (benchmarks/bench_fast_selector.py,
+  docs/reports/h200-fast-selector-v8.json): 120 rows m_v 30.1 -> m16_v 24.0 us; 7 rows s_v 8.3
+  (m16_v 12.5). Every kernel's bits equal bf16_rowdot's there.
 - ``walk_into(...)``: select.cu selector_walk, bit for bit, with every step's k x k energies
   computed up front in parallel; ``walk_supported(K, k, R)`` says where (k <= 32, R <= 256 and the
   tables within the default shared memory limit), elsewhere the caller launches selector_walk.
@@ -32,19 +35,15 @@ _NULL = np.uint64(0)
 ROWDOT_KERNELS = {
     "fast_rowdot_s_v": (1, 4, 1, 8, 2, 8, 4),  # M <= 16 (B1 K7: 7 rows)
     "fast_rowdot_s": (1, 4, 1, 8, 2, 8, 4),
-    "fast_rowdot_m_v": (2, 4, 2, 4, 1, 8, 4),  # more rows (B8 K15: 120)
-    "fast_rowdot_l": (4, 4, 2, 2, 1, 8, 4),  # m_v's 2-byte fallback
-    "fast_rowdot_s16_v": (2, 4, 1, 8, 2, 8, 16),
-    "fast_rowdot_m16_v": (2, 4, 2, 4, 1, 8, 16),
-    "fast_rowdot_l16_v": (4, 4, 2, 2, 1, 8, 16),
-    "fast_rowdot_w16_v": (2, 8, 1, 8, 1, 8, 16),
+    "fast_rowdot_m_v": (2, 4, 2, 4, 1, 8, 4),  # m16_v on m8n8k4 (the default up to session v7)
+    "fast_rowdot_l": (4, 4, 2, 2, 1, 8, 4),  # the 2-byte fallback of m_v and m16_v
+    "fast_rowdot_m16_v": (2, 4, 2, 4, 1, 8, 16),  # more rows (B8 K15: 120)
 }
 # the 2-byte load kernel that stands in for a 16-byte one where those loads do not apply
-_TWO_BYTE = {"fast_rowdot_s_v": "fast_rowdot_s", "fast_rowdot_m_v": "fast_rowdot_l", "fast_rowdot_s16_v": "fast_rowdot_s",
-             "fast_rowdot_m16_v": "fast_rowdot_l", "fast_rowdot_l16_v": "fast_rowdot_l", "fast_rowdot_w16_v": "fast_rowdot_l"}
+_TWO_BYTE = {"fast_rowdot_s_v": "fast_rowdot_s", "fast_rowdot_m_v": "fast_rowdot_l", "fast_rowdot_m16_v": "fast_rowdot_l"}
 ROWDOT_SMALL_MAX_M = 16  # up to this many rows ROWDOT_SMALL (B1 K7 = 7 rows), else ROWDOT_LARGE
 ROWDOT_SMALL = "fast_rowdot_s_v"
-ROWDOT_LARGE = "fast_rowdot_m_v"
+ROWDOT_LARGE = "fast_rowdot_m16_v"
 _MAX_GRID_Z = 65535
 WALK_THREADS = 512  # FS_WALK_THREADS
 WALK_KERNELS = {"fast_selector_walk": WALK_THREADS}  # name -> threads

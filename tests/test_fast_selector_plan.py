@@ -46,8 +46,8 @@ def test_constants_match_the_source():
 
 
 @pytest.mark.parametrize("M,N,H,xp,wp,name,bm,threads", [
-    (7, 256, 5120, 0, 256, "fast_rowdot_s_v", 8, 256), (120, 256, 5120, 512, 0, "fast_rowdot_m_v", 16, 256),
-    (16, 256, 5120, 0, 0, "fast_rowdot_s_v", 8, 256), (17, 256, 5120, 0, 0, "fast_rowdot_m_v", 16, 256),
+    (7, 256, 5120, 0, 256, "fast_rowdot_s_v", 8, 256), (120, 256, 5120, 512, 0, "fast_rowdot_m16_v", 16, 256),
+    (16, 256, 5120, 0, 0, "fast_rowdot_s_v", 8, 256), (17, 256, 5120, 0, 0, "fast_rowdot_m16_v", 16, 256),
     (7, 256, 5121, 0, 0, "fast_rowdot_s", 8, 256), (120, 256, 5120, 2, 0, "fast_rowdot_l", 32, 128),
     (7, 256, 5120, 0, 8, "fast_rowdot_s", 8, 256)])
 def test_rowdot_plan(M, N, H, xp, wp, name, bm, threads):

@@ -23,6 +23,8 @@
 #   bash tools/h200_runs.sh v8-geo-sel     # session v8: the selector's rowdot kernels (bench, GPU tests), and
 #                                          # the fast mode at both full geometries as four processes at once
 #                                          # (35B; 27B B1; 27B B8 W8; 27B B8 W16), cut at GEO_DEADLINE s
+#   bash tools/h200_runs.sh v8-final       # session v8: every GPU test, both CLI suites of the fast mode, the
+#                                          # bench of candidate_topk, the block and the rounds, the trace
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -131,6 +133,17 @@ for what in "$@"; do
       wait
       for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
 $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-90)"; done
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v8-final)
+      step gpu-tests-v8 timeout 330 env FAST_SUITE_REPORT="$OUT/fast_suite_pytest.json" \
+        FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest -q -p no:cacheprovider tests/gpu
+      step suite-fast timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops candidate_topk,masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
