@@ -424,6 +424,12 @@ def _safe(label, fn):
         return math.nan
 
 
+def ring_bytes(cfg, b: int, cap: int) -> int:
+    """Bytes of the KV rings the block's attention must read once: every layer's K (BF16) and V
+    (FP16) of b batch rows at capacity cap (the masked_block and proposal_round floors)."""
+    return cfg.num_hidden_layers * b * cap * cfg.num_key_value_heads * cfg.head_dim * (2 + 2)
+
+
 def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, context=4096):
     """masked_block at both official geometries (reference/config.py PRESETS via
     conformance/geometry.py: 27B DFlash2, 35B DFlash), full width, random weights built on the
@@ -471,7 +477,7 @@ def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, co
                       variant=cfg.variant, num_drafts=w - 1, **wbits)
             shape = f"{label} B{b} W{w} F{context}"
             floor_w = weight_bytes / floor_bw * 1e3
-            floor = (weight_bytes + L * b * cap * hk * d * 4) / floor_bw * 1e3
+            floor = (weight_bytes + ring_bytes(cfg, b, cap)) / floor_bw * 1e3
 
             def tor(attention=True):
                 return _torch_block(torch, F, tw, kc, vc, anchor, frontier, attn_live, cfg, w, attention)
@@ -631,16 +637,15 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
 
     for label, geo in [("27B DFlash2", "dflash2-27b"), ("35B DFlash", "dflash-35b-a3b")]:
         cfg = PRESETS[GEOMETRIES[geo]]
-        L, hk, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
         vocab = cfg.vocab_size - PUBLIC_VOCAB_MARGIN
         fr, tw, tr, wbits, extra, weight_bytes = round_drafter(cp, torch, cfg)
         cap = _capacity(cfg, context)
         for b, w in shapes:
             kw, (kc, vc, anchor, frontier, live) = round_inputs(cp, torch, cfg, b, w, context)
             shape = f"{label} B{b} W{w} F{context}"
-            ring_bytes = L * b * cap * hk * d * 4
-            floor = (weight_bytes + ring_bytes) / floor_bw * 1e3
-            checks = {"shape": shape, "weight_bytes": weight_bytes, "ring_bytes": ring_bytes,
+            rings = ring_bytes(cfg, b, cap)
+            floor = (weight_bytes + rings) / floor_bw * 1e3
+            checks = {"shape": shape, "weight_bytes": weight_bytes, "ring_bytes": rings,
                       "floor_weights_ms": weight_bytes / floor_bw * 1e3}
 
             def tor():

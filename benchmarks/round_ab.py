@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     import cupy as cp
     import torch
 
-    from benchmarks.gpu_bench import Timer, measure_ceilings, round_drafter, round_inputs
+    from benchmarks.gpu_bench import Timer, measure_ceilings, ring_bytes, round_drafter, round_inputs
     from conformance.geometry import GEOMETRIES, _capacity
     from reference.config import PRESETS
 
@@ -95,9 +95,9 @@ def main(argv=None) -> int:
                     times[name].append(timer(lambda ws=ws: ws.graph.launch()))
             for p, v in defaults.items():
                 setattr(*_target(p), v)
-            ring_bytes = cfg.num_hidden_layers * b * cap * cfg.num_key_value_heads * cfg.head_dim * 4
-            moved = weight_bytes + ring_bytes
-            rec = {"geometry": geo, "B": b, "W": w, "weight_bytes": weight_bytes, "ring_bytes": ring_bytes,
+            rings = ring_bytes(cfg, b, cap)
+            moved = weight_bytes + rings
+            rec = {"geometry": geo, "B": b, "W": w, "weight_bytes": weight_bytes, "ring_bytes": rings,
                    "floor_ms_measured_bw": moved / copy_bw * 1e3, "floor_ms_4_1": moved / 4.1e12 * 1e3,
                    "floor_weights_ms_measured_bw": weight_bytes / copy_bw * 1e3,
                    "floor_weights_ms_4_1": weight_bytes / 4.1e12 * 1e3,
