@@ -25,6 +25,8 @@
 #                                          # (35B; 27B B1; 27B B8 W8; 27B B8 W16), cut at GEO_DEADLINE s
 #   bash tools/h200_runs.sh v8-final       # session v8: every GPU test, both CLI suites of the fast mode, the
 #                                          # bench of candidate_topk, the block and the rounds, the trace
+#   bash tools/h200_runs.sh v8-combine     # session v8: the attention combine A/B (bits, us) against bc06c16's,
+#                                          # every GPU test, both CLI suites, the bench of the rounds, the trace
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -142,6 +144,21 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
       step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops candidate_topk,masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v8-combine)
+      git show bc06c16:kernels_cu/fast_attention.cu >"$OUT/fast_attention_bc06c16.cu" 2>/dev/null \
+        || cp "${BEFORE_FA:-kernels_cu/fast_attention.cu}" "$OUT/fast_attention_bc06c16.cu"
+      step combine-ab timeout 90 $PY -m benchmarks.combine_ab --before "$OUT/fast_attention_bc06c16.cu" \
+        --json "$OUT/combine_ab.json"
+      step gpu-tests-v8c timeout 330 env FAST_SUITE_REPORT="$OUT/fast_suite_pytest.json" \
+        FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest -q -p no:cacheprovider tests/gpu
+      step suite-fast timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
