@@ -4,7 +4,8 @@
     python -m benchmarks.combine_ab --before PATH [--json out.json]
 
 PATH is a fast_attention.cu to compare with (e.g. `git show bc06c16:kernels_cu/fast_attention.cu`).
-Both are built with this tree's NVRTC options (kernels_cu.loader) and -DFA_SINGLE for D 128. The
+This tree's combine is launched as attention_fast does (fast_attention.combine_batch: the instance by
+the split count). Both are built with this tree's NVRTC options (kernels_cu.loader) and -DFA_SINGLE for D 128. The
 partials are random: o ~ N(0, 1), m ~ U(-8, 8) with a tenth of them -inf (a split that saw no key of
 the row), l ~ U(0.5, 64), one set per shape, at the rows and split counts of the round's attention
 calls (B1 W8: 8 (27B) and 16 (35B) splits; B8 W16: 4), and at 1-33 splits at B1 W8. Times: a CUDA
@@ -26,10 +27,17 @@ CASES = [  # (label, B, W, live rows, splits)
 
 
 def _combine(cp, source: str):
+    """ns -> the source's combine kernel for ns splits: fast_attn_combine_d128_c{combine_batch(ns)}
+    where the source has those (this tree's), else its one fast_attn_combine_d128."""
+    from kernels_cu.fast_attention import combine_batch
     from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
 
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={D}", "-DFA_MT=4", "-DFA_F32=0")
-    return cp.RawModule(code=source, options=opts).get_function(f"fast_attn_combine_d{D}")
+    mod = cp.RawModule(code=source, options=opts)
+    mod.compile()
+    batched = f"fast_attn_combine_d{D}_c" in source or "fast_attn_combine_d##DPV##_c##CBV" in source
+    return lambda ns: mod.get_function(f"fast_attn_combine_d{D}_c{combine_batch(ns)}" if batched
+                                       else f"fast_attn_combine_d{D}")
 
 
 def main(argv=None) -> int:
@@ -58,7 +66,8 @@ def main(argv=None) -> int:
         part_ml = cp.asarray(ml)
         live = cp.asarray(np.full(b, live_rows, np.int32))
         outs, us = {}, {}
-        for name, fn in kernels.items():
+        for name, pick in kernels.items():
+            fn = pick(ns)
             o32 = cp.full((b, w, HQ, D), np.nan, np.float32)
             o16 = cp.full((b, w, HQ, D), 0xAAAA, np.uint16)
 

@@ -672,13 +672,13 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 }
 
 // One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits. The loads go in
-// batches of FA_CB splits, every load of a batch issued before the first use (an unrolled loop,
+// batches of CB splits, every load of a batch issued before the first use (an unrolled loop,
 // predicated past ns): a loop over splits that loaded (m, l), then o only where m > -inf, waited
-// two L2 latencies a split (16 splits at 35B B1: 6.3 us a call, H200). The arithmetic is the
+// two L2 latencies a split (16 splits at 35B B1: 5.9 us a call, H200). The arithmetic is the
 // same operations in the same split order as that loop (o of a split with m = -inf is loaded but
-// not used), so the outputs are the same bits.
-#define FA_CB 8
-template <int DP>
+// not used), so the outputs are the same bits. CB is the launcher's (fast_attention.py
+// combine_batch): a batch of 8 at 4 splits held registers for 8 and ran slower than the loop.
+template <int DP, int CB>
 __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                                              const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, int ns,
                                              float* __restrict__ out_f32, u16* __restrict__ out_bf16) {
@@ -701,18 +701,18 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
     float L = 0.f;
     if (i < lve) {
         float mx = dfl::neg_inf();
-        for (int s0 = 0; s0 < ns; s0 += FA_CB) {
-            float t[FA_CB];
+        for (int s0 = 0; s0 < ns; s0 += CB) {
+            float t[CB];
 #pragma unroll
-            for (int j = 0; j < FA_CB; ++j) t[j] = s0 + j < ns ? part_ml[(s0 + j) * rows + id].x : 0.f;
+            for (int j = 0; j < CB; ++j) t[j] = s0 + j < ns ? part_ml[(s0 + j) * rows + id].x : 0.f;
 #pragma unroll
-            for (int j = 0; j < FA_CB; ++j)
+            for (int j = 0; j < CB; ++j)
                 if (s0 + j < ns) mx = fmaxf(mx, t[j]);
         }
-        for (int s0 = 0; s0 < ns; s0 += FA_CB) {
-            float2 ml[FA_CB], x[FA_CB][NP];
+        for (int s0 = 0; s0 < ns; s0 += CB) {
+            float2 ml[CB], x[CB][NP];
 #pragma unroll
-            for (int j = 0; j < FA_CB; ++j) {
+            for (int j = 0; j < CB; ++j) {
                 const bool in = s0 + j < ns;
                 ml[j] = in ? part_ml[(s0 + j) * rows + id] : make_float2(dfl::neg_inf(), 0.f);
                 const float* po = part_o + ((s0 + j) * rows + id) * DP;
@@ -723,7 +723,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                 }
             }
 #pragma unroll
-            for (int j = 0; j < FA_CB; ++j) {
+            for (int j = 0; j < CB; ++j) {
                 if (ml[j].x > dfl::neg_inf()) {  // false past ns
                     const float w = exp2f(ml[j].x - mx);
                     L += w * ml[j].y;
@@ -756,7 +756,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 }  // namespace fa
 
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
-// fast_attn_combine_d{DP}. kernels_cu/fast_attention.py compiles one variant per module
+// fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
 // (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc).
 #define FA_KERNEL(DPV, MTV, F32V, SUF)                                                                           \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_##SUF(              \
@@ -770,12 +770,13 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                                       part_o, part_ml, out_f32, out_bf16, fa_smem);                              \
     }
 
-#define FA_COMBINE(DPV)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) fast_attn_combine_d##DPV(                                 \
+#define FA_COMBINE_CB(DPV, CBV)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) fast_attn_combine_d##DPV##_c##CBV(                        \
         const float* __restrict__ part_o, const float2* __restrict__ part_ml, const int* __restrict__ live, int B, \
         int W, int Hq, int Hk, int D, int ns, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) { \
-        fa::combine_body<DPV>(part_o, part_ml, live, B, W, Hq, Hk, D, ns, out_f32, out_bf16);                    \
+        fa::combine_body<DPV, CBV>(part_o, part_ml, live, B, W, Hq, Hk, D, ns, out_f32, out_bf16);               \
     }
+#define FA_COMBINE(DPV) FA_COMBINE_CB(DPV, 2) FA_COMBINE_CB(DPV, 4) FA_COMBINE_CB(DPV, 8)
 
 // one more expansion step, so that macro arguments (FA_DP) are expanded before ## pastes them
 #define FA_KERNEL_X(DPV, MTV, F32V, SUF) FA_KERNEL(DPV, MTV, F32V, SUF)

@@ -99,7 +99,18 @@ def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...]):
         with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
             warnings.simplefilter("ignore", DeprecationWarning)
             main.max_dynamic_shared_size_bytes = smem
-    return main, mod.get_function(f"fast_attn_combine_d{dp}"), smem
+    combine = {cb: mod.get_function(f"fast_attn_combine_d{dp}_c{cb}") for cb in COMBINE_BATCHES}
+    return main, combine, smem
+
+
+# fast_attention.cu's combine instances: splits whose loads it issues at once. combine_batch(ns) picks the
+# smallest that holds ns, at most the largest (H200, benchmarks/combine_ab.py, docs/reports/h200-combine-ab-v8.json:
+# a batch of 8 took 5.2 us a call at 4 splits against 4.3 for the per-split loop, 3.6 against 5.9 at 16 splits).
+COMBINE_BATCHES = (2, 4, 8)
+
+
+def combine_batch(ns: int) -> int:
+    return next((cb for cb in COMBINE_BATCHES if ns <= cb), COMBINE_BATCHES[-1])
 
 
 @functools.cache
@@ -213,7 +224,7 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
          shared_mem=smem)
     if ns > 1:
         rows = b * hk * m_rows
-        combine((-(-rows // 4),), (128,),
+        combine[combine_batch(ns)]((-(-rows // 4),), (128,),
                 (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
                  np.int32(ns), _NULL if of is None else of, _NULL if ob is None else ob))
     return of, ob

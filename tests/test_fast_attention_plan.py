@@ -304,3 +304,21 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
             assert tiles // 2 < fa.MIN_TILES_PER_SPLIT
 
     check()
+
+
+def test_combine_batch_holds_the_splits_and_matches_the_source():
+    """fast_attention.combine_batch(ns): the combine instance whose batch holds all ns splits' loads at
+    once (the smallest such, so no more registers than needed), the largest where none does; and the
+    instances it names are the ones fast_attention.cu builds (FA_COMBINE)."""
+    import re
+
+    from kernels_cu import fast_attention as fa
+
+    src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
+    built = re.search(r"#define FA_COMBINE\(DPV\) (.*)", src).group(1)
+    assert tuple(int(c) for c in re.findall(r"FA_COMBINE_CB\(DPV, (\d+)\)", built)) == fa.COMBINE_BATCHES
+    assert [fa.combine_batch(ns) for ns in (1, 2, 3, 4, 5, 8, 9, 16, 64)] == [2, 2, 4, 4, 8, 8, 8, 8, 8]
+    for ns in range(1, 100):
+        cb = fa.combine_batch(ns)
+        smaller = [c for c in fa.COMBINE_BATCHES if c < cb]
+        assert (ns <= cb or cb == max(fa.COMBINE_BATCHES)) and all(ns > c for c in smaller)

@@ -152,8 +152,6 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         || cp "${BEFORE_FA:-kernels_cu/fast_attention.cu}" "$OUT/fast_attention_bc06c16.cu"
       step combine-ab timeout 90 $PY -m benchmarks.combine_ab --before "$OUT/fast_attention_bc06c16.cu" \
         --json "$OUT/combine_ab.json"
-      step gpu-tests-v8c timeout 330 env FAST_SUITE_REPORT="$OUT/fast_suite_pytest.json" \
-        FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest -q -p no:cacheprovider tests/gpu
       step suite-fast timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
         --json "$OUT/suite_fast.json"
       step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
@@ -161,6 +159,8 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      step gpu-tests-v8c timeout 330 env FAST_SUITE_REPORT="$OUT/fast_suite_pytest.json" \
+        FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest -q -p no:cacheprovider tests/gpu
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
