@@ -470,7 +470,7 @@ def _cmd_dump(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out: cannot create {out}: {exc.strerror or exc}") from None
-    handle, name = _open_impl(args, ops=[vec.op])
+    handle, _name = _open_impl(args, ops=[vec.op])
     try:
         res, lines = dump.dump(handle, vec, out, timeout, _specs(args).get(vec.op))
     finally:
@@ -491,9 +491,13 @@ def _cmd_geometry(args) -> int:
     bad = [n for n in args.batch if not 1 <= n <= 8] + [n for n in args.width if not 2 <= n <= 16]
     if bad or args.context < 1:
         raise InputError(f"--batch/--width/--context: B must be 1..8, W 2..16 (K 1..15), context >= 1; got {bad}")
+    if args.jobs < 1:
+        raise InputError(f"--jobs: at least 1, got {args.jobs}")
+    where = f"generated in memory: {', '.join(args.geometry)}, B {args.batch}, W {args.width}, context {args.context}"
+    if args.jobs > 1:
+        return _geometry_jobs(args, where)
     impl, name = _choose_impl(args)
     env = report.environment(impl, "dflash-conformance " + " ".join(args.argv))
-    where = f"generated in memory: {', '.join(args.geometry)}, B {args.batch}, W {args.width}, context {args.context}"
 
     def save(results):  # after every case, so a run cut short still leaves its report
         if args.json:
@@ -502,6 +506,25 @@ def _cmd_geometry(args) -> int:
     results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
                            log=lambda line: print(line, flush=True), on_result=save, ops=args.ops)
     if args.json:
+        report.write_json(Path(args.json), results, name, env, where, {}, "", complete=True)
+    if not args.part:  # a part of a --jobs run: the parent prints the merged table
+        report.print_table(results, name, _console())
+    return 1 if report.failed(results) else 0
+
+
+def _geometry_jobs(args, where: str) -> int:
+    """geometry --jobs N: the parts (geometry.parts) as N processes at once, merged (conformance/geometry_jobs.py)."""
+    from conformance import geometry, geometry_jobs, report
+
+    parts = geometry.parts(args.geometry, args.batch, args.width, args.ops)
+    print(f"{len(parts)} parts, {min(args.jobs, len(parts))} at once: "
+          + ", ".join(geometry_jobs.label(p) for p in parts), flush=True)
+    results, name, part_env = geometry_jobs.run(parts, args.jobs, impl=args.impl, context=args.context,
+                                                reduced=args.reduced, log=lambda line: print(line, flush=True))
+    name = name or (args.impl or "default implementation")
+    if args.json:  # the parts' environment (the implementation's record), this command, the parts
+        env = {**part_env, **report.environment(None, "dflash-conformance " + " ".join(args.argv),
+                                                {"geometry_parts": parts, "jobs": args.jobs})}
         report.write_json(Path(args.json), results, name, env, where, {}, "", complete=True)
     report.print_table(results, name, _console())
     return 1 if report.failed(results) else 0
@@ -576,6 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reduced", action="store_true", help="same structure at a small size (a quick check)")
     s.add_argument("--ops", nargs="+", choices=["context_kv", "masked_block", "proposal_head", "candidate_topk",
                    "candidate_selector"], help="run only these Ops (the proposal path always runs masked_block)")
+    s.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run the parts (one per geometry and B, W) as N processes at once, each with 1/N of the "
+                        "cores for its BLAS threads, and merge their reports (default 1: one process)")
+    s.add_argument("--part", action="store_true", help=argparse.SUPPRESS)  # a part of a --jobs run: no table
     s.add_argument("--json", metavar="FILE", help="write a JSON report")
     s.set_defaults(func=_cmd_geometry)
     s = sub.add_parser("check-capture", help="judge a folder of capture files (C10) against the reference")

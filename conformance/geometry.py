@@ -164,6 +164,28 @@ def context_kv_case(name, cfg, w, context, seed=4) -> Case:
     return Case(f"context_kv/full_{name}_F{context}_C{cap}", inputs, params, flags)
 
 
+BLOCK_PATH_OPS = ("masked_block", "proposal_head", "candidate_topk", "candidate_selector")
+
+
+def parts(names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), ops=None) -> list[dict]:
+    """The run split into independent parts (``dflash-conformance geometry --jobs``): one per
+    geometry and (B, W) proposal path, each with the Ops it runs; a geometry's context_kv goes with
+    its first part (alone where no block Op is wanted). Together the parts run exactly the cases of
+    ``run(names, batches, widths, ops=ops)``, in its order."""
+    wanted = list(ops) if ops else ["context_kv", *BLOCK_PATH_OPS]
+    block = [op for op in wanted if op != "context_kv"]
+    out = []
+    for name in names:
+        first = "context_kv" in wanted
+        chains = [(b, w) for b in batches for w in widths] if block else []
+        if not chains and first:
+            out.append({"geometry": name, "batch": None, "width": None, "ops": ["context_kv"]})
+        for b, w in chains:
+            out.append({"geometry": name, "batch": b, "width": w, "ops": (["context_kv"] if first else []) + block})
+            first = False
+    return out
+
+
 def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4096, reduce=False,
         timeout: float | None = 1800, log=print, on_result=None, ops=None) -> list[CaseResult]:
     """Build and run every full-width case; ``log`` gets one line per case and

@@ -144,6 +144,26 @@ def case_record(r) -> dict:
     return rec
 
 
+def record_result(rec: dict) -> CaseResult:
+    """case_record's inverse for the fields a CaseResult holds (a part's report read back:
+    dflash-conformance geometry --jobs); a traceback or captured output rides along as detail text
+    only through case_record's own keys."""
+    def num(key):
+        v = rec.get(key)
+        return None if v is None else float(v)
+
+    r = CaseResult(op=rec["op"], case=rec["case"], result=Result[rec["result"]], detail=rec.get("detail", ""),
+                   flags=tuple(rec.get("flags", ())), worst_ulp=num("worst_ulp"), ulp_bound=num("ulp_bound"),
+                   worst_norm=num("worst_norm"), norm_bound=num("norm_bound"), seconds=float(rec.get("seconds", 0.0)),
+                   acceptable_flags=tuple(rec.get("acceptable_flags", ())), tight_frac=num("tight_frac"),
+                   envelope_frac=num("envelope_frac"))
+    for key, attr in (("traceback", "trace"), ("output", "output"), ("expected_failure", "expected_failure"),
+                      ("rerun", "rerun")):
+        if rec.get(key):
+            setattr(r, attr, rec[key])
+    return r
+
+
 def summary(results) -> dict:
     body = {res.name: sum(r.result == res for r in results) for res in Result}
     body["acceptable_by_flag"] = acceptable_by_flag(results)

@@ -1,0 +1,123 @@
+"""``dflash-conformance geometry --jobs N``: the full-geometry run as N processes at once.
+
+The float64 reference of a full-geometry case takes minutes and runs mostly on one core, so the
+run (22 cases at the default B and W) is split into independent parts (``geometry.parts``: one per
+geometry and (B, W) proposal path) and each part runs as its own ``dflash-conformance geometry``
+process, at most N at a time, with N-th of the cores for its BLAS threads (unless the caller set
+OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS). A part draws the same seeded weights
+as a single run, so the cases and their bytes are the same. Each part's lines are printed as they
+come, prefixed with the part; its JSON report is read back and the reports are merged, in the
+single run's order, into one result list (the table, the exit status and ``--json``).
+
+Nothing is passed silently: a part that exits without a complete report adds an ERROR naming the
+part, its exit status and its last line of output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from conformance import report
+from conformance.compare import CaseResult, Result
+
+BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def label(part: dict) -> str:
+    b = "" if part["batch"] is None else f" B{part['batch']} W{part['width']}"
+    return f"{part['geometry']}{b}"
+
+
+def part_argv(part: dict, *, impl: str | None, context: int, reduced: bool, json_path: Path) -> list[str]:
+    """The dflash-conformance arguments of one part."""
+    argv = ["geometry", "--part", "--geometry", part["geometry"], "--context", str(context), "--ops", *part["ops"],
+            "--json", str(json_path)]
+    if part["batch"] is not None:
+        argv += ["--batch", str(part["batch"]), "--width", str(part["width"])]
+    if impl:
+        argv += ["--impl", impl]
+    if reduced:
+        argv.append("--reduced")
+    return argv
+
+
+def _env(jobs: int) -> dict:
+    env = dict(os.environ)
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    for key in BLAS_THREADS:
+        env.setdefault(key, threads)
+    return env
+
+
+def _read(json_path: Path) -> dict:
+    """A part's JSON report ({} where there is none or it does not parse)."""
+    try:
+        return json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced: bool, log=print,
+        cwd: str | None = None) -> tuple[list[CaseResult], str | None, dict]:
+    """Run the parts, at most ``jobs`` at once; (the merged results in part order, the implementation's
+    name and the first part's environment record, as the parts reported them)."""
+    env = _env(jobs)
+    lock = threading.Lock()
+    outcome: dict[int, tuple[int, str]] = {}
+    procs: list[subprocess.Popen] = []
+
+    def one(i: int, part: dict, json_path: Path) -> None:
+        cmd = [sys.executable, "-m", "conformance.cli",
+               *part_argv(part, impl=impl, context=context, reduced=reduced, json_path=json_path)]
+        tag = f"[{label(part)}] "
+        last = ""
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+                                bufsize=1)
+        procs.append(proc)
+        for line in proc.stdout:  # the part prints no table (--part): the merged one comes at the end
+            line = line.rstrip("\n")
+            if line.strip():
+                last = line
+            with lock:
+                log(tag + line)
+        outcome[i] = (proc.wait(), last)
+
+    with tempfile.TemporaryDirectory(prefix="dflash-geometry-") as tmp:
+        paths = [Path(tmp) / f"part{i}.json" for i in range(len(parts))]
+        pending = list(enumerate(parts))
+        running: list[threading.Thread] = []
+        try:
+            while pending or running:
+                while pending and len(running) < max(1, jobs):
+                    i, part = pending.pop(0)
+                    t = threading.Thread(target=one, args=(i, part, paths[i]), daemon=True)
+                    t.start()
+                    running.append(t)
+                running[0].join(timeout=0.2)
+                running = [t for t in running if t.is_alive()]
+        except BaseException:  # interrupted: no part outlives the run
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            raise
+        results, name, env = [], None, {}
+        for i, part in enumerate(parts):
+            body = _read(paths[i])
+            got = [report.record_result(r) for r in body.get("results", [])]
+            results += got
+            name = name or body.get("implementation")
+            env = env or body.get("environment", {})
+            status, last = outcome.get(i, (-1, ""))
+            if not body.get("complete"):
+                results.append(CaseResult(
+                    op=part["ops"][0], case=f"geometry-part/{label(part).replace(' ', '_')}", result=Result.ERROR,
+                    detail=f"part {label(part)} exited with status {status} without a complete report "
+                           f"({len(got)} case(s) reported); its last line: {last[:200]}"))
+    return results, name, env
+
