@@ -34,8 +34,7 @@ def _combine(cp, source: str):
 
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={D}", "-DFA_MT=4", "-DFA_F32=0")
     mod = cp.RawModule(code=source, options=opts)
-    mod.compile()
-    batched = f"fast_attn_combine_d{D}_c" in source or "fast_attn_combine_d##DPV##_c##CBV" in source
+    batched = "FA_COMBINE_CB" in source  # the instances by batch (session v8 on)
     return lambda ns: mod.get_function(f"fast_attn_combine_d{D}_c{combine_batch(ns)}" if batched
                                        else f"fast_attn_combine_d{D}")
 

@@ -164,7 +164,7 @@ def context_kv_case(name, cfg, w, context, seed=4) -> Case:
     return Case(f"context_kv/full_{name}_F{context}_C{cap}", inputs, params, flags)
 
 
-BLOCK_PATH_OPS = ("masked_block", "proposal_head", "candidate_topk", "candidate_selector")
+BLOCK_PATH_OPS = ("masked_block", "proposal_head", "candidate_topk", "candidate_selector")  # per (B, W)
 
 
 def parts(names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), ops=None) -> list[dict]:
@@ -193,7 +193,7 @@ def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4
     specs = registry.ops()
     results = []
     wanted = set(ops) if ops else set(specs)  # Op names to run; the proposal path needs masked_block first
-    block_path = wanted & {"masked_block", "proposal_head", "candidate_topk", "candidate_selector"}
+    block_path = wanted & set(BLOCK_PATH_OPS)
 
     def one(case: Case):
         spec = specs[case.op]

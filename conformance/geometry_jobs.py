@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conformance import report
@@ -63,11 +64,11 @@ def _read(json_path: Path) -> dict:
         return {}
 
 
-def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced: bool, log=print,
-        cwd: str | None = None) -> tuple[list[CaseResult], str | None, dict]:
+def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced: bool,
+        log=print) -> tuple[list[CaseResult], str | None, dict]:
     """Run the parts, at most ``jobs`` at once; (the merged results in part order, the implementation's
     name and the first part's environment record, as the parts reported them)."""
-    env = _env(jobs)
+    child_env = _env(jobs)
     lock = threading.Lock()
     outcome: dict[int, tuple[int, str]] = {}
     procs: list[subprocess.Popen] = []
@@ -77,8 +78,12 @@ def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced
                *part_argv(part, impl=impl, context=context, reduced=reduced, json_path=json_path)]
         tag = f"[{label(part)}] "
         last = ""
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
-                                bufsize=1)
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                                    bufsize=1)
+        except OSError as exc:  # reported as the part's ERROR below
+            outcome[i] = (-1, f"cannot start {sys.executable}: {exc}")
+            return
         procs.append(proc)
         for line in proc.stdout:  # the part prints no table (--part): the merged one comes at the end
             line = line.rstrip("\n")
@@ -90,22 +95,17 @@ def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced
 
     with tempfile.TemporaryDirectory(prefix="dflash-geometry-") as tmp:
         paths = [Path(tmp) / f"part{i}.json" for i in range(len(parts))]
-        pending = list(enumerate(parts))
-        running: list[threading.Thread] = []
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
-            while pending or running:
-                while pending and len(running) < max(1, jobs):
-                    i, part = pending.pop(0)
-                    t = threading.Thread(target=one, args=(i, part, paths[i]), daemon=True)
-                    t.start()
-                    running.append(t)
-                running[0].join(timeout=0.2)
-                running = [t for t in running if t.is_alive()]
+            for future in [pool.submit(one, i, part, paths[i]) for i, part in enumerate(parts)]:
+                future.result()
         except BaseException:  # interrupted: no part outlives the run
+            pool.shutdown(wait=False, cancel_futures=True)
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
             raise
+        pool.shutdown()
         results, name, env = [], None, {}
         for i, part in enumerate(parts):
             body = _read(paths[i])

@@ -145,9 +145,9 @@ def case_record(r) -> dict:
 
 
 def record_result(rec: dict) -> CaseResult:
-    """case_record's inverse for the fields a CaseResult holds (a part's report read back:
-    dflash-conformance geometry --jobs); a traceback or captured output rides along as detail text
-    only through case_record's own keys."""
+    """case_record's inverse (a part's report read back: dflash-conformance geometry --jobs): the
+    CaseResult fields, and the traceback, output, expected failure and rerun line where recorded.
+    Numbers written as text (inf, nan) read back as floats."""
     def num(key):
         v = rec.get(key)
         return None if v is None else float(v)
