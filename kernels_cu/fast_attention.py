@@ -43,7 +43,14 @@ SPLITS: int | None = None
 BLOCKS_PER_SM: int | None = None
 MIN_TILES_PER_SPLIT = 4
 
-_last = {"path": None}
+# Stages of the K/V tile pipeline (tiles in flight while one is computed: STAGES - 1). None picks per call
+# (stages_for): DEEP_STAGES where the split count at that depth's occupancy is the same as at 2 stages (the
+# tiles per split bind, not the occupancy: B1), else 2 (a deeper pipeline's shared memory would halve the blocks
+# per multiprocessor, and with it the splits of a B8 grid); an int forces it (tests run both).
+STAGES: int | None = None
+DEEP_STAGES = 4
+
+_last = {"path": None, "plan": None}
 
 
 def cp():
@@ -57,6 +64,11 @@ def last_path() -> str | None:
     return _last["path"]
 
 
+def last_plan() -> dict | None:
+    """The latest fast call's launch: {"stages", "splits", "kernel"} (None after a fallback)."""
+    return _last["plan"]
+
+
 def _dp(d: int) -> int:
     return 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 128
 
@@ -65,34 +77,38 @@ def _mt(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def smem_bytes(dp: int, mt: int) -> int:
-    """Two stages of K and V tiles [64][dp + 8] (16-bit) plus the per-warp P scratch [4][16][16 mt] fp32."""
-    return 2 * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
+    """`stages` stages of K and V tiles [64][dp + 8] (16-bit) plus the per-warp P scratch [4][16][16 mt] fp32."""
+    return stages * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
 
 
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
 
 
 @functools.cache
-def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = ()):
+def _module(dp: int, mt: int, f32_inputs: bool, stages: int = 2, extra: tuple[str, ...] = ()):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
     import cupy
 
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}",
-            f"-DFA_F32={int(f32_inputs)}", *extra)
+            f"-DFA_F32={int(f32_inputs)}", f"-DFA_NS={stages}", *extra)
     return cupy.RawModule(code=code, options=opts)
 
 
-def _kernels(dp: int, mt: int, f32_inputs: bool):
-    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS)
+def kernel_name(dp: int, mt: int, f32_inputs: bool, stages: int = 2) -> str:
+    return f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}_s{stages}"
+
+
+def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2):
+    return _kernels_opts(dp, mt, f32_inputs, stages, EXTRA_OPTIONS)
 
 
 @functools.cache
-def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...]):
-    mod = _module(dp, mt, f32_inputs, extra)
-    main = mod.get_function(f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}")
-    smem = smem_bytes(dp, mt)
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, stages: int, extra: tuple[str, ...]):
+    mod = _module(dp, mt, f32_inputs, stages, extra)
+    main = mod.get_function(kernel_name(dp, mt, f32_inputs, stages))
+    smem = smem_bytes(dp, mt, stages)
     if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)
         import warnings
 
@@ -118,15 +134,15 @@ def _sm_count(dev_id: int) -> int:
     return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
 
 
-def resident_blocks(dp: int, mt: int, f32_inputs: bool) -> int:
+def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2) -> int:
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
     in units of 256) and its shared memory (plus the per-block reservation) against the device's."""
-    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id)
+    return _resident_blocks(dp, mt, f32_inputs, stages, cp().cuda.Device().id)
 
 
 @functools.cache
-def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int) -> int:
-    main, _, smem = _kernels(dp, mt, f32_inputs)
+def _resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int, dev_id: int) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs, stages)
     try:  # the driver's occupancy calculator, where CuPy exposes it
         return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
                                                                                         smem)))
@@ -151,6 +167,14 @@ def splits_for(b: int, hk: int, chunks: int, capacity: int, window: int, residen
     per_sm = BLOCKS_PER_SM if BLOCKS_PER_SM is not None else resident
     want = per_sm * _sm_count(cp().cuda.Device().id) // max(1, b * hk * chunks)
     return max(1, min(want, tiles // max(1, MIN_TILES_PER_SPLIT)))
+
+
+def stages_for(ns_by_stages: dict[int, int]) -> int:
+    """The pipeline depth for a grid, given the split count each depth's occupancy allows
+    ({2: splits, DEEP_STAGES: splits}): the deep one where it keeps the same splits (STAGES forces it)."""
+    if STAGES is not None:
+        return int(STAGES)
+    return DEEP_STAGES if ns_by_stages[DEEP_STAGES] == ns_by_stages[2] else 2
 
 
 def unsupported(d: int, w: int, b: int, hk: int, capacity: int) -> str | None:
@@ -182,10 +206,10 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
         raise ValueError("draft_attention: the context cache needs capacity >= 1 (slot p mod C)")
     why = unsupported(d, w, b, hk, cap)
     if why is not None:
-        _last["path"] = f"exact-fallback ({why})"
+        _last["path"], _last["plan"] = f"exact-fallback ({why})", None
         return attention(f32(q), f32(k), f32(v), kc_bits, vc_bits, frontier, live, int(window),
                          f32_out=f32_out, bf16_out=bf16_out)
-    _last["path"] = "fast"
+    _last["path"], _last["plan"] = "fast", None
     of = c.empty(q.shape, dtype=np.float32) if f32_out else None
     ob = c.empty(q.shape, dtype=np.uint16) if bf16_out else None
     if q.size == 0 or (of is None and ob is None):
@@ -210,8 +234,13 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     m_rows = w * g
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
-    main, combine, smem = _kernels(dp, mt, not bits)
-    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits))
+    by = {st: splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, st))
+          for st in sorted({2, DEEP_STAGES})}
+    stages = stages_for(by)
+    ns = by[stages] if stages in by else splits_for(b, hk, chunks, cap, window,
+                                                    resident_blocks(dp, mt, not bits, stages))
+    main, combine, smem = _kernels(dp, mt, not bits, stages)
+    _last["plan"] = {"stages": stages, "splits": ns, "kernel": kernel_name(dp, mt, not bits, stages)}
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
@@ -244,6 +273,7 @@ class FastAttentionMixin:
         rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
-                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); exact fallback for D % 8 or D > "
+                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}), a K/V pipeline of 2 stages or {DEEP_STAGES} where that "
+                                 f"keeps the split count (STAGES={STAGES}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

@@ -322,3 +322,58 @@ def test_combine_batch_holds_the_splits_and_matches_the_source():
         cb = fa.combine_batch(ns)
         smaller = [c for c in fa.COMBINE_BATCHES if c < cb]
         assert (ns <= cb or cb == max(fa.COMBINE_BATCHES)) and all(ns > c for c in smaller)
+
+
+def test_pipeline_depth_keeps_the_split_count(monkeypatch):
+    """fast_attention.stages_for: the deep K/V pipeline (DEEP_STAGES tiles resident) where the split count
+    at its occupancy is the one two stages give (B1: the tiles per split bind), two stages where the deep
+    pipeline's shared memory would cut the splits (B8: one block per multiprocessor instead of two). The
+    occupancy here is the shared-memory bound an H200 gives (228 KB a multiprocessor, 1 KB reserved per
+    block; the D 128 kernels' registers allow two blocks), from smem_bytes; every kernel the launcher can
+    name is built by fast_attention.cu's FA_ALL_MT list."""
+    import re
+
+    from kernels_cu import fast_attention as fa
+
+    monkeypatch.setattr(fa, "_sm_count", lambda dev_id: 132)
+    monkeypatch.setattr(fa, "SPLITS", None)
+    monkeypatch.setattr(fa, "BLOCKS_PER_SM", None)
+    monkeypatch.setattr(fa, "STAGES", None)
+
+    class _Dev:
+        id = 0
+
+    class _Cuda:
+        Device = _Dev
+
+    class _Cp:
+        cuda = _Cuda
+
+    monkeypatch.setattr(fa, "cp", lambda: _Cp)
+
+    def resident(mt, stages):
+        return min(2, (228 * 1024) // (fa.smem_bytes(128, mt, stages) + 1024))
+
+    assert resident(2, 2) == resident(4, 2) == 2 and resident(2, fa.DEEP_STAGES) == 1
+    assert fa.smem_bytes(128, 4, fa.DEEP_STAGES) <= 227 * 1024  # one block still fits
+
+    def plan(b, hk, cap, window, mt):
+        by = {s: fa.splits_for(b, hk, 1, cap, window, resident(mt, s)) for s in (2, fa.DEEP_STAGES)}
+        st = fa.stages_for(by)
+        return st, by[st]
+
+    assert plan(1, 8, 4096, 0, 2) == (fa.DEEP_STAGES, 16)  # 35B B1 W8: 128 blocks, 4 tiles each
+    assert plan(1, 8, 2048, 2048, 2) == (fa.DEEP_STAGES, 8)  # 27B B1 W8
+    assert plan(8, 8, 4096, 0, 4) == (2, 4)  # 35B B8 W16: 4 splits at two blocks a multiprocessor, 2 at one
+    assert plan(8, 8, 2048, 2048, 4) == (2, 4)  # 27B B8 W16
+    monkeypatch.setattr(fa, "STAGES", 4)
+    assert fa.stages_for({2: 4, 4: 2}) == 4  # forced (the GPU tests run both depths)
+
+    src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
+    body = src[src.index("#define FA_ALL_MT(DPV)"):]
+    built = set(re.findall(r"FA_KERNEL\(DPV, (\d), (true|false), ([bf]), (\d)\)", body))
+    for mt in (1, 2, 4):
+        for f32 in (False, True):
+            for stages in (2, fa.DEEP_STAGES):
+                assert (str(mt), "true" if f32 else "false", "f" if f32 else "b", str(stages)) in built
+                assert fa.kernel_name(128, mt, f32, stages) == f"fast_attn_d128_m{mt}_{'f' if f32 else 'b'}_s{stages}"
