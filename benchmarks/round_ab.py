@@ -12,6 +12,12 @@ over ``--rounds`` passes, each a set of module attributes:
               the session v8 A/B, docs/reports/h200-round-ab-rowdot-v8.json, had s16_v for 7 rows)
   tiles2, tiles1  the attention's key splits with at least 2 / 1 context tiles each (fast_attention
               MIN_TILES_PER_SPLIT, default 4: the bound that sets the split count at B1)
+  stages2, stages3, stages4  the attention's K/V pipeline forced to 2, 3 or 4 stages (fast_attention.STAGES;
+              default None: 4 where it keeps the split count, else 2), at the split count that depth's
+              occupancy gives
+  auto        the defaults (the same as v7; a name for the A/B against a forced setting)
+  head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
+              algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
 path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, each
 configuration against the first, the last one against the floors (weights + rings, and weights only,
@@ -37,6 +43,11 @@ CONFIGS = {
                    "kernels_cu.fast_selector.ROWDOT_LARGE": "fast_rowdot_m16_v"},
     "tiles2": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 2},
     "tiles1": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 1},
+    "stages2": {"kernels_cu.fast_attention.STAGES": 2},
+    "stages3": {"kernels_cu.fast_attention.STAGES": 3},
+    "stages4": {"kernels_cu.fast_attention.STAGES": 4},
+    "auto": {},
+    "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
 }
 
 
@@ -102,7 +113,8 @@ def main(argv=None) -> int:
                    "floor_weights_ms_measured_bw": weight_bytes / copy_bw * 1e3,
                    "floor_weights_ms_4_1": weight_bytes / 4.1e12 * 1e3,
                    "ms": {n: statistics.median(t) for n, t in times.items()}, "all_ms": times,
-                   f"tokens_equal_{base}": {n: bool((tokens[n] == tokens[base]).all()) for n in tokens}}
+                   f"tokens_equal_{base}": {n: bool((tokens[n] == tokens[base]).all()) for n in tokens},
+                   "head_timings_us": {"x".join(map(str, k)): v for k, v in fr.head_timings.items()}}
             report["cases"].append(rec)
             print(json.dumps(rec), flush=True)
         fr.drop()

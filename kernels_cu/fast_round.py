@@ -60,6 +60,7 @@ from conformance.rounds import ComposedRounds
 from kernels_cu import fast_selector
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
+from kernels_cu.fast_lt import LtGemm
 from kernels_cu.loader import load_module
 from kernels_cu.ops_select import _SEL_THREADS, _rowdot
 from kernels_cu.round import CudaRound
@@ -83,6 +84,14 @@ def _fn(module: str, name: str):
 # The DFlash2 selector's kernels: kernels_cu/fast_selector.cu (the same numbers as the exact Op's,
 # see there) unless EXACT_SELECTOR (or a call's exact=True) asks for select.cu's own kernels.
 EXACT_SELECTOR = False
+
+# The head GEMM: a cuBLASLt algorithm timed against cublasGemmEx's default on each workspace's first (eager)
+# step and kept where it is faster by more than HEAD_LT_MARGIN (kernels_cu/fast_lt.py), for heads of at least
+# HEAD_LT_MIN_BYTES (a small GEMM's few-percent differences are timing noise, and below it the round keeps the
+# per-Op composition's bits); False: gemmEx always.
+HEAD_LT = True
+HEAD_LT_MARGIN = 0.02
+HEAD_LT_MIN_BYTES = 256 << 20
 
 
 def rowdot_bits_into(x, w, out, *, exact: bool | None = None):
@@ -165,6 +174,7 @@ class RoundWorkspace:
         self.graph = None
         self.calls = 0
         self.capture_error = None
+        self.head_gemm = None  # fast_lt.LtGemm, tuned by the first eager step (HEAD_LT)
         # inputs (copied in by step, or written in place by the caller)
         self.anchor = c.zeros(B, dtype=np.int32)
         self.frontier = c.zeros(B, dtype=np.int64)
@@ -238,6 +248,7 @@ class FastRound(ComposedRounds, FastCudaBackend):
         self.drafter: Drafter | None = None
         self._ws: dict = {}
         self.last_path: str | None = None
+        self.head_timings: dict = {}  # (B, W, C) -> the head GEMM's tuning (us per call, and the choice)
 
     # the per-Op composition (speculative_step; proposal_round with graph=False): CudaRound's hooks
     _round_ops = CudaRound._round_ops
@@ -322,6 +333,11 @@ class FastRound(ComposedRounds, FastCudaBackend):
                              "step; GEMMs " + ("CaptureGemm (cublasGemmEx via ctypes, 32 MiB workspace) eager and "
                                                "captured" if self._round_eng.capture_gemm_always else
                                                "gemm_bf16 eager, CaptureGemm captured"))
+        rec["fast_round_head"] = (f"HEAD_LT={HEAD_LT}: the head GEMM on the fastest of cublasGemmEx and up to 8 "
+                                  f"cuBLASLt heuristic algorithms (FP32 reductions only), timed on each workspace's "
+                                  f"first step, kept if faster by > {HEAD_LT_MARGIN:.0%}, heads of >= {HEAD_LT_MIN_BYTES >> 20} MiB; "
+                                  f"tunings so far: "
+                                  + json.dumps({"x".join(map(str, k)): v for k, v in self.head_timings.items()}))
         capable = cluster_capable()
         rec["fast_round_selector"] = (
             "select.cu (EXACT_SELECTOR)" if EXACT_SELECTOR else
@@ -331,8 +347,10 @@ class FastRound(ComposedRounds, FastCudaBackend):
 
     # --- the device step -----------------------------------------------------------------------
 
-    def _device_step(self, ws: RoundWorkspace):
-        """The round's device part on the current stream, from ws's inputs into ws's outputs."""
+    def _device_step(self, ws: RoundWorkspace, tune: bool = False):
+        """The round's device part on the current stream, from ws's inputs into ws's outputs. ``tune``
+        (an eager call, never a capture): time the head GEMM's algorithms on this workspace first
+        (kernels_cu.fast_lt, HEAD_LT) if not done yet."""
         d, eng, dm = self.drafter, self._round_eng, ws.dims
         layers = [(n, win, ws.ck[n], ws.cv[n].view(np.uint16)) for n, win in enumerate(d.windows)]
         # DFlash attends only the live columns; DFlash2 computes all W (as FastBlockMixin.masked_block)
@@ -342,7 +360,15 @@ class FastRound(ComposedRounds, FastCudaBackend):
                       exit={"norm_w": d.final_norm, "norm_hi": ws.hidden, "skip_first": True})
         B, K = dm.B, dm.W - 1
         x = ws.hidden.reshape(B * K, d.H)
-        eng.gemm(x, d.head, ws.logits)
+        if (tune and HEAD_LT and ws.head_gemm is None and eng.capture_gemm_always
+                and d.head.nbytes >= HEAD_LT_MIN_BYTES):
+            ws.head_gemm = LtGemm(x.shape[0], d.head.shape[0], x.shape[1], eng._capture_gemm).tune(
+                x, d.head, ws.logits, margin=HEAD_LT_MARGIN)
+            self.head_timings[ws.key] = ws.head_gemm.timings
+        if ws.head_gemm is not None:
+            ws.head_gemm(x, d.head, ws.logits)
+        else:
+            eng.gemm(x, d.head, ws.logits)
         if dm.conv:  # candidate_topk, then candidate_selector
             topk_into(ws.logits, None, d.vocab_size, d.top_k, d.multiplier, d.softcap, ws.partial, ws.scores, ws.ids,
                       ws.topk_bound)
@@ -384,7 +410,7 @@ class FastRound(ComposedRounds, FastCudaBackend):
             elif use_graph and ws.calls >= 1 and ws.capture_error is None:
                 self.last_path = self._capture(ws)
             else:
-                self._device_step(ws)
+                self._device_step(ws, tune=True)
                 self.last_path = "eager" if ws.capture_error is None else f"eager (capture failed: {ws.capture_error})"
             ws.calls += 1
         caller.wait_event(s.record(c.cuda.Event(disable_timing=True)))

@@ -1,0 +1,182 @@
+"""The head GEMM on a cuBLASLt algorithm chosen by timing, for FastRound (issue 12, fast mode).
+
+x [M, K] BF16 bits @ w [N, K]^T -> fp32 [M, N], FP32 accumulation (CUBLAS_COMPUTE_32F), as
+``fast_block.CaptureGemm`` (cublasGemmEx with the default algorithm) computes it. At the round's head
+shapes (N the vocabulary, M = B (W - 1) rows) the default is not the fastest: session v7's probe
+(benchmarks/splitk_probe.py, docs/reports/h200-splitk-probe-v7.json, inside graphs, weights from DRAM)
+timed the heuristic's algorithms at 578 against 625 us (27B, M 7), 239 against 251 (35B, M 7) and 282
+against 304 (35B, M 120); at 27B M 120 none beat the default.
+
+``LtGemm.tune`` asks cublasLtMatmulAlgoGetHeuristic for up to ``candidates`` algorithms of the shape,
+times each against gemmEx on the caller's arrays (eager, CUDA events, median of ``reps``; the head
+is 1-2.5 GB, far above L2, so every call streams it from DRAM), and keeps the fastest only where it
+beats gemmEx by more than ``margin`` (else calls stay on gemmEx). Split-K algorithms are allowed with
+a reduction in FP32 (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE / OUTPUT_TYPE, both FP32 here), not the
+in-place scheme; the chosen algorithm's outputs are the same bits on every call (tests/gpu). The call
+goes to the current stream with a workspace of its own, so it may be captured into a CUDA graph.
+
+Numerics: a different algorithm adds the same products in another order (other K tiles, or K
+slices summed in FP32): the logits differ from gemmEx's in the last bits, inside the FP32
+accumulation bound (docs/contracts.md C2) that the suite applies to any engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+
+import numpy as np
+
+_COMPUTE_32F, _R_32F, _R_16BF = 68, 0, 14
+_DESC_TRANSA, _DESC_TRANSB = 3, 4
+_PREF_MAX_WORKSPACE, _PREF_REDUCTION_MASK = 1, 3
+_REDUCTION_FP32 = 2 | 4  # COMPUTE_TYPE | OUTPUT_TYPE (NONE always allowed; INPLACE excluded)
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def cp():
+    import cupy
+
+    return cupy
+
+
+def _lib():
+    with open("/proc/self/maps") as maps:  # the libcublasLt that CuPy's cuBLAS loaded
+        for line in maps:
+            path = line.split()[-1]
+            if "/libcublasLt.so" in path:
+                return ctypes.CDLL(path)
+    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("LtGemm: libcublasLt is not loaded in this process")
+
+
+class LtGemm:
+    """One (M, N, K) shape: the cuBLASLt descriptors, the tuned algorithm (or None: gemmEx), a workspace."""
+
+    WORKSPACE_BYTES = 32 << 20
+    _handle = None
+    _lt = None
+
+    def __init__(self, M: int, N: int, K: int, fallback):
+        self.shape = (M, N, K)
+        self.fallback = fallback  # CaptureGemm: the default algorithm
+        self.algo = None
+        self.timings: dict = {}
+        if LtGemm._lt is None:
+            LtGemm._lt = _lib()
+            h = ctypes.c_void_p()
+            self._check(LtGemm._lt.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+            LtGemm._handle = h
+        lt, vp, i32 = LtGemm._lt, ctypes.c_void_p, ctypes.c_int32
+        self.desc, self.la, self.lb, self.lc, self.pref = vp(), vp(), vp(), vp(), vp()
+        self._check(lt.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
+        for attr, val in ((_DESC_TRANSA, 1), (_DESC_TRANSB, 0)):  # column-major C^T [N, M] = w (op T) x
+            v = i32(val)
+            self._check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4), "DescSetAttribute")
+        for lay, dt, rows, cols in ((self.la, _R_16BF, K, N), (self.lb, _R_16BF, K, M), (self.lc, _R_32F, N, M)):
+            self._check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, ctypes.c_uint64(rows),
+                                                      ctypes.c_uint64(cols), ctypes.c_int64(rows)), "LayoutCreate")
+        self._check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "PreferenceCreate")
+        ws = ctypes.c_uint64(self.WORKSPACE_BYTES)
+        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8),
+                    "PreferenceSetAttribute")
+        mask = ctypes.c_uint32(_REDUCTION_FP32)
+        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_REDUCTION_MASK, ctypes.byref(mask), 4),
+                    "PreferenceSetAttribute")
+        self.workspace = cp().empty(self.WORKSPACE_BYTES, dtype=np.uint8)
+        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    @staticmethod
+    def _check(status: int, what: str):
+        if status != 0:
+            raise RuntimeError(f"LtGemm: {what} returned cuBLAS status {status}")
+
+    def heuristics(self, candidates: int) -> list:
+        res = (_Heuristic * candidates)()
+        got = ctypes.c_int32()
+        st = LtGemm._lt.cublasLtMatmulAlgoGetHeuristic(LtGemm._handle, self.desc, self.la, self.lb, self.lc,
+                                                       self.lc, self.pref, candidates, res, ctypes.byref(got))
+        if st != 0:
+            return []
+        return [res[i] for i in range(got.value) if res[i].state == 0 and res[i].workspaceSize <= self.WORKSPACE_BYTES]
+
+    def run_algo(self, algo, x, w, out):
+        vp = ctypes.c_void_p
+        stream = vp(cp().cuda.get_current_stream().ptr)
+        self._check(LtGemm._lt.cublasLtMatmul(LtGemm._handle, self.desc, ctypes.byref(self._alpha), vp(w.data.ptr),
+                                              self.la, vp(x.data.ptr), self.lb, ctypes.byref(self._beta),
+                                              vp(out.data.ptr), self.lc, vp(out.data.ptr), self.lc,
+                                              ctypes.byref(algo), vp(self.workspace.data.ptr),
+                                              ctypes.c_size_t(self.WORKSPACE_BYTES), stream), "cublasLtMatmul")
+
+    def _check_args(self, x, w, out):
+        M, N, K = self.shape
+        if (tuple(x.shape) != (M, K) or tuple(w.shape) != (N, K) or tuple(out.shape) != (M, N)
+                or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)):
+            raise ValueError(f"LtGemm{self.shape}: shapes {x.shape} @ {w.shape}.T -> {out.shape} (C-contiguous)")
+
+    def tune(self, x, w, out, *, candidates: int = 8, reps: int = 5, margin: float = 0.02):
+        """Time gemmEx and each heuristic algorithm on these arrays (the current stream, eager); keep the
+        fastest algorithm where it beats gemmEx by more than ``margin``. Returns self."""
+        self._check_args(x, w, out)
+        c = cp()
+        s = c.cuda.get_current_stream()
+
+        def timed(fn) -> float:
+            fn()
+            ts = []
+            for _ in range(reps):
+                e0, e1 = c.cuda.Event(), c.cuda.Event()
+                e0.record(s)
+                fn()
+                e1.record(s)
+                e1.synchronize()
+                ts.append(c.cuda.get_elapsed_time(e0, e1) * 1e3)
+            return statistics.median(ts)
+
+        base = timed(lambda: self.fallback(x, w, out))
+        self.timings = {"gemmEx": round(base, 2)}
+        best, best_t, chosen = None, base * (1.0 - margin), "gemmEx"
+        for i, h in enumerate(self.heuristics(candidates)):
+            try:
+                t = timed(lambda h=h: self.run_algo(h.algo, x, w, out))
+            except RuntimeError as exc:  # an algorithm the heuristic offered but the call refused: skip it
+                self.timings[f"lt{i}"] = str(exc)
+                continue
+            self.timings[f"lt{i}"] = round(t, 2)
+            if t < best_t:
+                best, best_t, chosen = h, t, f"lt{i}"
+        self.algo = None if best is None else best.algo
+        self.timings["chosen"] = chosen
+        self(x, w, out)  # the outputs of the chosen path
+        return self
+
+    def __call__(self, x, w, out):
+        if self.algo is None:
+            return self.fallback(x, w, out)
+        self._check_args(x, w, out)
+        self.run_algo(self.algo, x, w, out)
+
+    def free(self):
+        lt = LtGemm._lt
+        if lt is None or self.desc is None:
+            return
+        lt.cublasLtMatmulPreferenceDestroy(self.pref)
+        for lay in (self.la, self.lb, self.lc):
+            lt.cublasLtMatrixLayoutDestroy(lay)
+        lt.cublasLtMatmulDescDestroy(self.desc)
+        self.desc = None
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001,S110 - interpreter shutdown: the library may be gone already
+            pass

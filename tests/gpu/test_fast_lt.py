@@ -1,0 +1,105 @@
+"""kernels_cu/fast_lt.py on a GPU (issue 12): the head GEMM on a timed cuBLASLt algorithm.
+
+- every algorithm the heuristic offers (FP32 reductions only) computes x @ w^T within the FP32
+  summation bound of the float64 product, in any order: BF16 x BF16 products are exact in FP32, so
+  |fl(sum) - sum| <= gamma_(K-1) sum |x_k w_k| (gamma_n = n u / (1 - n u), u = 2^-24), per element;
+  a wrong transposition, a BF16 output or a dropped K slice is far outside it;
+- each algorithm gives the same bits on every call (no order that changes from call to call);
+- ``tune`` keeps the path it timed fastest (gemmEx unless an algorithm beats it by the margin), and
+  its call gives that path's bits, eagerly and replayed from a CUDA graph;
+- FastRound's environment names the head GEMM's policy.
+Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+U = 2.0**-24
+
+
+def _bits(cp, shape, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape).astype(np.float32)
+    return (a.view(np.uint32) >> 16).astype(np.uint16)  # BF16 by truncation: any BF16 values will do
+
+
+def _f64(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+@pytest.fixture(scope="module", params=[(7, 65536, 2048), (120, 32768, 5120)], ids=["M7", "M120"])
+def case(cupy, request):
+    from kernels_cu.fast_block import CaptureGemm
+    from kernels_cu.fast_gemm import gemm_bf16
+    from kernels_cu.fast_lt import LtGemm
+
+    M, N, K = request.param
+    gemm_bf16(cupy.zeros((2, 8), np.uint16), cupy.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
+    xh, wh = _bits(cupy, (M, K), 1), _bits(cupy, (N, K), 2)
+    x, w = cupy.asarray(xh), cupy.asarray(wh)
+    out = cupy.empty((M, N), np.float32)
+    g = LtGemm(M, N, K, CaptureGemm())
+    cols = np.random.default_rng(3).choice(N, 1024, replace=False)
+    xf, wf = _f64(xh), _f64(wh[cols])
+    exact = xf @ wf.T
+    gamma = (K - 1) * U / (1 - (K - 1) * U)
+    bound = gamma * (np.abs(xf) @ np.abs(wf).T)
+    return {"g": g, "x": x, "w": w, "out": out, "cols": cols, "exact": exact, "bound": bound}
+
+
+def test_every_offered_algorithm_within_the_fp32_bound_and_repeatable(cupy, case):
+    g, x, w, out = case["g"], case["x"], case["w"], case["out"]
+    algos = g.heuristics(8)
+    assert algos, "the heuristic offered no algorithm"
+    ran = 0
+    for i, h in enumerate(algos):
+        try:
+            g.run_algo(h.algo, x, w, out)
+        except RuntimeError:  # an offered algorithm the call refuses: tune skips it too
+            continue
+        ran += 1
+        first = cupy.asnumpy(out).copy()
+        err = np.abs(first[:, case["cols"]].astype(np.float64) - case["exact"])
+        assert (err <= case["bound"]).all(), f"algorithm {i}: {float((err / case['bound']).max()):.3g} x the bound"
+        for _ in range(2):
+            out.fill(0)
+            g.run_algo(h.algo, x, w, out)
+            assert np.array_equal(cupy.asnumpy(out).view(np.uint32), first.view(np.uint32)), f"algorithm {i} repeat"
+    assert ran, f"none of the {len(algos)} offered algorithms ran"
+
+
+def test_tuned_call_gives_the_chosen_paths_bits_eager_and_replayed(cupy, case):
+    g, x, w, out = case["g"], case["x"], case["w"], case["out"]
+    g.tune(x, w, out, margin=0.0)
+    t = g.timings
+    assert t["chosen"] == "gemmEx" or (g.algo is not None and isinstance(t[t["chosen"]], float)
+                                       and t[t["chosen"]] < t["gemmEx"])
+    g(x, w, out)
+    eager = cupy.asnumpy(out).copy()
+    ref = cupy.empty_like(out)
+    if g.algo is None:
+        g.fallback(x, w, ref)
+    else:
+        g.run_algo(g.algo, x, w, ref)
+    assert np.array_equal(cupy.asnumpy(ref).view(np.uint32), eager.view(np.uint32))
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        g(x, w, out)
+        s.synchronize()
+        s.begin_capture()
+        g(x, w, out)
+        graph = s.end_capture()
+        out.fill(0)
+        graph.launch(s)
+        s.synchronize()
+    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), eager.view(np.uint32))
+
+
+def test_round_environment_names_the_head_policy(cupy):
+    from kernels_cu.fast_round import FastRound
+
+    rec = FastRound().environment()
+    assert "HEAD_LT=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
