@@ -43,11 +43,12 @@ SPLITS: int | None = None
 BLOCKS_PER_SM: int | None = None
 MIN_TILES_PER_SPLIT = 4
 
-# Stages of the K/V tile pipeline (tiles in flight while one is computed: STAGES - 1). None picks per call
-# (stages_for): DEEP_STAGES where the split count at that depth's occupancy is the same as at 2 stages (the
-# tiles per split bind, not the occupancy: B1), else 2 (a deeper pipeline's shared memory would halve the blocks
-# per multiprocessor, and with it the splits of a B8 grid); an int forces it (tests run both).
-STAGES: int | None = None
+# Stages of the K/V tile pipeline (tiles in flight while one is computed: STAGES - 1): 2. DEEP_STAGES is built
+# and tested (the same bits) but not picked: session v9's round A/B on the H200 (benchmarks.round_ab --configs
+# stages2,head_gemmex,auto, docs/reports/h200-round-ab-v9.json) had the round slower with 4 stages at B1, where
+# its split count is the same (27B B1 W8 1.730 -> 1.754 ms, 35B B1 W8 0.723 -> 0.758), and at B8 its shared memory
+# would halve the blocks per multiprocessor. None: stages_for's pick; an int forces it (tests run both).
+STAGES: int | None = 2
 DEEP_STAGES = 4
 
 _last = {"path": None, "plan": None}
@@ -171,7 +172,8 @@ def splits_for(b: int, hk: int, chunks: int, capacity: int, window: int, residen
 
 def stages_for(ns_by_stages: dict[int, int]) -> int:
     """The pipeline depth for a grid, given the split count each depth's occupancy allows
-    ({2: splits, DEEP_STAGES: splits}): the deep one where it keeps the same splits (STAGES forces it)."""
+    ({2: splits, DEEP_STAGES: splits}): STAGES where set (the default, 2); with STAGES None the deep one
+    where it keeps the same splits (the rule the v9 A/B measured slower at B1, kept selectable)."""
     if STAGES is not None:
         return int(STAGES)
     return DEEP_STAGES if ns_by_stages[DEEP_STAGES] == ns_by_stages[2] else 2

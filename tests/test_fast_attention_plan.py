@@ -325,7 +325,8 @@ def test_combine_batch_holds_the_splits_and_matches_the_source():
 
 
 def test_pipeline_depth_keeps_the_split_count(monkeypatch):
-    """fast_attention.stages_for: the deep K/V pipeline (DEEP_STAGES tiles resident) where the split count
+    """fast_attention.stages_for: two stages by default (STAGES; the deep pipeline measured slower); with
+    STAGES None, the deep K/V pipeline (DEEP_STAGES tiles resident) where the split count
     at its occupancy is the one two stages give (B1: the tiles per split bind), two stages where the deep
     pipeline's shared memory would cut the splits (B8: one block per multiprocessor instead of two). The
     occupancy here is the shared-memory bound an H200 gives (228 KB a multiprocessor, 1 KB reserved per
@@ -338,6 +339,7 @@ def test_pipeline_depth_keeps_the_split_count(monkeypatch):
     monkeypatch.setattr(fa, "_sm_count", lambda dev_id: 132)
     monkeypatch.setattr(fa, "SPLITS", None)
     monkeypatch.setattr(fa, "BLOCKS_PER_SM", None)
+    assert fa.STAGES == 2 and fa.stages_for({2: 16, fa.DEEP_STAGES: 16}) == 2  # the default: two stages
     monkeypatch.setattr(fa, "STAGES", None)
 
     class _Dev:

@@ -27,6 +27,9 @@
 #                                          # bench of candidate_topk, the block and the rounds, the trace
 #   bash tools/h200_runs.sh v8-combine     # session v8: the attention combine A/B (bits, us) against bc06c16's,
 #                                          # every GPU test, both CLI suites, the bench of the rounds, the trace
+#   bash tools/h200_runs.sh v9-a           # session v9: attention / head-GEMM GPU tests, the round A/B of the
+#                                          # attention's pipeline depth and the tuned head GEMM, the attention's
+#                                          # phases, the L2 prefetch probe (logs.tgz)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -161,6 +164,15 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       step gpu-tests-v8c timeout 330 env FAST_SUITE_REPORT="$OUT/fast_suite_pytest.json" \
         FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest -q -p no:cacheprovider tests/gpu
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v9-a)  # session v9: the attention pipeline and the tuned head GEMM (tests, round A/B), the attention's
+           # phases, the L2 prefetch probe
+      step attn-lt-tests timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        tests/gpu/test_fast_lt.py
+      step round-ab timeout 300 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs stages2,head_gemmex,auto \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step phases timeout 90 $PY -m benchmarks.attn_phases --json "$OUT/phases.json"
+      step l2probe timeout 150 $PY -m benchmarks.l2_prefetch_probe --json "$OUT/l2probe.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
