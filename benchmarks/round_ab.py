@@ -16,6 +16,8 @@ over ``--rounds`` passes, each a set of module attributes:
               default None: 4 where it keeps the split count, else 2), at the split count that depth's
               occupancy gives
   auto        the defaults (the same as v7; a name for the A/B against a forced setting)
+  nocluster   the attention's splits merged by the combine kernel (fast_attention.CLUSTER False; default: inside
+              the kernel by a thread-block cluster where the split count is 2, 4 or 8)
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -48,6 +50,7 @@ CONFIGS = {
     "stages4": {"kernels_cu.fast_attention.STAGES": 4},
     "auto": {},
     "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
+    "nocluster": {"kernels_cu.fast_attention.CLUSTER": False},
 }
 
 

@@ -245,7 +245,29 @@ __device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ
     __syncwarp();
 }
 
-template <int DP, int MT, bool F32, int NS>
+// Thread-block clusters (sm_90): the splits of one (b, KV head, row chunk) as one cluster, merged through
+// distributed shared memory (attn_body's CL > 1 epilogue).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
+    unsigned a = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+#endif
+    return a;
+}
+__device__ __forceinline__ float2 cluster_ld2(unsigned a) {
+    float2 v = make_float2(0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+#endif
+    return v;
+}
+
+template <int DP, int MT, bool F32, int NS, int CL>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, const long long* __restrict__ frontier,
@@ -660,6 +682,87 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(4);  // key slices merged
+    if constexpr (CL > 1) {
+        // The cluster is this (b, KV head, row chunk)'s CL = ns splits (rank = split). Each publishes its rows'
+        // (o, m, l) in its shared memory (the V stages: free of the tiles, apart from the key-slice merge's
+        // region at the start of the K stages), then each merges rows split, split + CL, ... of the chunk over
+        // the CL partials read through distributed shared memory: fast_attn_combine's operations in its
+        // split order (combine_body), so the same bits as the two-kernel path, without its launch and the
+        // partials' round trip through global memory.
+        static_assert(FA_ROWS * DP * 4 + FA_ROWS * 8 <= NS * FA_NT * ST * 2, "partials fit the V stages");
+        float* so = reinterpret_cast<float*>(sV);                  // [FA_ROWS][DP]
+        float2* sml = reinterpret_cast<float2*>(so + FA_ROWS * DP);  // [FA_ROWS]
+        if constexpr (KG == 1) __syncthreads();  // every warp done with the tiles (KG > 1: the merge's barriers)
+        if (kg == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int lr = mt * 16 + g + 8 * h;
+#pragma unroll
+                for (int n = 0; n < ND; ++n)
+                    *reinterpret_cast<float2*>(so + lr * DP + n * 8 + 2 * tq) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+                if (tq == 0) sml[lr] = make_float2(m[h], l[h]);
+            }
+        }
+        cluster_sync();  // every split's partials published (threads that returned above count as arrived)
+        if (kg == 0) {
+            constexpr int NP = (DP / 2 + 31) / 32;  // column pairs per lane, as combine_body
+            const int rows_here = min(FA_ROWS, M - (int)blockIdx.z * FA_ROWS);
+            for (int lr = split * MT + mt; lr < rows_here; lr += CL * MT) {
+                const int R = blockIdx.z * FA_ROWS + lr;
+                const int i = R / G, gg = R - (R / G) * G;
+                const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
+                float acc[NP][2];
+#pragma unroll
+                for (int c = 0; c < NP; ++c) acc[c][0] = acc[c][1] = 0.f;
+                float L = 0.f;
+                if (i < lve) {
+                    float2 ml[CL], x[CL][NP];
+#pragma unroll
+                    for (int j = 0; j < CL; ++j) {
+                        ml[j] = cluster_ld2(cluster_addr(sml + lr, j));
+#pragma unroll
+                        for (int c = 0; c < NP; ++c) {
+                            const int d = 2 * (lane + 32 * c);
+                            x[j][c] = d < DP ? cluster_ld2(cluster_addr(so + lr * DP + d, j)) : make_float2(0.f, 0.f);
+                        }
+                    }
+                    float mx = dfl::neg_inf();
+#pragma unroll
+                    for (int j = 0; j < CL; ++j) mx = fmaxf(mx, ml[j].x);
+#pragma unroll
+                    for (int j = 0; j < CL; ++j) {
+                        if (ml[j].x > dfl::neg_inf()) {
+                            const float w = exp2f(ml[j].x - mx);
+                            L += w * ml[j].y;
+#pragma unroll
+                            for (int c = 0; c < NP; ++c) {
+                                const int d = 2 * (lane + 32 * c);
+                                if (d < DP) {
+                                    acc[c][0] += w * x[j][c].x;
+                                    acc[c][1] += w * x[j][c].y;
+                                }
+                            }
+                        }
+                    }
+                }
+                const bool zero = !(L > 0.f);
+#pragma unroll
+                for (int c = 0; c < NP; ++c) {
+                    const int d = 2 * (lane + 32 * c);
+                    if (d < D) {
+                        const float v0 = zero ? 0.f : acc[c][0] / L, v1 = zero ? 0.f : acc[c][1] / L;
+                        if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
+                        if (out_bf16)
+                            *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
+                                (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
+                    }
+                }
+            }
+        }
+        cluster_sync();  // peers done reading this block's shared memory
+        FA_MARK(5);
+        return;
+    }
     if (kg != 0) return;
 
 #pragma unroll
@@ -778,20 +881,28 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 }  // namespace fa
 
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_{b: BF16 q/k/v bits | f: FP32 q/k/v}_s{NS} (NS stages of the
-// K/V tile pipeline: 2, or 4 where the launcher finds the split count bound by the tiles, not the occupancy)
-// and fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
-// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_F32= -DFA_NS=); without FA_SINGLE every variant is built (CI's nvcc).
-#define FA_KERNEL(DPV, MTV, F32V, SUF, NSV)                                                                      \
-    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_##SUF##_s##NSV(     \
-        const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \
+// K/V tile pipeline: 2, or 4 where asked: fast_attention.STAGES), the same with _c{CL} (CL = 2, 4, 8: a cluster
+// of the CL key splits merging them in the epilogue, sm_90) and fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8: the
+// separate merge). kernels_cu/fast_attention.py compiles one variant per module (-DFA_SINGLE -DFA_DP= -DFA_MT=
+// -DFA_F32= -DFA_NS= -DFA_CL=); without FA_SINGLE every variant is built (CI's nvcc).
+#define FA_PARAMS                                                                                                \
+    const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                          \
         const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
-        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
+        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16
+#define FA_BODY(DPV, MTV, F32V, NSV, CLV)                                                                        \
+    {                                                                                                            \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<DPV, MTV, F32V, NSV>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns, \
-                                           part_o, part_ml, out_f32, out_bf16, fa_smem);                         \
+        fa::attn_body<DPV, MTV, F32V, NSV, CLV>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, \
+                                                ns, part_o, part_ml, out_f32, out_bf16, fa_smem);                \
     }
+#define FA_KERNEL(DPV, MTV, F32V, SUF, NSV)                                                                      \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                                  \
+        fast_attn_d##DPV##_m##MTV##_##SUF##_s##NSV(FA_PARAMS) FA_BODY(DPV, MTV, F32V, NSV, 1)
+#define FA_KERNEL_CL(DPV, MTV, F32V, SUF, NSV, CLV)                                                              \
+    extern "C" __global__ void __cluster_dims__(CLV, 1, 1) __launch_bounds__(FA_WARPS * 32)                      \
+        fast_attn_d##DPV##_m##MTV##_##SUF##_s##NSV##_c##CLV(FA_PARAMS) FA_BODY(DPV, MTV, F32V, NSV, CLV)
 
 #define FA_COMBINE_CB(DPV, CBV)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) fast_attn_combine_d##DPV##_c##CBV(                        \
@@ -803,32 +914,56 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 
 // one more expansion step, so that macro arguments (FA_DP) are expanded before ## pastes them
 #define FA_KERNEL_X(DPV, MTV, F32V, SUF, NSV) FA_KERNEL(DPV, MTV, F32V, SUF, NSV)
+#define FA_KERNEL_CL_X(DPV, MTV, F32V, SUF, NSV, CLV) FA_KERNEL_CL(DPV, MTV, F32V, SUF, NSV, CLV)
 #define FA_COMBINE_X(DPV) FA_COMBINE(DPV)
+
+// Clusters need sm_90: below it (NVRTC builds for the device at hand) no _c kernel is built and
+// fast_attention.py never asks for one (cluster_capable()).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define FA_HAS_CLUSTERS 1
+#else
+#define FA_HAS_CLUSTERS 0
+#endif
 
 #ifdef FA_SINGLE
 #ifndef FA_NS
 #define FA_NS 2
 #endif
+#ifndef FA_CL
+#define FA_CL 1
+#endif
 #if FA_F32
-FA_KERNEL_X(FA_DP, FA_MT, true, f, FA_NS)
+#define FA_SUF f
+#define FA_F32V true
 #else
-FA_KERNEL_X(FA_DP, FA_MT, false, b, FA_NS)
+#define FA_SUF b
+#define FA_F32V false
+#endif
+#if FA_CL > 1
+#if FA_HAS_CLUSTERS
+FA_KERNEL_CL_X(FA_DP, FA_MT, FA_F32V, FA_SUF, FA_NS, FA_CL)
+#endif
+#else
+FA_KERNEL_X(FA_DP, FA_MT, FA_F32V, FA_SUF, FA_NS)
 #endif
 FA_COMBINE_X(FA_DP)
 #else
-#define FA_ALL_MT(DPV)                 \
-    FA_KERNEL(DPV, 1, false, b, 2)     \
-    FA_KERNEL(DPV, 2, false, b, 2)     \
-    FA_KERNEL(DPV, 4, false, b, 2)     \
-    FA_KERNEL(DPV, 1, false, b, 4)     \
-    FA_KERNEL(DPV, 2, false, b, 4)     \
-    FA_KERNEL(DPV, 4, false, b, 4)     \
-    FA_KERNEL(DPV, 1, true, f, 2)      \
-    FA_KERNEL(DPV, 2, true, f, 2)      \
-    FA_KERNEL(DPV, 4, true, f, 2)      \
-    FA_KERNEL(DPV, 1, true, f, 4)      \
-    FA_KERNEL(DPV, 2, true, f, 4)      \
-    FA_KERNEL(DPV, 4, true, f, 4)      \
+#define FA_ONE(DPV, MTV, F32V, SUF)     \
+    FA_KERNEL(DPV, MTV, F32V, SUF, 2)   \
+    FA_KERNEL(DPV, MTV, F32V, SUF, 4)
+#if FA_HAS_CLUSTERS
+#define FA_ONE_CL(DPV, MTV, F32V, SUF)      \
+    FA_KERNEL_CL(DPV, MTV, F32V, SUF, 2, 2) \
+    FA_KERNEL_CL(DPV, MTV, F32V, SUF, 2, 4) \
+    FA_KERNEL_CL(DPV, MTV, F32V, SUF, 2, 8)
+#else
+#define FA_ONE_CL(DPV, MTV, F32V, SUF)
+#endif
+#define FA_ALL_MT(DPV)                                                   \
+    FA_ONE(DPV, 1, false, b) FA_ONE(DPV, 2, false, b) FA_ONE(DPV, 4, false, b)      \
+    FA_ONE(DPV, 1, true, f) FA_ONE(DPV, 2, true, f) FA_ONE(DPV, 4, true, f)         \
+    FA_ONE_CL(DPV, 1, false, b) FA_ONE_CL(DPV, 2, false, b) FA_ONE_CL(DPV, 4, false, b) \
+    FA_ONE_CL(DPV, 1, true, f) FA_ONE_CL(DPV, 2, true, f) FA_ONE_CL(DPV, 4, true, f) \
     FA_COMBINE(DPV)
 FA_ALL_MT(16)
 FA_ALL_MT(32)

@@ -51,6 +51,13 @@ MIN_TILES_PER_SPLIT = 4
 STAGES: int | None = 2
 DEEP_STAGES = 4
 
+# Split counts merged inside the attention kernel: the ns splits of a (b, KV head, row chunk) run as one
+# thread-block cluster (sm_90) and merge their partials through distributed shared memory in the same order as
+# the combine kernel (the same bits), saving its launch and the partials' round trip through global memory.
+# Other split counts, pre-sm_90 devices or CLUSTER False: the main kernel, then fast_attn_combine.
+CLUSTER = True
+CLUSTER_SIZES = (2, 4, 8)
+
 _last = {"path": None, "plan": None}
 
 
@@ -87,28 +94,28 @@ EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phase
 
 
 @functools.cache
-def _module(dp: int, mt: int, f32_inputs: bool, stages: int = 2, extra: tuple[str, ...] = ()):
+def _module(dp: int, mt: int, f32_inputs: bool, stages: int = 2, extra: tuple[str, ...] = (), cl: int = 1):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
     import cupy
 
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}",
-            f"-DFA_F32={int(f32_inputs)}", f"-DFA_NS={stages}", *extra)
+            f"-DFA_F32={int(f32_inputs)}", f"-DFA_NS={stages}", f"-DFA_CL={cl}", *extra)
     return cupy.RawModule(code=code, options=opts)
 
 
-def kernel_name(dp: int, mt: int, f32_inputs: bool, stages: int = 2) -> str:
-    return f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}_s{stages}"
+def kernel_name(dp: int, mt: int, f32_inputs: bool, stages: int = 2, cl: int = 1) -> str:
+    return f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}_s{stages}" + (f"_c{cl}" if cl > 1 else "")
 
 
-def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2):
-    return _kernels_opts(dp, mt, f32_inputs, stages, EXTRA_OPTIONS)
+def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, cl: int = 1):
+    return _kernels_opts(dp, mt, f32_inputs, stages, EXTRA_OPTIONS, cl)
 
 
 @functools.cache
-def _kernels_opts(dp: int, mt: int, f32_inputs: bool, stages: int, extra: tuple[str, ...]):
-    mod = _module(dp, mt, f32_inputs, stages, extra)
-    main = mod.get_function(kernel_name(dp, mt, f32_inputs, stages))
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, stages: int, extra: tuple[str, ...], cl: int = 1):
+    mod = _module(dp, mt, f32_inputs, stages, extra, cl)
+    main = mod.get_function(kernel_name(dp, mt, f32_inputs, stages, cl))
     smem = smem_bytes(dp, mt, stages)
     if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)
         import warnings
@@ -128,6 +135,18 @@ COMBINE_BATCHES = (2, 4, 8)
 
 def combine_batch(ns: int) -> int:
     return next((cb for cb in COMBINE_BATCHES if ns <= cb), COMBINE_BATCHES[-1])
+
+
+@functools.cache
+def _capability(dev_id: int) -> int:
+    return int(cp().cuda.Device(dev_id).compute_capability)
+
+
+def cluster_size(ns: int) -> int:
+    """The cluster that merges ns splits inside the kernel (ns itself), or 1: the combine kernel."""
+    if not CLUSTER or ns not in CLUSTER_SIZES:
+        return 1
+    return ns if _capability(cp().cuda.Device().id) >= 90 else 1
 
 
 @functools.cache
@@ -241,10 +260,12 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     stages = stages_for(by)
     ns = by[stages] if stages in by else splits_for(b, hk, chunks, cap, window,
                                                     resident_blocks(dp, mt, not bits, stages))
-    main, combine, smem = _kernels(dp, mt, not bits, stages)
-    _last["plan"] = {"stages": stages, "splits": ns, "kernel": kernel_name(dp, mt, not bits, stages)}
+    cl = cluster_size(ns)
+    main, combine, smem = _kernels(dp, mt, not bits, stages, cl)
+    _last["plan"] = {"stages": stages, "splits": ns, "cluster": cl,
+                     "kernel": kernel_name(dp, mt, not bits, stages, cl)}
     part_o = part_ml = None
-    if ns > 1:
+    if ns > 1 and cl == 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
         part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
     sl2 = np.float32(_LOG2E / math.sqrt(d))
@@ -253,7 +274,7 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
           np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
           _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
          shared_mem=smem)
-    if ns > 1:
+    if ns > 1 and cl == 1:
         rows = b * hk * m_rows
         combine[combine_batch(ns)]((-(-rows // 4),), (128,),
                 (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
@@ -275,7 +296,9 @@ class FastAttentionMixin:
         rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
-                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}), a K/V pipeline of 2 stages or {DEEP_STAGES} where that "
-                                 f"keeps the split count (STAGES={STAGES}); exact fallback for D % 8 or D > "
+                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}), a K/V pipeline of STAGES={STAGES} stages (None: "
+                                 f"{DEEP_STAGES} where that keeps the split count, else 2); splits merged in a thread-block cluster "
+                                 f"for {CLUSTER_SIZES} splits (CLUSTER={CLUSTER}, sm_90), else by "
+                                 f"fast_attn_combine; exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

@@ -331,7 +331,7 @@ def test_pipeline_depth_keeps_the_split_count(monkeypatch):
     pipeline's shared memory would cut the splits (B8: one block per multiprocessor instead of two). The
     occupancy here is the shared-memory bound an H200 gives (228 KB a multiprocessor, 1 KB reserved per
     block; the D 128 kernels' registers allow two blocks), from smem_bytes; every kernel the launcher can
-    name is built by fast_attention.cu's FA_ALL_MT list."""
+    name (both depths; the cluster sizes) is built by fast_attention.cu's FA_ALL_MT list."""
     import re
 
     from kernels_cu import fast_attention as fa
@@ -372,10 +372,42 @@ def test_pipeline_depth_keeps_the_split_count(monkeypatch):
     assert fa.stages_for({2: 4, 4: 2}) == 4  # forced (the GPU tests run both depths)
 
     src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
+    one = re.search(r"#define FA_ONE\(DPV, MTV, F32V, SUF\)(.*?)\n#", src, re.DOTALL).group(1)
+    assert sorted(int(n) for n in re.findall(r"FA_KERNEL\(DPV, MTV, F32V, SUF, (\d)\)", one)) == [2, fa.DEEP_STAGES]
+    one_cl = re.search(r"#define FA_ONE_CL\(DPV, MTV, F32V, SUF\)(.*?)\n#", src, re.DOTALL).group(1)
+    assert tuple(int(c) for c in re.findall(r"FA_KERNEL_CL\(DPV, MTV, F32V, SUF, 2, (\d)\)", one_cl)) == \
+        fa.CLUSTER_SIZES
     body = src[src.index("#define FA_ALL_MT(DPV)"):]
-    built = set(re.findall(r"FA_KERNEL\(DPV, (\d), (true|false), ([bf]), (\d)\)", body))
+    for macro in ("FA_ONE", "FA_ONE_CL"):
+        built = set(re.findall(macro + r"\(DPV, (\d), (true|false), ([bf])\)", body))
+        assert built == {(str(mt), f32, "f" if f32 == "true" else "b") for mt in "124" for f32 in ("true", "false")}
     for mt in (1, 2, 4):
         for f32 in (False, True):
-            for stages in (2, fa.DEEP_STAGES):
-                assert (str(mt), "true" if f32 else "false", "f" if f32 else "b", str(stages)) in built
-                assert fa.kernel_name(128, mt, f32, stages) == f"fast_attn_d128_m{mt}_{'f' if f32 else 'b'}_s{stages}"
+            suf = "f" if f32 else "b"
+            assert fa.kernel_name(128, mt, f32, 4) == f"fast_attn_d128_m{mt}_{suf}_s4"
+            assert fa.kernel_name(128, mt, f32, 2, 8) == f"fast_attn_d128_m{mt}_{suf}_s2_c8"
+
+
+def test_cluster_size_merges_the_split_counts_built(monkeypatch):
+    """fast_attention.cluster_size: the split count itself where a cluster kernel of that size is built and
+    the device has clusters (sm_90), 1 (the combine kernel) otherwise, or with CLUSTER off."""
+    from kernels_cu import fast_attention as fa
+
+    class _Dev:
+        id = 0
+
+    class _Cuda:
+        Device = _Dev
+
+    class _Cp:
+        cuda = _Cuda
+
+    monkeypatch.setattr(fa, "cp", lambda: _Cp)
+    monkeypatch.setattr(fa, "CLUSTER", True)
+    monkeypatch.setattr(fa, "_capability", lambda dev_id: 90)
+    assert [fa.cluster_size(ns) for ns in (1, 2, 3, 4, 5, 8, 16)] == [1, 2, 1, 4, 1, 8, 1]
+    monkeypatch.setattr(fa, "_capability", lambda dev_id: 80)
+    assert [fa.cluster_size(ns) for ns in (2, 4, 8)] == [1, 1, 1]
+    monkeypatch.setattr(fa, "_capability", lambda dev_id: 90)
+    monkeypatch.setattr(fa, "CLUSTER", False)
+    assert [fa.cluster_size(ns) for ns in (2, 4, 8)] == [1, 1, 1]

@@ -15,7 +15,9 @@
 - masked_block's inputs (FP32 arrays holding BF16 values) give the BF16-bit path's bits, at the proposal
   round's shapes; split counts 1 .. 64 (more splits than tiles too) within the bound, repeated calls and
   a captured graph's replays give the eager bits;
-- the K/V pipeline's depth (2, 3, 4 stages) gives the same bits, split counts 1 .. 64 and the round's shapes.
+- the K/V pipeline's depth (2, 3, 4 stages) gives the same bits, split counts 1 .. 64 and the round's shapes;
+- the splits merged inside the kernel by a thread-block cluster give the combine kernel's bits (2, 4, 8 splits,
+  every random geometry, the round's shapes, a graph replay).
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
 """
@@ -420,6 +422,48 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa):
             g.launch(s)
             s.synchronize()
             assert np.array_equal(cupy.asnumpy(out), eager)
+
+
+@pytest.mark.parametrize("splits", [2, 4, 8])
+def test_cluster_merge_gives_the_combine_kernels_bits(cupy, fa, monkeypatch, random_case, splits):
+    """The splits merged inside the kernel by a thread-block cluster (fast_attn_*_c{ns}) give the bits of the
+    main kernel plus fast_attn_combine (CLUSTER off), FP32 and BF16 outputs, both input kinds, every random
+    geometry (rows past live, windows, GQA, more splits than tiles)."""
+    _, by_mode = random_case
+    monkeypatch.setattr(fa, "SPLITS", splits)
+    for fp32_inputs in (False, True):
+        case = by_mode[fp32_inputs][0]
+        outs = {}
+        for cluster in (False, True):
+            monkeypatch.setattr(fa, "CLUSTER", cluster)
+            of, ob = fa.attention_fast(*_device_args(cupy, case, fp32_inputs), f32_out=True, bf16_out=True)
+            assert fa.last_plan()["cluster"] == (splits if cluster else 1), fa.last_plan()
+            outs[cluster] = (cupy.asnumpy(of).view(np.uint32), cupy.asnumpy(ob))
+        assert all(np.array_equal(a, b) for a, b in zip(outs[False], outs[True])), \
+            f"cluster merge differs ({'fp32' if fp32_inputs else 'bf16'} inputs, {splits} splits)"
+
+
+@pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
+def test_round_shapes_cluster_merge(cupy, fa, monkeypatch, shape):
+    """At masked_block's shapes, the launcher's own split count: the cluster merge (where that count has one)
+    gives the combine kernel's bits, and a graph replay gives the eager bits."""
+    _, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
+    monkeypatch.setattr(fa, "CLUSTER", False)
+    ref = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0]).view(np.uint32)
+    monkeypatch.setattr(fa, "CLUSTER", True)
+    got = fa.attention_fast(*bits, *rest, f32_out=True)[0]
+    assert np.array_equal(cupy.asnumpy(got).view(np.uint32), ref), fa.last_plan()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        fa.attention_fast(*bits, *rest, f32_out=True)
+        s.synchronize()
+        s.begin_capture()
+        out = fa.attention_fast(*bits, *rest, f32_out=True)[0]
+        g = s.end_capture()
+        out.fill(0)
+        g.launch(s)
+        s.synchronize()
+    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), ref)
 
 
 @pytest.mark.parametrize("stages", [2, 4])
