@@ -30,6 +30,8 @@
 #   bash tools/h200_runs.sh v9-a           # session v9: attention / head-GEMM GPU tests, the round A/B of the
 #                                          # attention's pipeline depth and the tuned head GEMM, the attention's
 #                                          # phases, the L2 prefetch probe (logs.tgz)
+#   bash tools/h200_runs.sh v9-b           # session v9: the cluster-merged attention: its GPU tests, the round
+#                                          # A/B against the combine kernel, the trace (logs.tgz)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -173,6 +175,13 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         --rounds 3 --json "$OUT/round_ab.json"
       step phases timeout 90 $PY -m benchmarks.attn_phases --json "$OUT/phases.json"
       step l2probe timeout 150 $PY -m benchmarks.l2_prefetch_probe --json "$OUT/l2probe.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v9-b)  # session v9: the cluster-merged attention (tests, round A/B against the combine kernel, trace)
+      step attn-lt-tests timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        tests/gpu/test_fast_lt.py
+      step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nocluster,auto \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
