@@ -43,8 +43,7 @@ def main(argv=None) -> int:
                 fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)
             cp.cuda.runtime.deviceSynchronize()
             mt = fa._mt(min(w * HQ // HK, 64))
-            plan = fa.last_plan()
-            mod = fa._module(fa._dp(D), mt, False, plan["stages"], fa.EXTRA_OPTIONS, plan["cluster"])
+            mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS)
             clk = mod.get_global("fa_clock")
             st = mod.get_global("fa_start")
             clk_a = cp.ndarray((TIMING_BLOCKS * 8,), dtype=np.uint64, memptr=clk)
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
             n = int(used.sum())
             c, s = c[used], s[used]
             rel = {name: (c[:, p] - c[:, 0]) / clock_hz * 1e6 for p, name in PHASES}
-            r = {"shape": f"{label} B{b} W{w}", "blocks": n, "plan": fa.last_plan(), "event_us": ms * 1e3,
+            r = {"shape": f"{label} B{b} W{w}", "blocks": n, "event_us": ms * 1e3,
                  "start_spread_us": float((s.max() - s.min()) / 1e3),
                  "mean_us": {k: float(v[v >= 0].mean()) if (v >= 0).any() else None for k, v in rel.items()},
                  "max_us": {k: float(v.max()) for k, v in rel.items()}}

@@ -12,12 +12,6 @@ over ``--rounds`` passes, each a set of module attributes:
               the session v8 A/B, docs/reports/h200-round-ab-rowdot-v8.json, had s16_v for 7 rows)
   tiles2, tiles1  the attention's key splits with at least 2 / 1 context tiles each (fast_attention
               MIN_TILES_PER_SPLIT, default 4: the bound that sets the split count at B1)
-  stages2, stages3, stages4  the attention's K/V pipeline forced to 2, 3 or 4 stages (fast_attention.STAGES;
-              default None: 4 where it keeps the split count, else 2), at the split count that depth's
-              occupancy gives
-  auto        the defaults (the same as v7; a name for the A/B against a forced setting)
-  nocluster   the attention's splits merged by the combine kernel (fast_attention.CLUSTER False; default: inside
-              the kernel by a thread-block cluster where the split count is 2, 4 or 8)
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -45,12 +39,7 @@ CONFIGS = {
                    "kernels_cu.fast_selector.ROWDOT_LARGE": "fast_rowdot_m16_v"},
     "tiles2": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 2},
     "tiles1": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 1},
-    "stages2": {"kernels_cu.fast_attention.STAGES": 2},
-    "stages3": {"kernels_cu.fast_attention.STAGES": 3},
-    "stages4": {"kernels_cu.fast_attention.STAGES": 4},
-    "auto": {},
     "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
-    "nocluster": {"kernels_cu.fast_attention.CLUSTER": False},
 }
 
 

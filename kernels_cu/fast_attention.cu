@@ -12,9 +12,7 @@
 // Keys come in tiles of 64: ceil(n_ctx / 64) context tiles, where n_ctx = min(F, C, S - 1) is the
 // union of what the rows may see (the per-row window is a mask on it), split evenly over the
 // grid's x dimension, then one block tile (rows j < live, W <= 64) in the last split. Context
-// tiles go through an NS-stage cp.async pipeline (NS - 1 tiles in flight while one is computed;
-// zero-filled past n_ctx; NS 2, or 4 at B1 where the tiles per split, not the occupancy, set the
-// split count), the block tile (BF16 bits) riding it as one more tile. Warp w owns the 16-row
+// tiles are double-buffered with cp.async (zero-filled past n_ctx). Warp w owns the 16-row
 // m-tile w % MT and the key slice w / MT of each tile (MT = 1, 2, 4 m-tiles: 64, 32 or 16 keys
 // per warp); each keeps an online softmax in the exp2 domain; key slices are merged in shared
 // memory at the end, splits by fast_attn_combine (or written directly when there is one split).
@@ -245,29 +243,7 @@ __device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ
     __syncwarp();
 }
 
-// Thread-block clusters (sm_90): the splits of one (b, KV head, row chunk) as one cluster, merged through
-// distributed shared memory (attn_body's CL > 1 epilogue).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ unsigned cluster_addr(const void* p, unsigned rank) {
-    unsigned a = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
-#endif
-    return a;
-}
-__device__ __forceinline__ float2 cluster_ld2(unsigned a) {
-    float2 v = make_float2(0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-#endif
-    return v;
-}
-
-template <int DP, int MT, bool F32, int NS, int CL>
+template <int DP, int MT, bool F32>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, const long long* __restrict__ frontier,
@@ -284,10 +260,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     constexpr int ST = DP + 8;         // shared row stride in elements (16-byte pad: conflict-free ldmatrix)
     constexpr int QL = F32 ? KS : 1;
 
-    static_assert(NS >= 2, "the block tile's FP32 path uses stages 0 and 1");
-    u16* sK = reinterpret_cast<u16*>(smem);                      // [NS stages][FA_NT][ST]
-    u16* sV = sK + NS * FA_NT * ST;                              // [NS stages][FA_NT][ST]
-    float* ps = reinterpret_cast<float*>(sV + NS * FA_NT * ST);  // [FA_WARPS][16][NKW]
+    u16* sK = reinterpret_cast<u16*>(smem);                     // [2 stages][FA_NT][ST]
+    u16* sV = sK + 2 * FA_NT * ST;                              // [2 stages][FA_NT][ST]
+    float* ps = reinterpret_cast<float*>(sV + 2 * FA_NT * ST);  // [FA_WARPS][16][NKW]
 
 #ifdef FA_TIMING
     {
@@ -303,22 +278,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;
     const int mt = warp % MT, kg = warp / MT;
-    // BF16 q: the block's rows go to shared memory (the last stage of K, free until the context loop's first
-    // prefetch) by cp.async, issued first (they need no frontier: their latency overlaps frontier's and live's
-    // loads), and come back by ldmatrix below (per-element loads with their index arithmetic cost ~5 us
-    // before the first tile)
-    if constexpr (!F32) {
-        u16* sQ = sK + (NS - 1) * FA_NT * ST;
-        for (int idx = threadIdx.x; idx < FA_ROWS * (D >> 3); idx += FA_WARPS * 32) {
-            const int row = idx / (D >> 3), ch = idx - (idx / (D >> 3)) * (D >> 3);
-            const int R = blockIdx.z * FA_ROWS + row;
-            const bool ok = R < M;
-            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
-            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + ch * 8;
-            cp_async16(smem_addr(sQ + row * ST + ch * 8), reinterpret_cast<const u16*>(qp) + off, ok ? 16 : 0);
-        }
-        cp_commit();
-    }
     const long long F = frontier[b];
     int lve = live[b];
     lve = lve < 0 ? 0 : (lve > W ? W : lve);
@@ -355,7 +314,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     }
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
-    // FP32 q: read and split here. BF16 bits: issued above, read back after the first tiles are issued
+    // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (stage 1 of K, free until
+    // the context loop's first prefetch) by cp.async with the first context tile, and come back by
+    // ldmatrix below (per-element loads with their index arithmetic cost ~5 us before the first tile)
     unsigned qa[KS][4], ql[QL][4];
     bool lo_any = false;
     if constexpr (F32) {
@@ -375,6 +336,17 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                 lo_any |= ql[F32 ? ks : 0][r] != 0u;
             }
         }
+    } else {
+        u16* sQ = sK + FA_NT * ST;
+        for (int idx = threadIdx.x; idx < FA_ROWS * (D >> 3); idx += FA_WARPS * 32) {
+            const int row = idx / (D >> 3), ch = idx - (idx / (D >> 3)) * (D >> 3);
+            const int R = blockIdx.z * FA_ROWS + row;
+            const bool ok = R < M;
+            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
+            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + ch * 8;
+            cp_async16(smem_addr(sQ + row * ST + ch * 8), reinterpret_cast<const u16*>(qp) + off, ok ? 16 : 0);
+        }
+        cp_commit();
     }
 
     // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
@@ -384,7 +356,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // zero the pad columns D .. DP of every stage row once (cp.async and the block loader write d < D only)
     if (D < DP) {
         const int pc = (DP - D) >> 3;
-        for (int idx = threadIdx.x; idx < 2 * NS * FA_NT * pc; idx += FA_WARPS * 32) {
+        for (int idx = threadIdx.x; idx < 4 * FA_NT * pc; idx += FA_WARPS * 32) {
             const int row = idx / pc, c = idx - (idx / pc) * pc;
             *reinterpret_cast<uint4*>(sK + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -426,40 +398,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         cp_commit();
     };
 
-    // BF16 bits: the block tile's rows j < live (rows >= live zero-filled) into stage st, by cp.async; it rides the
-    // context pipeline as tile t_hi of the last split, so its latency is hidden like a context tile's
-    auto load_block = [&](int st) {
-        u16* bk = sK + st * FA_NT * ST;
-        u16* bv = sV + st * FA_NT * ST;
-        for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
-            const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-            const bool ok = row < lve;
-            const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
-            const int so = row * ST + ch * 8;
-            cp_async16(smem_addr(bk + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
-            cp_async16(smem_addr(bv + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
-        }
-    };
-    const bool has_block = split == ns - 1 && lve > 0;
-    // tile tt into stage st, one commit group per call: a context tile (tt < t_hi), the block tile (tt == t_hi,
-    // BF16 bits, the last split), or an empty group (the wait counts below stay the same in every iteration)
-    auto load_tile = [&](int tt, int st) {
-        if (tt < t_hi) {
-            load_ctx(tt, st);
-        } else {
-            if (!F32 && tt == t_hi && has_block) load_block(st);
-            cp_commit();
-        }
-    };
-
     FA_MARK(1);  // Q fragments issued, pad zeroed
-    // NS - 1 tiles ahead (stages 0 .. NS - 2); the last stage holds Q's rows until the loop's first prefetch
-#pragma unroll
-    for (int j = 0; j < NS - 1; ++j) load_tile(t_lo + j, j);
-    if constexpr (!F32) {  // Q's group is the oldest: wait for it alone, read the fragments, free the last stage
-        cp_wait<NS - 1>();
+    if (t_lo < t_hi) load_ctx(t_lo, 0);
+    if constexpr (!F32) {  // Q's group is the older one: wait for it alone, read the fragments, free stage 1
+        if (t_lo < t_hi) {
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        const u16* sQ = sK + (NS - 1) * FA_NT * ST;
+        const u16* sQ = sK + FA_NT * ST;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
             ldsm_x4(sQ + (mt * 16 + (lane & 15)) * ST + ks * 16 + ((lane >> 4) << 3), qa[ks][0], qa[ks][1], qa[ks][2],
@@ -467,11 +415,13 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         __syncthreads();
     }
     for (int t = t_lo; t < t_hi; ++t) {
-        const int st = (t - t_lo) % NS;
-        // tile t + NS - 1 into the stage tile t - 1 used (free since the last iteration's closing barrier; at
-        // t_lo the last stage, free since Q's fragments were read), then wait for tile t alone
-        load_tile(t + NS - 1, (t - t_lo + NS - 1) % NS);
-        cp_wait<NS - 1>();
+        const int st = (t - t_lo) & 1;
+        if (t + 1 < t_hi) {
+            load_ctx(t + 1, st ^ 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
         if (t == t_lo) FA_MARK(6);  // the first context tile in shared memory
         const int kb0 = t * FA_NT;
@@ -538,21 +488,27 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 
     FA_MARK(2);  // context tiles done
     // the block tile: rows j < live of k / v (BF16 bits, or FP32 split into hi in stage 0, lo in stage 1)
-    if (has_block) {
+    if (split == ns - 1 && lve > 0) {
         const int PPR = D >> 1;
-        // BF16 bits: the stage the pipeline put the block tile in; FP32: stage 0 (hi) and 1 (lo), filled below
-        const int sb = F32 ? 0 : (t_hi - t_lo) % NS;
-        const u16* bK = sK + sb * FA_NT * ST;
-        const u16* bV = sV + sb * FA_NT * ST;
         bool found = false, klo_any = false, vlo_any = false;
         if constexpr (!F32) {
-            // BF16 bits: the rows came with the context tiles (load_tile, stage sb); wait for them, then scan V
-            // for a non-finite value
+            // BF16 bits: rows j < live copied as they are (cp.async, rows >= live zero-filled), all in flight
+            // at once, then V scanned for a non-finite value (a load-store loop here kept one global load
+            // latency per iteration on the kernel's critical path: ~20 us whatever the split count)
+            for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
+                const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+                const bool ok = row < lve;
+                const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
+                const int so = row * ST + ch * 8;
+                cp_async16(smem_addr(sK + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
+                cp_async16(smem_addr(sV + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
+            }
+            cp_commit();
             cp_wait<0>();
             __syncthreads();
             for (int idx = threadIdx.x; idx < lve * CPR; idx += FA_WARPS * 32) {
                 const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(bV + row * ST + ch * 8);
+                const uint4 u = *reinterpret_cast<const uint4*>(sV + row * ST + ch * 8);
                 found |= bf16_pair_nonfinite(u.x) | bf16_pair_nonfinite(u.y) | bf16_pair_nonfinite(u.z) |
                          bf16_pair_nonfinite(u.w);
             }
@@ -582,9 +538,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        qk_tile<KS, NJ, ST>(s, qa, bK, key0, lane);
+        qk_tile<KS, NJ, ST>(s, qa, sK, key0, lane);
         if constexpr (F32) {
-            if (qlo) qk_tile<KS, NJ, ST>(s, ql, bK, key0, lane);
+            if (qlo) qk_tile<KS, NJ, ST>(s, ql, sK, key0, lane);
             if (klo) qk_tile<KS, NJ, ST>(s, qa, sK + FA_NT * ST, key0, lane);
         }
 #pragma unroll
@@ -609,12 +565,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pl[kk][r] = pack_bf16(pj[0] - h0, pj[1] - h1);
                 }
             }
-            pv_tile<NJ, ND, ST, false>(o, ph, bV, key0, lane);
-            pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);
+            pv_tile<NJ, ND, ST, false>(o, ph, sV, key0, lane);
+            pv_tile<NJ, ND, ST, false>(o, pl, sV, key0, lane);
             if (F32 && vlo) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
         } else {
             pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane, [&](int key, int d) {
-                float x = dfl::bf16_to_f32(bV[key * ST + d]);
+                float x = dfl::bf16_to_f32(sV[key * ST + d]);
                 if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
                 return x;
             });
@@ -682,87 +638,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(4);  // key slices merged
-    if constexpr (CL > 1) {
-        // The cluster is this (b, KV head, row chunk)'s CL = ns splits (rank = split). Each publishes its rows'
-        // (o, m, l) in its shared memory (the V stages: free of the tiles, apart from the key-slice merge's
-        // region at the start of the K stages), then each merges rows split, split + CL, ... of the chunk over
-        // the CL partials read through distributed shared memory: fast_attn_combine's operations in its
-        // split order (combine_body), so the same bits as the two-kernel path, without its launch and the
-        // partials' round trip through global memory.
-        static_assert(FA_ROWS * DP * 4 + FA_ROWS * 8 <= NS * FA_NT * ST * 2, "partials fit the V stages");
-        float* so = reinterpret_cast<float*>(sV);                  // [FA_ROWS][DP]
-        float2* sml = reinterpret_cast<float2*>(so + FA_ROWS * DP);  // [FA_ROWS]
-        if constexpr (KG == 1) __syncthreads();  // every warp done with the tiles (KG > 1: the merge's barriers)
-        if (kg == 0) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int lr = mt * 16 + g + 8 * h;
-#pragma unroll
-                for (int n = 0; n < ND; ++n)
-                    *reinterpret_cast<float2*>(so + lr * DP + n * 8 + 2 * tq) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
-                if (tq == 0) sml[lr] = make_float2(m[h], l[h]);
-            }
-        }
-        cluster_sync();  // every split's partials published (threads that returned above count as arrived)
-        if (kg == 0) {
-            constexpr int NP = (DP / 2 + 31) / 32;  // column pairs per lane, as combine_body
-            const int rows_here = min(FA_ROWS, M - (int)blockIdx.z * FA_ROWS);
-            for (int lr = split * MT + mt; lr < rows_here; lr += CL * MT) {
-                const int R = blockIdx.z * FA_ROWS + lr;
-                const int i = R / G, gg = R - (R / G) * G;
-                const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
-                float acc[NP][2];
-#pragma unroll
-                for (int c = 0; c < NP; ++c) acc[c][0] = acc[c][1] = 0.f;
-                float L = 0.f;
-                if (i < lve) {
-                    float2 ml[CL], x[CL][NP];
-#pragma unroll
-                    for (int j = 0; j < CL; ++j) {
-                        ml[j] = cluster_ld2(cluster_addr(sml + lr, j));
-#pragma unroll
-                        for (int c = 0; c < NP; ++c) {
-                            const int d = 2 * (lane + 32 * c);
-                            x[j][c] = d < DP ? cluster_ld2(cluster_addr(so + lr * DP + d, j)) : make_float2(0.f, 0.f);
-                        }
-                    }
-                    float mx = dfl::neg_inf();
-#pragma unroll
-                    for (int j = 0; j < CL; ++j) mx = fmaxf(mx, ml[j].x);
-#pragma unroll
-                    for (int j = 0; j < CL; ++j) {
-                        if (ml[j].x > dfl::neg_inf()) {
-                            const float w = exp2f(ml[j].x - mx);
-                            L += w * ml[j].y;
-#pragma unroll
-                            for (int c = 0; c < NP; ++c) {
-                                const int d = 2 * (lane + 32 * c);
-                                if (d < DP) {
-                                    acc[c][0] += w * x[j][c].x;
-                                    acc[c][1] += w * x[j][c].y;
-                                }
-                            }
-                        }
-                    }
-                }
-                const bool zero = !(L > 0.f);
-#pragma unroll
-                for (int c = 0; c < NP; ++c) {
-                    const int d = 2 * (lane + 32 * c);
-                    if (d < D) {
-                        const float v0 = zero ? 0.f : acc[c][0] / L, v1 = zero ? 0.f : acc[c][1] / L;
-                        if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
-                        if (out_bf16)
-                            *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
-                                (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
-                    }
-                }
-            }
-        }
-        cluster_sync();  // peers done reading this block's shared memory
-        FA_MARK(5);
-        return;
-    }
     if (kg != 0) return;
 
 #pragma unroll
@@ -880,29 +755,20 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 
 }  // namespace fa
 
-// extern "C" entry points: fast_attn_d{DP}_m{MT}_{b: BF16 q/k/v bits | f: FP32 q/k/v}_s{NS} (NS stages of the
-// K/V tile pipeline: 2, or 4 where asked: fast_attention.STAGES), the same with _c{CL} (CL = 2, 4, 8: a cluster
-// of the CL key splits merging them in the epilogue, sm_90) and fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8: the
-// separate merge). kernels_cu/fast_attention.py compiles one variant per module (-DFA_SINGLE -DFA_DP= -DFA_MT=
-// -DFA_F32= -DFA_NS= -DFA_CL=); without FA_SINGLE every variant is built (CI's nvcc).
-#define FA_PARAMS                                                                                                \
-    const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                          \
+// extern "C" entry points: fast_attn_d{DP}_m{MT}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
+// fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
+// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc).
+#define FA_KERNEL(DPV, MTV, F32V, SUF)                                                                           \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_##SUF(              \
+        const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \
         const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
-        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16
-#define FA_BODY(DPV, MTV, F32V, NSV, CLV)                                                                        \
-    {                                                                                                            \
+        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<DPV, MTV, F32V, NSV, CLV>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, \
-                                                ns, part_o, part_ml, out_f32, out_bf16, fa_smem);                \
+        fa::attn_body<DPV, MTV, F32V>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns,      \
+                                      part_o, part_ml, out_f32, out_bf16, fa_smem);                              \
     }
-#define FA_KERNEL(DPV, MTV, F32V, SUF, NSV)                                                                      \
-    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                                  \
-        fast_attn_d##DPV##_m##MTV##_##SUF##_s##NSV(FA_PARAMS) FA_BODY(DPV, MTV, F32V, NSV, 1)
-#define FA_KERNEL_CL(DPV, MTV, F32V, SUF, NSV, CLV)                                                              \
-    extern "C" __global__ void __cluster_dims__(CLV, 1, 1) __launch_bounds__(FA_WARPS * 32)                      \
-        fast_attn_d##DPV##_m##MTV##_##SUF##_s##NSV##_c##CLV(FA_PARAMS) FA_BODY(DPV, MTV, F32V, NSV, CLV)
 
 #define FA_COMBINE_CB(DPV, CBV)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) fast_attn_combine_d##DPV##_c##CBV(                        \
@@ -913,57 +779,24 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 #define FA_COMBINE(DPV) FA_COMBINE_CB(DPV, 2) FA_COMBINE_CB(DPV, 4) FA_COMBINE_CB(DPV, 8)
 
 // one more expansion step, so that macro arguments (FA_DP) are expanded before ## pastes them
-#define FA_KERNEL_X(DPV, MTV, F32V, SUF, NSV) FA_KERNEL(DPV, MTV, F32V, SUF, NSV)
-#define FA_KERNEL_CL_X(DPV, MTV, F32V, SUF, NSV, CLV) FA_KERNEL_CL(DPV, MTV, F32V, SUF, NSV, CLV)
+#define FA_KERNEL_X(DPV, MTV, F32V, SUF) FA_KERNEL(DPV, MTV, F32V, SUF)
 #define FA_COMBINE_X(DPV) FA_COMBINE(DPV)
 
-// Clusters need sm_90: below it (NVRTC builds for the device at hand) no _c kernel is built and
-// fast_attention.py never asks for one (cluster_capable()).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define FA_HAS_CLUSTERS 1
-#else
-#define FA_HAS_CLUSTERS 0
-#endif
-
 #ifdef FA_SINGLE
-#ifndef FA_NS
-#define FA_NS 2
-#endif
-#ifndef FA_CL
-#define FA_CL 1
-#endif
 #if FA_F32
-#define FA_SUF f
-#define FA_F32V true
+FA_KERNEL_X(FA_DP, FA_MT, true, f)
 #else
-#define FA_SUF b
-#define FA_F32V false
-#endif
-#if FA_CL > 1
-#if FA_HAS_CLUSTERS
-FA_KERNEL_CL_X(FA_DP, FA_MT, FA_F32V, FA_SUF, FA_NS, FA_CL)
-#endif
-#else
-FA_KERNEL_X(FA_DP, FA_MT, FA_F32V, FA_SUF, FA_NS)
+FA_KERNEL_X(FA_DP, FA_MT, false, b)
 #endif
 FA_COMBINE_X(FA_DP)
 #else
-#define FA_ONE(DPV, MTV, F32V, SUF)     \
-    FA_KERNEL(DPV, MTV, F32V, SUF, 2)   \
-    FA_KERNEL(DPV, MTV, F32V, SUF, 4)
-#if FA_HAS_CLUSTERS
-#define FA_ONE_CL(DPV, MTV, F32V, SUF)      \
-    FA_KERNEL_CL(DPV, MTV, F32V, SUF, 2, 2) \
-    FA_KERNEL_CL(DPV, MTV, F32V, SUF, 2, 4) \
-    FA_KERNEL_CL(DPV, MTV, F32V, SUF, 2, 8)
-#else
-#define FA_ONE_CL(DPV, MTV, F32V, SUF)
-#endif
-#define FA_ALL_MT(DPV)                                                   \
-    FA_ONE(DPV, 1, false, b) FA_ONE(DPV, 2, false, b) FA_ONE(DPV, 4, false, b)      \
-    FA_ONE(DPV, 1, true, f) FA_ONE(DPV, 2, true, f) FA_ONE(DPV, 4, true, f)         \
-    FA_ONE_CL(DPV, 1, false, b) FA_ONE_CL(DPV, 2, false, b) FA_ONE_CL(DPV, 4, false, b) \
-    FA_ONE_CL(DPV, 1, true, f) FA_ONE_CL(DPV, 2, true, f) FA_ONE_CL(DPV, 4, true, f) \
+#define FA_ALL_MT(DPV)              \
+    FA_KERNEL(DPV, 1, false, b)     \
+    FA_KERNEL(DPV, 2, false, b)     \
+    FA_KERNEL(DPV, 4, false, b)     \
+    FA_KERNEL(DPV, 1, true, f)      \
+    FA_KERNEL(DPV, 2, true, f)      \
+    FA_KERNEL(DPV, 4, true, f)      \
     FA_COMBINE(DPV)
 FA_ALL_MT(16)
 FA_ALL_MT(32)

@@ -43,22 +43,7 @@ SPLITS: int | None = None
 BLOCKS_PER_SM: int | None = None
 MIN_TILES_PER_SPLIT = 4
 
-# Stages of the K/V tile pipeline (tiles in flight while one is computed: STAGES - 1): 2. DEEP_STAGES is built
-# and tested (the same bits) but not picked: session v9's round A/B on the H200 (benchmarks.round_ab --configs
-# stages2,head_gemmex,auto, docs/reports/h200-round-ab-v9.json) had the round slower with 4 stages at B1, where
-# its split count is the same (27B B1 W8 1.730 -> 1.754 ms, 35B B1 W8 0.723 -> 0.758), and at B8 its shared memory
-# would halve the blocks per multiprocessor. None: stages_for's pick; an int forces it (tests run both).
-STAGES: int | None = 2
-DEEP_STAGES = 4
-
-# Split counts merged inside the attention kernel: the ns splits of a (b, KV head, row chunk) run as one
-# thread-block cluster (sm_90) and merge their partials through distributed shared memory in the same order as
-# the combine kernel (the same bits), saving its launch and the partials' round trip through global memory.
-# Other split counts, pre-sm_90 devices or CLUSTER False: the main kernel, then fast_attn_combine.
-CLUSTER = True
-CLUSTER_SIZES = (2, 4, 8)
-
-_last = {"path": None, "plan": None}
+_last = {"path": None}
 
 
 def cp():
@@ -72,11 +57,6 @@ def last_path() -> str | None:
     return _last["path"]
 
 
-def last_plan() -> dict | None:
-    """The latest fast call's launch: {"stages", "splits", "kernel"} (None after a fallback)."""
-    return _last["plan"]
-
-
 def _dp(d: int) -> int:
     return 16 if d <= 16 else 32 if d <= 32 else 64 if d <= 64 else 128
 
@@ -85,38 +65,34 @@ def _mt(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
-    """`stages` stages of K and V tiles [64][dp + 8] (16-bit) plus the per-warp P scratch [4][16][16 mt] fp32."""
-    return stages * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+def smem_bytes(dp: int, mt: int) -> int:
+    """Two stages of K and V tiles [64][dp + 8] (16-bit) plus the per-warp P scratch [4][16][16 mt] fp32."""
+    return 2 * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
 
 
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
 
 
 @functools.cache
-def _module(dp: int, mt: int, f32_inputs: bool, stages: int = 2, extra: tuple[str, ...] = (), cl: int = 1):
+def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = ()):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
     import cupy
 
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}",
-            f"-DFA_F32={int(f32_inputs)}", f"-DFA_NS={stages}", f"-DFA_CL={cl}", *extra)
+            f"-DFA_F32={int(f32_inputs)}", *extra)
     return cupy.RawModule(code=code, options=opts)
 
 
-def kernel_name(dp: int, mt: int, f32_inputs: bool, stages: int = 2, cl: int = 1) -> str:
-    return f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}_s{stages}" + (f"_c{cl}" if cl > 1 else "")
-
-
-def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, cl: int = 1):
-    return _kernels_opts(dp, mt, f32_inputs, stages, EXTRA_OPTIONS, cl)
+def _kernels(dp: int, mt: int, f32_inputs: bool):
+    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS)
 
 
 @functools.cache
-def _kernels_opts(dp: int, mt: int, f32_inputs: bool, stages: int, extra: tuple[str, ...], cl: int = 1):
-    mod = _module(dp, mt, f32_inputs, stages, extra, cl)
-    main = mod.get_function(kernel_name(dp, mt, f32_inputs, stages, cl))
-    smem = smem_bytes(dp, mt, stages)
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...]):
+    mod = _module(dp, mt, f32_inputs, extra)
+    main = mod.get_function(f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}")
+    smem = smem_bytes(dp, mt)
     if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)
         import warnings
 
@@ -138,31 +114,19 @@ def combine_batch(ns: int) -> int:
 
 
 @functools.cache
-def _capability(dev_id: int) -> int:
-    return int(cp().cuda.Device(dev_id).compute_capability)
-
-
-def cluster_size(ns: int) -> int:
-    """The cluster that merges ns splits inside the kernel (ns itself), or 1: the combine kernel."""
-    if not CLUSTER or ns not in CLUSTER_SIZES:
-        return 1
-    return ns if _capability(cp().cuda.Device().id) >= 90 else 1
-
-
-@functools.cache
 def _sm_count(dev_id: int) -> int:
     return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
 
 
-def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2) -> int:
+def resident_blocks(dp: int, mt: int, f32_inputs: bool) -> int:
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
     in units of 256) and its shared memory (plus the per-block reservation) against the device's."""
-    return _resident_blocks(dp, mt, f32_inputs, stages, cp().cuda.Device().id)
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id)
 
 
 @functools.cache
-def _resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int, dev_id: int) -> int:
-    main, _, smem = _kernels(dp, mt, f32_inputs, stages)
+def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs)
     try:  # the driver's occupancy calculator, where CuPy exposes it
         return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
                                                                                         smem)))
@@ -187,15 +151,6 @@ def splits_for(b: int, hk: int, chunks: int, capacity: int, window: int, residen
     per_sm = BLOCKS_PER_SM if BLOCKS_PER_SM is not None else resident
     want = per_sm * _sm_count(cp().cuda.Device().id) // max(1, b * hk * chunks)
     return max(1, min(want, tiles // max(1, MIN_TILES_PER_SPLIT)))
-
-
-def stages_for(ns_by_stages: dict[int, int]) -> int:
-    """The pipeline depth for a grid, given the split count each depth's occupancy allows
-    ({2: splits, DEEP_STAGES: splits}): STAGES where set (the default, 2); with STAGES None the deep one
-    where it keeps the same splits (the rule the v9 A/B measured slower at B1, kept selectable)."""
-    if STAGES is not None:
-        return int(STAGES)
-    return DEEP_STAGES if ns_by_stages[DEEP_STAGES] == ns_by_stages[2] else 2
 
 
 def unsupported(d: int, w: int, b: int, hk: int, capacity: int) -> str | None:
@@ -227,10 +182,10 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
         raise ValueError("draft_attention: the context cache needs capacity >= 1 (slot p mod C)")
     why = unsupported(d, w, b, hk, cap)
     if why is not None:
-        _last["path"], _last["plan"] = f"exact-fallback ({why})", None
+        _last["path"] = f"exact-fallback ({why})"
         return attention(f32(q), f32(k), f32(v), kc_bits, vc_bits, frontier, live, int(window),
                          f32_out=f32_out, bf16_out=bf16_out)
-    _last["path"], _last["plan"] = "fast", None
+    _last["path"] = "fast"
     of = c.empty(q.shape, dtype=np.float32) if f32_out else None
     ob = c.empty(q.shape, dtype=np.uint16) if bf16_out else None
     if q.size == 0 or (of is None and ob is None):
@@ -255,17 +210,10 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     m_rows = w * g
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
-    by = {st: splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, st))
-          for st in sorted({2, DEEP_STAGES})}
-    stages = stages_for(by)
-    ns = by[stages] if stages in by else splits_for(b, hk, chunks, cap, window,
-                                                    resident_blocks(dp, mt, not bits, stages))
-    cl = cluster_size(ns)
-    main, combine, smem = _kernels(dp, mt, not bits, stages, cl)
-    _last["plan"] = {"stages": stages, "splits": ns, "cluster": cl,
-                     "kernel": kernel_name(dp, mt, not bits, stages, cl)}
+    main, combine, smem = _kernels(dp, mt, not bits)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits))
     part_o = part_ml = None
-    if ns > 1 and cl == 1:
+    if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
         part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
     sl2 = np.float32(_LOG2E / math.sqrt(d))
@@ -274,7 +222,7 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
           np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
           _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
          shared_mem=smem)
-    if ns > 1 and cl == 1:
+    if ns > 1:
         rows = b * hk * m_rows
         combine[combine_batch(ns)]((-(-rows // 4),), (128,),
                 (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
@@ -296,9 +244,6 @@ class FastAttentionMixin:
         rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
-                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}), a K/V pipeline of STAGES={STAGES} stages (None: "
-                                 f"{DEEP_STAGES} where that keeps the split count, else 2); splits merged in a thread-block cluster "
-                                 f"for {CLUSTER_SIZES} splits (CLUSTER={CLUSTER}, sm_90), else by "
-                                 f"fast_attn_combine; exact fallback for D % 8 or D > "
+                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

@@ -27,11 +27,13 @@
 #                                          # bench of candidate_topk, the block and the rounds, the trace
 #   bash tools/h200_runs.sh v8-combine     # session v8: the attention combine A/B (bits, us) against bc06c16's,
 #                                          # every GPU test, both CLI suites, the bench of the rounds, the trace
-#   bash tools/h200_runs.sh v9-a           # session v9: attention / head-GEMM GPU tests, the round A/B of the
-#                                          # attention's pipeline depth and the tuned head GEMM, the attention's
-#                                          # phases, the L2 prefetch probe (logs.tgz)
-#   bash tools/h200_runs.sh v9-b           # session v9: the cluster-merged attention: its GPU tests, the round
-#                                          # A/B against the combine kernel, the trace (logs.tgz)
+#   bash tools/h200_runs.sh v9-a           # session v9 (tree 7399aa9..adf7b02): attention / head-GEMM GPU tests,
+#                                          # the round A/B of the attention's pipeline depth and the tuned head
+#                                          # GEMM, the attention's phases, the L2 prefetch probe (logs.tgz)
+#   bash tools/h200_runs.sh v9-b           # session v9 (tree 13b0f7b): the cluster-merged attention: its GPU
+#                                          # tests, the round A/B against the combine kernel, the trace; both
+#                                          # attention experiments were reverted after these runs (their
+#                                          # configs are gone from round_ab: check out those trees to rerun)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"

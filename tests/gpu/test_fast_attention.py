@@ -14,10 +14,7 @@
 - a non-finite V that a window gives to one row and not the next (context tile and block tile);
 - masked_block's inputs (FP32 arrays holding BF16 values) give the BF16-bit path's bits, at the proposal
   round's shapes; split counts 1 .. 64 (more splits than tiles too) within the bound, repeated calls and
-  a captured graph's replays give the eager bits;
-- the K/V pipeline's depth (2, 3, 4 stages) gives the same bits, split counts 1 .. 64 and the round's shapes;
-- the splits merged inside the kernel by a thread-block cluster give the combine kernel's bits (2, 4, 8 splits,
-  every random geometry, the round's shapes, a graph replay).
+  a captured graph's replays give the eager bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
 """
@@ -276,44 +273,12 @@ def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp
     assert np.array_equal(cupy.asnumpy(ob), _bf16(cupy.asnumpy(of)).view(np.uint16))
 
 
-@pytest.mark.parametrize("splits", [None, 1, 3, 64])
-def test_pipeline_depths_give_the_same_bits(cupy, fa, monkeypatch, random_case, splits):
-    """The K/V pipeline's depth (STAGES 2, 3, 4: tiles in flight, the block tile riding it as tile t_hi of
-    the last split) changes when loads are issued, not the arithmetic: every depth gives two stages' bits,
-    FP32 and BF16 outputs, both input kinds; 64 splits leave splits with fewer tiles than the pipeline holds
-    (and none), so the block tile lands in the prologue there. The depth the launcher picks is one of them."""
-    _, by_mode = random_case
-    for fp32_inputs in (False, True):
-        case = by_mode[fp32_inputs][0]
-        # the split count pinned to two stages' pick (a deeper pipeline's occupancy may split otherwise, and
-        # another split count sums in another order)
-        monkeypatch.setattr(fa, "SPLITS", splits)
-        monkeypatch.setattr(fa, "STAGES", 2)
-        fa.attention_fast(*_device_args(cupy, case, fp32_inputs), f32_out=True)
-        monkeypatch.setattr(fa, "SPLITS", fa.last_plan()["splits"])
-        outs = {}
-        for stages in (2, 3, 4):
-            monkeypatch.setattr(fa, "STAGES", stages)
-            of, ob = fa.attention_fast(*_device_args(cupy, case, fp32_inputs), f32_out=True, bf16_out=True)
-            assert fa.last_path() == "fast" and fa.last_plan()["stages"] == stages
-            outs[stages] = (cupy.asnumpy(of).view(np.uint32), cupy.asnumpy(ob))
-        for stages in (3, 4):
-            assert all(np.array_equal(a, b) for a, b in zip(outs[2], outs[stages])), \
-                f"{stages} stages differ from 2 ({'fp32' if fp32_inputs else 'bf16'} inputs)"
-    monkeypatch.setattr(fa, "STAGES", None)
-    monkeypatch.setattr(fa, "SPLITS", None)
-    fa.attention_fast(*_device_args(cupy, by_mode[False][0], False), f32_out=True)
-    assert fa.last_plan()["stages"] in (2, fa.DEEP_STAGES)
-
-
 @pytest.mark.parametrize("where", ["ctx_cut", "block_cut"])
 @pytest.mark.parametrize("splits", [None, 2])
-@pytest.mark.parametrize("stages", [2, 4])
-def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages):
+def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits):
     """An inf V allowed for one row and not for the next: the allowed rows are inf there, the others
     finite and within the bound (a masked 0 * inf on the tensor cores would be NaN)."""
     monkeypatch.setattr(fa, "SPLITS", splits)
-    monkeypatch.setattr(fa, "STAGES", stages)
     rng = np.random.default_rng(5)
     b, w, hq, hk, d, cap, f = 1, 8, 4, 1, 128, 200, 500
     window = 70 if where == "ctx_cut" else 3
@@ -422,58 +387,3 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa):
             g.launch(s)
             s.synchronize()
             assert np.array_equal(cupy.asnumpy(out), eager)
-
-
-@pytest.mark.parametrize("splits", [2, 4, 8])
-def test_cluster_merge_gives_the_combine_kernels_bits(cupy, fa, monkeypatch, random_case, splits):
-    """The splits merged inside the kernel by a thread-block cluster (fast_attn_*_c{ns}) give the bits of the
-    main kernel plus fast_attn_combine (CLUSTER off), FP32 and BF16 outputs, both input kinds, every random
-    geometry (rows past live, windows, GQA, more splits than tiles)."""
-    _, by_mode = random_case
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    for fp32_inputs in (False, True):
-        case = by_mode[fp32_inputs][0]
-        outs = {}
-        for cluster in (False, True):
-            monkeypatch.setattr(fa, "CLUSTER", cluster)
-            of, ob = fa.attention_fast(*_device_args(cupy, case, fp32_inputs), f32_out=True, bf16_out=True)
-            assert fa.last_plan()["cluster"] == (splits if cluster else 1), fa.last_plan()
-            outs[cluster] = (cupy.asnumpy(of).view(np.uint32), cupy.asnumpy(ob))
-        assert all(np.array_equal(a, b) for a, b in zip(outs[False], outs[True])), \
-            f"cluster merge differs ({'fp32' if fp32_inputs else 'bf16'} inputs, {splits} splits)"
-
-
-@pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
-def test_round_shapes_cluster_merge(cupy, fa, monkeypatch, shape):
-    """At masked_block's shapes, the launcher's own split count: the cluster merge (where that count has one)
-    gives the combine kernel's bits, and a graph replay gives the eager bits."""
-    _, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
-    monkeypatch.setattr(fa, "CLUSTER", False)
-    ref = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0]).view(np.uint32)
-    monkeypatch.setattr(fa, "CLUSTER", True)
-    got = fa.attention_fast(*bits, *rest, f32_out=True)[0]
-    assert np.array_equal(cupy.asnumpy(got).view(np.uint32), ref), fa.last_plan()
-    s = cupy.cuda.Stream(non_blocking=True)
-    with s:
-        fa.attention_fast(*bits, *rest, f32_out=True)
-        s.synchronize()
-        s.begin_capture()
-        out = fa.attention_fast(*bits, *rest, f32_out=True)[0]
-        g = s.end_capture()
-        out.fill(0)
-        g.launch(s)
-        s.synchronize()
-    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), ref)
-
-
-@pytest.mark.parametrize("stages", [2, 4])
-@pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
-def test_round_shapes_pipeline_depths(cupy, fa, monkeypatch, shape, stages):
-    """At masked_block's shapes (the split count two stages pick) each depth gives two stages' bits."""
-    _, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
-    monkeypatch.setattr(fa, "STAGES", 2)
-    two = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0]).view(np.uint32)
-    monkeypatch.setattr(fa, "SPLITS", fa.last_plan()["splits"])  # the same split count (the same sum order)
-    monkeypatch.setattr(fa, "STAGES", stages)
-    got = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0]).view(np.uint32)
-    assert np.array_equal(two, got)
