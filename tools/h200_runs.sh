@@ -34,6 +34,8 @@
 #                                          # tests, the round A/B against the combine kernel, the trace; both
 #                                          # attention experiments were reverted after these runs (their
 #                                          # configs are gone from round_ab: check out those trees to rerun)
+#   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, FastRound's CLI suite, the bench of the
+#                                          # block and the rounds, the trace (logs.tgz)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -183,6 +185,16 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         tests/gpu/test_fast_lt.py
       step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nocluster,auto \
         --rounds 3 --json "$OUT/round_ab.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound): every GPU test, FastRound's CLI
+               # suite, the bench of the block and the rounds, the trace
+      step gpu-tests-v9 timeout 420 env FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" \
+        $PY -m pytest -q -p no:cacheprovider tests/gpu
+      step suite-fast-round timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step bench timeout 240 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
