@@ -187,9 +187,15 @@ class FastSelectBackend(CudaBackend):
     name = "kernels_cu-fast"
     mode = "fast"
 
+    # proposal_head's GEMM: a cuBLASLt algorithm timed against gemmEx at the first call of each (M, N, K) whose
+    # head is at least fast_lt.MIN_BYTES, kept where faster by fast_lt.MARGIN (kernels_cu/fast_lt.py); False:
+    # gemmEx always. (candidate_topk stays on gemmEx: at 120 rows no algorithm beat it, session v7's probe.)
+    proposal_head_lt = True
+
     def __init__(self, max_resident_bytes: int = 48 << 30):
         self.resident = ResidentWeights(max_resident_bytes)
         self._freqs: dict = {}
+        self._head_lt: dict = {}  # (M, N, K) -> fast_lt.LtGemm tuned on the first call of that shape
 
     # --- weights ---------------------------------------------------------------------------
 
@@ -230,7 +236,11 @@ class FastSelectBackend(CudaBackend):
                    resident_weights="BF16 bits cached per source array (FastCudaBackend.prepare)",
                    fast_topk=(f"TOPK_VEC={TOPK_VEC} (bound + vec partial), TOPK_MERGE_WARP={TOPK_MERGE_WARP}, "
                               f"TOPK_BOUND={TOPK_BOUND}, target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
-                              f"{TOPK_TARGET_BLOCKS}, in-block merge up to {TOPK_MERGE_IN_BLOCK_MAX_ROWS} rows"))
+                              f"{TOPK_TARGET_BLOCKS}, in-block merge up to {TOPK_MERGE_IN_BLOCK_MAX_ROWS} rows"),
+                   proposal_head_gemm=(f"proposal_head_lt={self.proposal_head_lt}: heads of >= 256 MiB on the "
+                                       "fastest of gemmEx and up to 8 cuBLASLt algorithms (FP32 reductions), timed "
+                                       "at each shape's first call (kernels_cu/fast_lt.py); tunings so far: "
+                                       + str({"x".join(map(str, k)): g.timings for k, g in self._head_lt.items()})))
         try:
             from cupy_backends.cuda.libs import cublas
 
@@ -289,9 +299,26 @@ class FastSelectBackend(CudaBackend):
             if not bool(((sl >= 0) & (sl < int(vocab_size))).any()):
                 raise ValueError("proposal_head: no head row has a global id below vocab_size")
         M = int(np.prod(lead)) if lead else 1
-        logits = gemm_bf16(hb.reshape(M, H), head_b)
+        logits = self._head_logits(cp().ascontiguousarray(hb.reshape(M, H)), head_b)
         _, ids = self._topk_rows(logits, sl, int(vocab_size), 1, want_scores=False)
         return {"tokens": ids.reshape(*lead)}
+
+    def _head_logits(self, x, w):
+        """fp32 logits x @ w^T (BF16 bits): gemmEx, or for a head of fast_lt.MIN_BYTES or more the algorithm
+        fast_lt.LtGemm timed fastest at this shape's first call."""
+        from kernels_cu import fast_lt
+
+        M, K = x.shape
+        N = w.shape[0]
+        if not (self.proposal_head_lt and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
+            return gemm_bf16(x, w)
+        out = cp().empty((M, N), dtype=np.float32)
+        g = self._head_lt.get((M, N, K))
+        if g is None:
+            self._head_lt[(M, N, K)] = fast_lt.LtGemm(M, N, K, gemm_bf16).tune(x, w, out, margin=fast_lt.MARGIN)
+        else:
+            g(x, w, out)
+        return out
 
     # target_distribution: rows N <= this take the split path (kernels_cu/fast_target.cu, ftd_split_*);
     # more rows, one block per row. Tests set it (0: never split; a large number: always).

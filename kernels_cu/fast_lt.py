@@ -32,6 +32,12 @@ _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE, _PREF_REDUCTION_MASK = 1, 3
 _REDUCTION_FP32 = 2 | 4  # COMPUTE_TYPE | OUTPUT_TYPE (NONE always allowed; INPLACE excluded)
 
+# The users' defaults (fast_round.FastRound's head, fast.FastSelectBackend.proposal_head): keep an algorithm
+# only where it beats gemmEx by more than MARGIN, and tune only heads of MIN_BYTES or more (below, a few
+# percent is timing noise, and the small vectors keep gemmEx's bits).
+MARGIN = 0.02
+MIN_BYTES = 256 << 20
+
 
 class _Heuristic(ctypes.Structure):
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),

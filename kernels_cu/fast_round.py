@@ -57,7 +57,7 @@ import json
 import numpy as np
 
 from conformance.rounds import ComposedRounds
-from kernels_cu import fast_selector
+from kernels_cu import fast_lt, fast_selector
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
 from kernels_cu.fast_lt import LtGemm
@@ -90,8 +90,8 @@ EXACT_SELECTOR = False
 # HEAD_LT_MIN_BYTES (a small GEMM's few-percent differences are timing noise, and below it the round keeps the
 # per-Op composition's bits); False: gemmEx always.
 HEAD_LT = True
-HEAD_LT_MARGIN = 0.02
-HEAD_LT_MIN_BYTES = 256 << 20
+HEAD_LT_MARGIN = fast_lt.MARGIN
+HEAD_LT_MIN_BYTES = fast_lt.MIN_BYTES
 
 
 def rowdot_bits_into(x, w, out, *, exact: bool | None = None):

@@ -34,8 +34,10 @@
 #                                          # tests, the round A/B against the combine kernel, the trace; both
 #                                          # attention experiments were reverted after these runs (their
 #                                          # configs are gone from round_ab: check out those trees to rerun)
-#   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, FastRound's CLI suite, the bench of the
-#                                          # block and the rounds, the trace (logs.tgz)
+#   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
+#                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
+#                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
+#                                          # the suites, v9-bench runs the rest (one device call each)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -187,13 +189,20 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         --rounds 3 --json "$OUT/round_ab.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
-    v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound): every GPU test, FastRound's CLI
-               # suite, the bench of the block and the rounds, the trace
-      step gpu-tests-v9 timeout 420 env FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" \
+    v9-bench) V9_SKIP_TESTS=1 ;&
+    v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,
+               # FastRound's CLI suite, the fast mode's CLI suite, proposal_head at the 35B geometry, the bench
+               # of proposal_head, the block and the rounds, the trace
+      [ -n "${V9_SKIP_TESTS:-}" ] || step gpu-tests-v9 timeout 420 env FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" \
         $PY -m pytest -q -p no:cacheprovider tests/gpu
-      step suite-fast-round timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
-        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
-      step bench timeout 240 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+      [ -n "${V9_SKIP_TESTS:-}" ] || step suite-fast-round timeout 90 $PY -m conformance.cli run \
+        --impl kernels_cu.fast_round:FastRound --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      [ -n "${V9_SKIP_TESTS:-}" ] || step suite-fast timeout 120 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      [ "${V9_PART:-}" = tests ] && { tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ; continue; }
+      step geo-35b-head timeout 300 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --geometry dflash-35b-a3b --ops proposal_head --jobs 4 --json "$OUT/geometry_35b_head.json"
+      step bench timeout 300 $PY -m benchmarks.gpu_bench --no-exact --ops proposal_head,masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;

@@ -103,3 +103,29 @@ def test_round_environment_names_the_head_policy(cupy):
 
     rec = FastRound().environment()
     assert "HEAD_LT=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
+
+
+def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy):
+    """FastCudaBackend.proposal_head with a head of >= fast_lt.MIN_BYTES (65536 x 2048 BF16, 256 MiB) tunes
+    the shape once (the record names the choice) and returns the float64 argmax on every row whose top-2
+    margin exceeds twice the FP32 summation bound; the second call reuses the tuning and gives the same ids."""
+    from kernels_cu import fast_lt
+    from kernels_cu.fast import FastCudaBackend
+
+    M, N, K = 7, 65536, 2048
+    be = FastCudaBackend()
+    hh, wh = _bits(cupy, (M, K), 4), _bits(cupy, (N, K), 5)
+    assert wh.nbytes >= fast_lt.MIN_BYTES
+    head = cupy.asarray(wh)
+    ids = cupy.asnumpy(be.proposal_head(hidden=cupy.asarray(hh), head=head, vocab_size=N)["tokens"])
+    assert (M, N, K) in be._head_lt and "chosen" in be._head_lt[(M, N, K)].timings
+    again = cupy.asnumpy(be.proposal_head(hidden=cupy.asarray(hh), head=head, vocab_size=N)["tokens"])
+    assert np.array_equal(ids, again)
+    xf, wf = _f64(hh), _f64(wh)
+    exact = xf @ wf.T
+    bound = (K - 1) * U / (1 - (K - 1) * U) * (np.abs(xf) @ np.abs(wf).T)
+    top2 = np.sort(exact, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * bound.max(axis=1)
+    assert clear.any()
+    assert np.array_equal(ids[clear], exact.argmax(axis=1)[clear])
+    assert "proposal_head_lt=True" in be.environment()["proposal_head_gemm"]
