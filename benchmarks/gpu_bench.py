@@ -662,6 +662,7 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
                     out = fr.step(**kw_ws)
                     paths.append(fr.last_path)
                 checks["paths"] = paths
+                checks["head_tuning_us"] = fr.head_timings.get(ws.key)  # FastRound's head GEMM choice (fast_lt)
                 checks["graph_equals_eager"] = all(bool(cp.array_equal(out[k], eager[k])) for k in eager)
                 tt = torch.from_dlpack(out["tokens"]).long()
                 checks["tokens_equal_torch"] = float((tt == tor().long()).float().mean())
@@ -759,6 +760,7 @@ def main(argv=None) -> int:
             print(f"{op}: {type(exc).__name__}: {exc}", flush=True)
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
+    env["proposal_head_gemm"] = str(fast.environment().get("proposal_head_gemm"))  # with the tunings made
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "ceilings": ceil, "rows": rows, "seconds": time.time() - t0}, f, indent=1)
