@@ -17,7 +17,11 @@ goes to the current stream with a workspace of its own, so it may be captured in
 
 Numerics: a different algorithm adds the same products in another order (other K tiles, or K
 slices summed in FP32): the logits differ from gemmEx's in the last bits, inside the FP32
-accumulation bound (docs/contracts.md C2) that the suite applies to any engine.
+accumulation bound (docs/contracts.md C2) that the suite applies to any engine. The choice is made by
+timing, so two processes may choose differently and their logits may differ in the last bits (a near
+tie may then pick another token); within a process a shape keeps its choice. Where bitwise
+reproducibility across processes matters more than ~4-9 % of the head GEMM, turn it off
+(fast_round.HEAD_LT = False, FastCudaBackend.proposal_head_lt = False).
 """
 
 from __future__ import annotations
