@@ -330,22 +330,6 @@ class CudaEngine:
     def full(shape, value, dtype):
         return cp().full(shape, value, dtype=dtype)
 
-    @staticmethod
-    def gemv_takes(M: int, N: int, K: int) -> bool:
-        """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
-        from kernels_cu import fast_gemv
-
-        return fast_gemv.takes(M, N, K)
-
-    def layer_gemm(self, x_bits, w_bits, out):
-        """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows), else ``gemm``."""
-        if out.ndim == 2:
-            from kernels_cu import fast_gemv
-
-            if fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):
-                return
-        self.gemm(x_bits, w_bits, out)
-
     def gemm(self, x_bits, w_bits, out):
         """out [M, N] fp32 = x @ w.T; out [S, M, N]: the S K-slice partials (split_k, CaptureGemm only)."""
         if out.ndim == 3 and self._capture_gemm is None:
@@ -466,10 +450,8 @@ class Workspace:
 
 
 def _split_out(eng, M: int, N: int, K: int):
-    """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N] (never for a shape the
-    engine's gemv_takes: that kernel writes the whole sum)."""
-    takes = getattr(eng, "gemv_takes", None)
-    s = 1 if takes is not None and takes(M, N, K) else split_k(M, N, K)
+    """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N]."""
+    s = split_k(M, N, K)
     return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
@@ -486,7 +468,7 @@ def _gemm_input(eng, ws: Workspace, dm: Dims, wts: dict, l: int, side: str):
     finish delta)."""
     if not dm.conv:
         return ws.NB[: dm.M]
-    getattr(eng, "layer_gemm", eng.gemm)(ws.NB, wts[f"{side}_proj"][l], ws.DL)
+    eng.gemm(ws.NB, wts[f"{side}_proj"][l], ws.DL)
     eng.conv_prepare(ws.NF, ws.DL, wts[f"{side}_base"][l][0], dm.W, dm.M, dm.H, ws.P,
                      ws.FDA if side == "attn" else ws.FDM)
     return ws.P
@@ -504,23 +486,22 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     input_norm / post_norm [L, H], q_norm / k_norm [L, D] (fp32); DFlash2 also attn_base /
     mlp_base [L, 2, 2, H] (fp32) and attn_proj / mlp_proj [L, 4G, H] (BF16 bits)."""
     M, H, W = dm.M, dm.H, dm.W
-    gemm = getattr(eng, "layer_gemm", eng.gemm)  # CUDA: fast_gemv.cu at few rows (the CPU twin: its gemm)
     tail = None  # the previous layer's MLP branch, joined to the stream by the next residual update
     for l, window, kc, vc in layers:
         src = entry if tail is None else tail
         eng.resid_norm(M, H, W, **src, resid_out=ws.X, norm_w=wts["input_norm"][l], eps=eps,
                        **_norm_targets(ws, dm))
-        gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
+        eng.gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
         eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier, eps,
                      ws.Q, ws.K, ws.V)
         a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
-        gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
+        eng.gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
         eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X, norm_w=wts["post_norm"][l],
                        eps=eps, **_norm_targets(ws, dm))
-        gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
+        eng.gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
         eng.silu_mul(ws.GU, M, dm.I, ws.ACT)
-        gemm(ws.ACT, wts["wdown"][l], ws.Z)
+        eng.gemm(ws.ACT, wts["wdown"][l], ws.Z)
         tail = {"resid_in": ws.X, "branch": ws.Z}
         if dm.conv:
             tail.update(conv_base=wts["mlp_base"][l][1], fd=ws.FDM)
@@ -641,11 +622,6 @@ class FastBlockMixin:
                                    f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "
                                    f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
                                    f"{cluster_capable()}")
-        from kernels_cu import fast_gemv
-
-        rec["fast_block_gemv"] = (f"GEMV={fast_gemv.GEMV}: the layer GEMMs with M <= {fast_gemv.MAX_M} rows (K % 32, "
-                                  "N % 16) on fast_gemv.cu (mma.sync m16n8k16, FP32 accumulation, whole: no K split); "
-                                  "other shapes and the heads on cuBLAS")
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

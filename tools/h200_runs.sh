@@ -38,8 +38,6 @@
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
 #                                          # the suites, v9-bench runs the rest (one device call each)
-#   bash tools/h200_runs.sh v9-gemv        # session v9: fast_gemv.cu's GPU tests and the block's, the B1 round
-#                                          # A/B of the layer GEMMs on it against cuBLAS (logs.tgz)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -207,13 +205,6 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step bench timeout 300 $PY -m benchmarks.gpu_bench --no-exact --ops proposal_head,masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
-      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
-    v9-gemv)  # session v9: the layer GEMMs at few rows on fast_gemv.cu: its GPU tests, the block / round tests,
-              # the round A/B against cuBLAS
-      step gemv-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_gemv.py \
-        tests/gpu/test_fast_block.py
-      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8 --configs cublas_layers,gemv --rounds 3 \
-        --json "$OUT/round_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
