@@ -17,6 +17,10 @@ import ctypes
 import json
 import sys
 
+from kernels_cu.fast_lt import HeuristicResult, lt_library
+
+_lib = lt_library  # the name benchmarks.splitk_probe imports
+
 SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs and the head
     (16, 1280, 5120), (8, 6144, 5120), (8, 5120, 4096), (8, 34816, 5120), (8, 5120, 17408), (7, 248320, 5120),
     (256, 1280, 5120), (128, 6144, 5120), (128, 5120, 4096), (128, 34816, 5120), (128, 5120, 17408),
@@ -24,25 +28,6 @@ SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs
     (8, 6144, 2048), (8, 2048, 4096), (8, 12288, 2048), (8, 2048, 6144), (7, 248320, 2048),
     (128, 6144, 2048), (128, 2048, 4096), (128, 12288, 2048), (128, 2048, 6144), (120, 248320, 2048),
 ]
-
-
-class HeuristicResult(ctypes.Structure):
-    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
-
-
-def _lib():
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if "/libcublasLt.so" in path:
-                return ctypes.CDLL(path)
-    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    raise RuntimeError("libcublasLt not found")
 
 
 def lt_setup(lt, handle, m: int, n: int, k: int, ws_bytes: int, algos: int):

@@ -43,7 +43,9 @@ MARGIN = 0.02
 MIN_BYTES = 256 << 20
 
 
-class _Heuristic(ctypes.Structure):
+class HeuristicResult(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t (cublasLt.h): the opaque algorithm, its workspace size and status."""
+
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
                 ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
 
@@ -54,7 +56,8 @@ def cp():
     return cupy
 
 
-def _lib():
+def lt_library():
+    """The libcublasLt that CuPy's cuBLAS loaded (else the first one the loader finds)."""
     with open("/proc/self/maps") as maps:  # the libcublasLt that CuPy's cuBLAS loaded
         for line in maps:
             path = line.split()[-1]
@@ -81,7 +84,7 @@ class LtGemm:
         self.algo = None
         self.timings: dict = {}
         if LtGemm._lt is None:
-            LtGemm._lt = _lib()
+            LtGemm._lt = lt_library()
             h = ctypes.c_void_p()
             self._check(LtGemm._lt.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
             LtGemm._handle = h
@@ -110,7 +113,7 @@ class LtGemm:
             raise RuntimeError(f"LtGemm: {what} returned cuBLAS status {status}")
 
     def heuristics(self, candidates: int) -> list:
-        res = (_Heuristic * candidates)()
+        res = (HeuristicResult * candidates)()
         got = ctypes.c_int32()
         st = LtGemm._lt.cublasLtMatmulAlgoGetHeuristic(LtGemm._handle, self.desc, self.la, self.lb, self.lc,
                                                        self.lc, self.pref, candidates, res, ctypes.byref(got))
