@@ -195,7 +195,7 @@ class FastSelectBackend(CudaBackend):
     def __init__(self, max_resident_bytes: int = 48 << 30):
         self.resident = ResidentWeights(max_resident_bytes)
         self._freqs: dict = {}
-        self._head_lt: dict = {}  # (M, N, K) -> fast_lt.LtGemm tuned on the first call of that shape
+        self._head_lt: dict = {}  # fast_lt.tuned's cache: (M, N, K) -> LtGemm tuned at the shape's first call
 
     # --- weights ---------------------------------------------------------------------------
 
@@ -240,7 +240,9 @@ class FastSelectBackend(CudaBackend):
                    proposal_head_gemm=(f"proposal_head_lt={self.proposal_head_lt}: heads of >= 256 MiB on the "
                                        "fastest of gemmEx and up to 8 cuBLASLt algorithms (FP32 reductions), timed "
                                        "at each shape's first call (kernels_cu/fast_lt.py); tunings so far: "
-                                       + str({"x".join(map(str, k)): g.timings for k, g in self._head_lt.items()})))
+                                       + str({"x".join(map(str, k)): (g.timings if g is not None else
+                                                                       self._head_lt.get(("error", *k)))
+                                              for k, g in self._head_lt.items() if len(k) == 3})))
         try:
             from cupy_backends.cuda.libs import cublas
 
@@ -310,14 +312,10 @@ class FastSelectBackend(CudaBackend):
 
         M, K = x.shape
         N = w.shape[0]
-        if not (self.proposal_head_lt and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
+        if not (self.proposal_head_lt and M > 0 and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
             return gemm_bf16(x, w)
         out = cp().empty((M, N), dtype=np.float32)
-        g = self._head_lt.get((M, N, K))
-        if g is None:
-            self._head_lt[(M, N, K)] = fast_lt.LtGemm(M, N, K, gemm_bf16).tune(x, w, out, margin=fast_lt.MARGIN)
-        else:
-            g(x, w, out)
+        fast_lt.tuned(self._head_lt, x, w, out, gemm_bf16, margin=fast_lt.MARGIN)
         return out
 
     # target_distribution: rows N <= this take the split path (kernels_cu/fast_target.cu, ftd_split_*);

@@ -19,7 +19,8 @@ Numerics: a different algorithm adds the same products in another order (other K
 slices summed in FP32): the logits differ from gemmEx's in the last bits, inside the FP32
 accumulation bound (docs/contracts.md C2) that the suite applies to any engine. The choice is made by
 timing, so two processes may choose differently and their logits may differ in the last bits (a near
-tie may then pick another token); within a process a shape keeps its choice. Where bitwise
+tie may then pick another token); within a process a shape keeps its choice per owner (``tuned``'s
+cache: one FastRound, one FastCudaBackend). Where bitwise
 reproducibility across processes matters more than ~4-9 % of the head GEMM, turn it off
 (fast_round.HEAD_LT = False, FastCudaBackend.proposal_head_lt = False).
 """
@@ -54,6 +55,31 @@ def cp():
     import cupy
 
     return cupy
+
+
+def tuned(cache: dict, x, w, out, fallback, *, margin: float = MARGIN, max_shapes: int = 8):
+    """out = x @ w.T through a per-shape cache {(M, N, K): LtGemm or None} of its owner: the shape's first
+    call tunes (eagerly: never call this while capturing), later calls reuse the choice, so a shape keeps
+    one algorithm in a process (one owner). Any cuBLASLt failure leaves that shape on ``fallback``
+    (gemmEx), the error recorded under cache[("error", M, N, K)]. At most ``max_shapes`` tuned shapes are
+    kept (the oldest dropped: 32 MiB of workspace each)."""
+    M, K = x.shape
+    key = (M, w.shape[0], K)
+    if key in cache:
+        g = cache[key]
+        return fallback(x, w, out) if g is None else g(x, w, out)
+    try:
+        cp().cuda.device.get_cublas_handle()  # CuPy's cuBLAS (and with it its cublasLt) loaded first
+        cache[key] = LtGemm(*key, fallback).tune(x, w, out, margin=margin)  # tune leaves out computed
+    except Exception as exc:  # noqa: BLE001 - cuBLASLt unavailable or refusing: gemmEx, and say why
+        cache[key] = None
+        cache[("error", *key)] = f"{type(exc).__name__}: {exc}"
+        fallback(x, w, out)
+    shapes = [k for k in cache if len(k) == 3]
+    for old in shapes[:-max_shapes]:
+        g = cache.pop(old)
+        if g is not None:
+            g.free()
 
 
 def lt_library():
@@ -138,8 +164,13 @@ class LtGemm:
 
     def tune(self, x, w, out, *, candidates: int = 8, reps: int = 5, margin: float = 0.02):
         """Time gemmEx and each heuristic algorithm on these arrays (the current stream, eager); keep the
-        fastest algorithm where it beats gemmEx by more than ``margin``. Returns self."""
+        fastest algorithm where it beats gemmEx by more than ``margin``. Returns self. Never while a stream
+        captures (the timing needs events and host waits)."""
         self._check_args(x, w, out)
+        if any(a.data.ptr % 256 for a in (x, w, out)):
+            self.timings = {"chosen": "gemmEx", "why": "arrays not 256-byte aligned"}
+            self.fallback(x, w, out)
+            return self
         c = cp()
         s = c.cuda.get_current_stream()
 
@@ -174,7 +205,9 @@ class LtGemm:
         return self
 
     def __call__(self, x, w, out):
-        if self.algo is None:
+        """out = x @ w.T on the tuned algorithm; gemmEx where none was kept, or where an array is not at
+        the 256-byte alignment the heuristic assumed (its default preference) for the tuned one."""
+        if self.algo is None or any(a.data.ptr % 256 for a in (x, w, out)):
             return self.fallback(x, w, out)
         self._check_args(x, w, out)
         self.run_algo(self.algo, x, w, out)

@@ -20,7 +20,10 @@ H 2^-53 sum |x w|) of a BF16 rounding boundary (a double sum in another order, o
 fast_selector.cu's header says why). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call)
 launches select.cu's bf16_rowdot and selector_walk with the exact Op's grids and arguments instead;
 tests/test_fast_round_plan.py checks the launches on the CPU. No other Op's numerics change: same
-kernels, same arguments, the same cuBLAS gemmEx call.
+kernels, same arguments, the same cuBLAS gemmEx call, except the head GEMM of a head of HEAD_LT_MIN_BYTES
+or more (HEAD_LT): there the cuBLASLt algorithm fast_lt timed fastest for the shape, so above that size the
+graph round and the per-Op composition (FastRound(graph=False): candidate_topk on gemmEx,
+proposal_head tuned on its own) may differ in the logits' last bits.
 
 Graphs. Per workspace: the first ``step`` runs eagerly on the workspace's own CuPy stream (weights
 resident, kernels compiled, the attention helper's scratch cached in that stream's pool arena, the
@@ -60,7 +63,6 @@ from conformance.rounds import ComposedRounds
 from kernels_cu import fast_lt, fast_selector
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
-from kernels_cu.fast_lt import LtGemm
 from kernels_cu.loader import load_module
 from kernels_cu.ops_select import _SEL_THREADS, _rowdot
 from kernels_cu.round import CudaRound
@@ -174,7 +176,6 @@ class RoundWorkspace:
         self.graph = None
         self.calls = 0
         self.capture_error = None
-        self.head_gemm = None  # fast_lt.LtGemm, tuned by the first eager step (HEAD_LT)
         # inputs (copied in by step, or written in place by the caller)
         self.anchor = c.zeros(B, dtype=np.int32)
         self.frontier = c.zeros(B, dtype=np.int64)
@@ -248,7 +249,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
         self.drafter: Drafter | None = None
         self._ws: dict = {}
         self.last_path: str | None = None
-        self.head_timings: dict = {}  # (B, W, C) -> the head GEMM's tuning (us per call, and the choice)
+        self._head_lt: dict = {}  # fast_lt.tuned's cache: (M, N, K) -> LtGemm (or None: gemmEx), kept across
+        # workspaces and drafters (the choice depends on the shape only)
 
     # the per-Op composition (speculative_step; proposal_round with graph=False): CudaRound's hooks
     _round_ops = CudaRound._round_ops
@@ -303,6 +305,17 @@ class FastRound(ComposedRounds, FastCudaBackend):
                                sources=sources, **extra)
         return self.drafter
 
+    @property
+    def head_timings(self) -> dict:
+        """The head GEMM's tunings so far: 'M x N x K' -> us per call of gemmEx and each algorithm, the choice
+        (or the cuBLASLt error that left the shape on gemmEx)."""
+        rec = {}
+        for k, g in self._head_lt.items():
+            if len(k) == 3:
+                rec["x".join(map(str, k))] = g.timings if g is not None else {
+                    "chosen": "gemmEx", "error": self._head_lt.get(("error", *k))}
+        return rec
+
     def drop(self):
         """Forget the drafter, its workspaces and graphs."""
         if self._ws:
@@ -337,7 +350,7 @@ class FastRound(ComposedRounds, FastCudaBackend):
                                   f"cuBLASLt heuristic algorithms (FP32 reductions only), timed on each workspace's "
                                   f"first step, kept if faster by > {HEAD_LT_MARGIN:.0%}, heads of >= {HEAD_LT_MIN_BYTES >> 20} MiB; "
                                   f"tunings so far: "
-                                  + json.dumps({"x".join(map(str, k)): v for k, v in self.head_timings.items()}))
+                                  + json.dumps(self.head_timings))
         capable = cluster_capable()
         rec["fast_round_selector"] = (
             "select.cu (EXACT_SELECTOR)" if EXACT_SELECTOR else
@@ -349,8 +362,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
 
     def _device_step(self, ws: RoundWorkspace, tune: bool = False):
         """The round's device part on the current stream, from ws's inputs into ws's outputs. ``tune``
-        (an eager call, never a capture): time the head GEMM's algorithms on this workspace first
-        (kernels_cu.fast_lt, HEAD_LT) if not done yet."""
+        (an eager call, never a capture): the head GEMM's shape may be tuned now (kernels_cu.fast_lt,
+        HEAD_LT) if it was not yet; a capture replays the choice made for the shape."""
         d, eng, dm = self.drafter, self._round_eng, ws.dims
         layers = [(n, win, ws.ck[n], ws.cv[n].view(np.uint16)) for n, win in enumerate(d.windows)]
         # DFlash attends only the live columns; DFlash2 computes all W (as FastBlockMixin.masked_block)
@@ -360,13 +373,10 @@ class FastRound(ComposedRounds, FastCudaBackend):
                       exit={"norm_w": d.final_norm, "norm_hi": ws.hidden, "skip_first": True})
         B, K = dm.B, dm.W - 1
         x = ws.hidden.reshape(B * K, d.H)
-        if (tune and HEAD_LT and ws.head_gemm is None and eng.capture_gemm_always
-                and d.head.nbytes >= HEAD_LT_MIN_BYTES):
-            ws.head_gemm = LtGemm(x.shape[0], d.head.shape[0], x.shape[1], eng._capture_gemm).tune(
-                x, d.head, ws.logits, margin=HEAD_LT_MARGIN)
-            self.head_timings[ws.key] = ws.head_gemm.timings
-        if ws.head_gemm is not None:
-            ws.head_gemm(x, d.head, ws.logits)
+        shape = (x.shape[0], d.head.shape[0], x.shape[1])
+        lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= HEAD_LT_MIN_BYTES
+        if lt and (tune or shape in self._head_lt):  # a capture only replays a choice made eagerly
+            fast_lt.tuned(self._head_lt, x, d.head, ws.logits, eng._capture_gemm, margin=HEAD_LT_MARGIN)
         else:
             eng.gemm(x, d.head, ws.logits)
         if dm.conv:  # candidate_topk, then candidate_selector

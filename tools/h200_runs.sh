@@ -27,9 +27,11 @@
 #                                          # bench of candidate_topk, the block and the rounds, the trace
 #   bash tools/h200_runs.sh v8-combine     # session v8: the attention combine A/B (bits, us) against bc06c16's,
 #                                          # every GPU test, both CLI suites, the bench of the rounds, the trace
-#   bash tools/h200_runs.sh v9-a           # session v9 (tree 7399aa9..adf7b02): attention / head-GEMM GPU tests,
-#                                          # the round A/B of the attention's pipeline depth and the tuned head
-#                                          # GEMM, the attention's phases, the L2 prefetch probe (logs.tgz)
+#   bash tools/h200_runs.sh v9-a           # session v9 (tree adf7b02 + the probe's files): attention / head-GEMM
+#                                          # GPU tests, the round A/B of the attention's pipeline depth and the
+#                                          # tuned head GEMM, the attention's phases, the L2 prefetch probe
+#                                          # (logs.tgz); its round_ab configs stages2 / auto are gone since the
+#                                          # attention experiments were reverted: check out adf7b02 to rerun
 #   bash tools/h200_runs.sh v9-b           # session v9 (tree 13b0f7b): the cluster-merged attention: its GPU
 #                                          # tests, the round A/B against the combine kernel, the trace; both
 #                                          # attention experiments were reverted after these runs (their
@@ -38,6 +40,8 @@
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
 #                                          # the suites, v9-bench runs the rest (one device call each)
+#   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
+#                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -58,6 +62,7 @@ round_steps() {  # the round bench (masked_block, proposal_round; fast mode and 
   step profile timeout 45 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
 }
 for what in "$@"; do
+  V9_SKIP_TESTS=
   case $what in
     gpu-tests)
       step gpu-tests env ROUND_SUITE_REPORT="$OUT/round_suite.json" FAST_SUITE_REPORT="$OUT/fast_suite.json" \
@@ -188,6 +193,15 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nocluster,auto \
         --rounds 3 --json "$OUT/round_ab.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v9-lt)  # session v9, after the review: the head GEMM's tests and FastRound's (the per-shape cache, the
+            # fallback), FastRound's CLI suite
+      step lt-tests timeout 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_lt.py \
+        tests/gpu/test_fast_round.py
+      step suite-fast-round timeout 90 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_gemmex,v7 --rounds 2 \
+        --json "$OUT/round_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,
