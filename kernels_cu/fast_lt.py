@@ -114,22 +114,22 @@ class LtGemm:
             h = ctypes.c_void_p()
             self._check(LtGemm._lt.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
             LtGemm._handle = h
-        lt, vp, i32 = LtGemm._lt, ctypes.c_void_p, ctypes.c_int32
+        lt, vp, i32, sz = LtGemm._lt, ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t  # sizes as size_t
         self.desc, self.la, self.lb, self.lc, self.pref = vp(), vp(), vp(), vp(), vp()
         self._check(lt.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
         for attr, val in ((_DESC_TRANSA, 1), (_DESC_TRANSB, 0)):  # column-major C^T [N, M] = w (op T) x
             v = i32(val)
-            self._check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4), "DescSetAttribute")
+            self._check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), sz(4)), "DescSetAttribute")
         for lay, dt, rows, cols in ((self.la, _R_16BF, K, N), (self.lb, _R_16BF, K, M), (self.lc, _R_32F, N, M)):
             self._check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, ctypes.c_uint64(rows),
                                                       ctypes.c_uint64(cols), ctypes.c_int64(rows)), "LayoutCreate")
         self._check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "PreferenceCreate")
         ws = ctypes.c_uint64(self.WORKSPACE_BYTES)
-        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), 8),
+        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), sz(8)),
                     "PreferenceSetAttribute")
         mask = ctypes.c_uint32(_REDUCTION_FP32)
-        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_REDUCTION_MASK, ctypes.byref(mask), 4),
-                    "PreferenceSetAttribute")
+        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_REDUCTION_MASK, ctypes.byref(mask),
+                                                            sz(4)), "PreferenceSetAttribute")
         self.workspace = cp().empty(self.WORKSPACE_BYTES, dtype=np.uint8)
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
