@@ -14,8 +14,15 @@ def graph_us(cp, stream, launch, *, calls: int, replays: int, sets: int = 1, war
             launch(j % sets)
         stream.synchronize()
         stream.begin_capture()
-        for j in range(calls):
-            launch(j % sets)
+        try:
+            for j in range(calls):
+                launch(j % sets)
+        except BaseException:
+            try:
+                stream.end_capture()  # leave the stream usable; the launch's own error is the one raised
+            except Exception:  # noqa: BLE001,S110
+                pass
+            raise
         g = stream.end_capture()
         g.upload(stream)
         g.launch(stream)

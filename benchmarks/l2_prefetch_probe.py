@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 
 LAYERS = {  # (model, layer): (N, K) of w [N, K], H 2048 (35B DFlash) and 5120 (27B DFlash2)
@@ -330,42 +329,14 @@ class Runner:
             s.wait_event(e)
 
     def time_us(self, job: dict) -> float:
-        """Median microseconds per sequence: one graph of args.calls sequences, replayed."""
-        cp, a, s = self.cp, self.args, self.s
-        # events made before the capture (none created while capturing); kept alive until the end
-        ev_warm = [cp.cuda.Event(disable_timing=True) for _ in range(2 * a.warm)]
-        ev_cap = [cp.cuda.Event(disable_timing=True) for _ in range(2 * a.calls)]
-        with s:
-            it = iter(ev_warm)
-            for j in range(a.warm):
-                self.launch(job, j, it)
-            s.synchronize()
-            self.side.synchronize()
-            it = iter(ev_cap)
-            s.begin_capture()
-            try:
-                for j in range(a.calls):
-                    self.launch(job, j, it)
-            except BaseException:
-                try:
-                    s.end_capture()
-                except Exception:  # noqa: BLE001,S110 - the launch's own error is the one to report
-                    pass
-                raise
-            g = s.end_capture()
-            g.upload(s)
-            g.launch(s)
-            s.synchronize()
-            times = []
-            for _ in range(a.replays):
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record(s)
-                g.launch(s)
-                e1.record(s)
-                e1.synchronize()
-                times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.calls)
-        del ev_warm, ev_cap
-        return statistics.median(times)
+        """Median microseconds per sequence: one graph of args.calls sequences, replayed (graph_timer.graph_us;
+        the fork / join events are made before the capture and handed out in launch order)."""
+        from benchmarks.graph_timer import graph_us
+
+        a = self.args
+        events = iter([self.cp.cuda.Event(disable_timing=True) for _ in range(2 * (a.warm + a.calls))])
+        return graph_us(self.cp, self.s, lambda j: self.launch(job, j, events), calls=a.calls, replays=a.replays,
+                        sets=max(a.calls, a.warm, 1), warm=a.warm)
 
 
 def _reuse_note(job: dict, calls: int) -> str | None:

@@ -17,9 +17,7 @@ import ctypes
 import json
 import sys
 
-from kernels_cu.fast_lt import HeuristicResult, lt_library
-
-_lib = lt_library  # the name benchmarks.splitk_probe imports
+from kernels_cu.fast_lt import HeuristicResult, free_descriptors, lt_library, matmul_descriptors
 
 SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs and the head
     (16, 1280, 5120), (8, 6144, 5120), (8, 5120, 4096), (8, 34816, 5120), (8, 5120, 17408), (7, 248320, 5120),
@@ -31,32 +29,17 @@ SHAPES = [  # (M, N, K): 27B DFlash2 B1 W8 / B8 W16 then 35B DFlash, layer GEMMs
 
 
 def lt_setup(lt, handle, m: int, n: int, k: int, ws_bytes: int, algos: int):
-    """The cuBLASLt objects of x [m, k] BF16 @ w [n, k]^T -> fp32 [m, n] (COMPUTE_32F; column-major
-    C^T = w (op T) x) and up to ``algos`` heuristic results: (desc, la, lb, lc, pref, results, count,
+    """The cuBLASLt objects of x [m, k] BF16 @ w [n, k]^T -> fp32 [m, n] (kernels_cu.fast_lt's descriptors, every
+    reduction scheme allowed) and up to ``algos`` heuristic results: (desc, la, lb, lc, pref, results, count,
     status). Free the first five with lt_free."""
-    vp, i32 = ctypes.c_void_p, ctypes.c_int32
-    desc, la, lb, lc, pref = vp(), vp(), vp(), vp(), vp()
-    assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), 68, 0) == 0  # COMPUTE_32F, scale R_32F
-    for attr, val in ((3, 1), (4, 0)):  # TRANSA = T, TRANSB = N
-        v = i32(val)
-        assert lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), ctypes.sizeof(v)) == 0
-    for lay, dt, rows, cols in ((la, 14, k, n), (lb, 14, k, m), (lc, 0, n, m)):
-        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, ctypes.c_uint64(rows), ctypes.c_uint64(cols),
-                                             ctypes.c_int64(rows)) == 0
-    assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
-    wsz = ctypes.c_uint64(ws_bytes)
-    assert lt.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsz), 8) == 0
+    desc, la, lb, lc, pref = matmul_descriptors(lt, m, n, k, ws_bytes)
     res = (HeuristicResult * algos)()
-    got = i32()
+    got = ctypes.c_int32()
     st = lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, algos, res, ctypes.byref(got))
     return desc, la, lb, lc, pref, res, got.value, st
 
 
-def lt_free(lt, desc, la, lb, lc, pref):
-    lt.cublasLtMatmulPreferenceDestroy(pref)
-    for lay in (la, lb, lc):
-        lt.cublasLtMatrixLayoutDestroy(lay)
-    lt.cublasLtMatmulDescDestroy(desc)
+lt_free = free_descriptors
 
 
 def main(argv=None) -> int:
@@ -74,7 +57,7 @@ def main(argv=None) -> int:
     gemm_bf16(cp.zeros((2, 8), np.uint16), cp.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
     timer = Timer(cp, torch)
     copy_bw = measure_ceilings(cp, torch, timer)["copy_bandwidth_TBps"] * 1e12  # the floors' rate
-    lt = _lib()
+    lt = lt_library()
     vp = ctypes.c_void_p
     handle = vp()
     assert lt.cublasLtCreate(ctypes.byref(handle)) == 0

@@ -22,8 +22,9 @@ import ctypes
 import json
 
 from benchmarks import graph_timer
-from benchmarks.lt_probe import _lib as _lt_lib
 from benchmarks.lt_probe import lt_free, lt_setup
+from kernels_cu.fast_gemm import loaded_library
+from kernels_cu.fast_lt import lt_library as _lt_lib
 
 SHAPES = [
     # 27B DFlash2: conv delta (2M rows), q/k/v, o, gate/up, down; B8 W16 then B1 W8
@@ -36,15 +37,6 @@ SHAPES = [
     (7, 248320, 5120), (120, 248320, 5120), (7, 248320, 2048), (120, 248320, 2048),
 ]
 SPLITS = (2, 4, 8)
-
-
-def _cublas():
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if "/libcublas.so" in path:
-                return ctypes.CDLL(path)
-    raise RuntimeError("libcublas is not loaded")
 
 
 def main(argv=None) -> int:
@@ -65,7 +57,7 @@ def main(argv=None) -> int:
     gemm_bf16(cp.zeros((2, 8), np.uint16), cp.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
     copy_bw = measure_ceilings(cp, torch, Timer(cp, torch))["copy_bandwidth_TBps"] * 1e12
     cap = CaptureGemm()
-    blas = _cublas()
+    blas = loaded_library("libcublas")
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     sb = blas.cublasGemmStridedBatchedEx
     sb.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, ctypes.c_int64, vp, i32, i32, ctypes.c_int64,

@@ -38,6 +38,7 @@ import math
 
 import numpy as np
 
+from kernels_cu import fast_lt
 from kernels_cu.backend import CudaBackend
 from kernels_cu.fast_gemm import ResidentWeights, _key, cp, data_ptr, gemm_bf16, gemm_path  # noqa: F401 - re-exported
 from kernels_cu.loader import load_module
@@ -308,14 +309,12 @@ class FastSelectBackend(CudaBackend):
     def _head_logits(self, x, w):
         """fp32 logits x @ w^T (BF16 bits): gemmEx, or for a head of fast_lt.MIN_BYTES or more the algorithm
         fast_lt.LtGemm timed fastest at this shape's first call."""
-        from kernels_cu import fast_lt
-
         M, K = x.shape
         N = w.shape[0]
         if not (self.proposal_head_lt and M > 0 and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
             return gemm_bf16(x, w)
         out = cp().empty((M, N), dtype=np.float32)
-        fast_lt.tuned(self._head_lt, x, w, out, gemm_bf16, margin=fast_lt.MARGIN)
+        fast_lt.tuned(self._head_lt, x, w, out, gemm_bf16)
         return out
 
     # target_distribution: rows N <= this take the split path (kernels_cu/fast_target.cu, ftd_split_*);

@@ -42,7 +42,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kernels_cu.fast_gemm import _key, gemm_bf16
+from kernels_cu.fast_gemm import _key, gemm_bf16, loaded_library
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import attention as _exact_attention
 from kernels_cu.ops_attention import bf16_bits, device, f16_bits
@@ -100,22 +100,7 @@ class CaptureGemm:
     def __init__(self):
         import ctypes
 
-        lib = None
-        with open("/proc/self/maps") as maps:  # the libcublas CuPy loaded (gemm_bf16 ran before)
-            for line in maps:
-                path = line.split()[-1]
-                if "/libcublas.so" in path:
-                    lib = ctypes.CDLL(path)
-                    break
-        if lib is None:
-            for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
-                try:
-                    lib = ctypes.CDLL(name)
-                    break
-                except OSError:
-                    continue
-        if lib is None:
-            raise RuntimeError("CaptureGemm: libcublas is not loaded in this process")
+        lib = loaded_library("libcublas")  # the libcublas CuPy loaded (gemm_bf16 ran before)
         vp, i = ctypes.c_void_p, ctypes.c_int
         self._set_stream = lib.cublasSetStream_v2
         self._set_stream.argtypes, self._set_stream.restype = [vp, vp], i

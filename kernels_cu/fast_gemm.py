@@ -22,6 +22,28 @@ def cp():
     return cupy
 
 
+def loaded_library(stem: str):
+    """ctypes handle of the CUDA library ``stem`` (e.g. "libcublas", "libcublasLt") that this process
+    already loaded (CuPy's, found in /proc/self/maps), else the first of stem.so.13 / .12 / .so the loader
+    finds. RuntimeError if none: then CuPy has not loaded it and the toolkit's copy is not on the path."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if f"/{stem}.so" in path:
+                    return ctypes.CDLL(path)
+    except OSError:  # no /proc (not Linux): the loader's search below
+        pass
+    for name in (f"{stem}.so.13", f"{stem}.so.12", f"{stem}.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError(f"{stem} is not loaded in this process and not found by the loader")
+
+
 def data_ptr(a) -> int:
     """The address of an array's first element: a CuPy array's device pointer, or a NumPy array's
     host address (host weights before they are made resident; NumPy stand-ins in CPU plan tests)."""

@@ -32,6 +32,8 @@ import statistics
 
 import numpy as np
 
+from kernels_cu.fast_gemm import loaded_library
+
 _COMPUTE_32F, _R_32F, _R_16BF = 68, 0, 14
 _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE, _PREF_REDUCTION_MASK = 1, 3
@@ -57,12 +59,12 @@ def cp():
     return cupy
 
 
-def tuned(cache: dict, x, w, out, fallback, *, margin: float = MARGIN, max_shapes: int = 8):
+def tuned(cache: dict, x, w, out, fallback, *, margin: float | None = None, max_shapes: int = 8):
     """out = x @ w.T through a per-shape cache {(M, N, K): LtGemm or None} of its owner: the shape's first
     call tunes (eagerly: never call this while capturing), later calls reuse the choice, so a shape keeps
     one algorithm in a process (one owner). Any cuBLASLt failure leaves that shape on ``fallback``
     (gemmEx), the error recorded under cache[("error", M, N, K)]. At most ``max_shapes`` tuned shapes are
-    kept (the oldest dropped: 32 MiB of workspace each)."""
+    kept (the oldest dropped: 32 MiB of workspace each). ``margin`` None: MARGIN as it is at the call."""
     M, K = x.shape
     key = (M, w.shape[0], K)
     if key in cache:
@@ -70,7 +72,7 @@ def tuned(cache: dict, x, w, out, fallback, *, margin: float = MARGIN, max_shape
         return fallback(x, w, out) if g is None else g(x, w, out)
     try:
         cp().cuda.device.get_cublas_handle()  # CuPy's cuBLAS (and with it its cublasLt) loaded first
-        cache[key] = LtGemm(*key, fallback).tune(x, w, out, margin=margin)  # tune leaves out computed
+        cache[key] = LtGemm(*key, fallback).tune(x, w, out, margin=MARGIN if margin is None else margin)
     except Exception as exc:  # noqa: BLE001 - cuBLASLt unavailable or refusing: gemmEx, and say why
         cache[key] = None
         cache[("error", *key)] = f"{type(exc).__name__}: {exc}"
@@ -82,19 +84,51 @@ def tuned(cache: dict, x, w, out, fallback, *, margin: float = MARGIN, max_shape
             g.free()
 
 
+def _aligned(*arrays) -> bool:
+    """Every array at the 256-byte alignment the heuristic assumes (its default MIN_ALIGNMENT preferences)."""
+    return not any(a.data.ptr % 256 for a in arrays)
+
+
+def matmul_descriptors(lt, M: int, N: int, K: int, workspace_bytes: int, reduction_mask: int | None = None):
+    """The cuBLASLt descriptors of x [M, K] BF16 @ w [N, K]^T -> fp32 [M, N] (COMPUTE_32F; column-major
+    C^T [N, M] = w (op T) x): (desc, la, lb, lc, pref), the preference holding the workspace limit and, if
+    given, the reduction-scheme mask. Raises RuntimeError naming the call that failed. free_descriptors
+    releases them. (benchmarks/lt_probe.py and splitk_probe.py use the same.)"""
+    vp, i32, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t  # attribute sizes as size_t
+
+    def check(status: int, what: str):
+        if status != 0:
+            raise RuntimeError(f"LtGemm: {what} returned cuBLAS status {status}")
+
+    desc, la, lb, lc, pref = vp(), vp(), vp(), vp(), vp()
+    check(lt.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
+    for attr, val in ((_DESC_TRANSA, 1), (_DESC_TRANSB, 0)):
+        v = i32(val)
+        check(lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), sz(4)), "DescSetAttribute")
+    for lay, dt, rows, cols in ((la, _R_16BF, K, N), (lb, _R_16BF, K, M), (lc, _R_32F, N, M)):
+        check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, ctypes.c_uint64(rows), ctypes.c_uint64(cols),
+                                            ctypes.c_int64(rows)), "LayoutCreate")
+    check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "PreferenceCreate")
+    ws = ctypes.c_uint64(workspace_bytes)
+    check(lt.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), sz(8)),
+          "PreferenceSetAttribute")
+    if reduction_mask is not None:
+        mask = ctypes.c_uint32(reduction_mask)
+        check(lt.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_REDUCTION_MASK, ctypes.byref(mask), sz(4)),
+              "PreferenceSetAttribute")
+    return desc, la, lb, lc, pref
+
+
+def free_descriptors(lt, desc, la, lb, lc, pref):
+    lt.cublasLtMatmulPreferenceDestroy(pref)
+    for lay in (la, lb, lc):
+        lt.cublasLtMatrixLayoutDestroy(lay)
+    lt.cublasLtMatmulDescDestroy(desc)
+
+
 def lt_library():
     """The libcublasLt that CuPy's cuBLAS loaded (else the first one the loader finds)."""
-    with open("/proc/self/maps") as maps:  # the libcublasLt that CuPy's cuBLAS loaded
-        for line in maps:
-            path = line.split()[-1]
-            if "/libcublasLt.so" in path:
-                return ctypes.CDLL(path)
-    for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    raise RuntimeError("LtGemm: libcublasLt is not loaded in this process")
+    return loaded_library("libcublasLt")
 
 
 class LtGemm:
@@ -114,22 +148,8 @@ class LtGemm:
             h = ctypes.c_void_p()
             self._check(LtGemm._lt.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
             LtGemm._handle = h
-        lt, vp, i32, sz = LtGemm._lt, ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t  # sizes as size_t
-        self.desc, self.la, self.lb, self.lc, self.pref = vp(), vp(), vp(), vp(), vp()
-        self._check(lt.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
-        for attr, val in ((_DESC_TRANSA, 1), (_DESC_TRANSB, 0)):  # column-major C^T [N, M] = w (op T) x
-            v = i32(val)
-            self._check(lt.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), sz(4)), "DescSetAttribute")
-        for lay, dt, rows, cols in ((self.la, _R_16BF, K, N), (self.lb, _R_16BF, K, M), (self.lc, _R_32F, N, M)):
-            self._check(lt.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, ctypes.c_uint64(rows),
-                                                      ctypes.c_uint64(cols), ctypes.c_int64(rows)), "LayoutCreate")
-        self._check(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "PreferenceCreate")
-        ws = ctypes.c_uint64(self.WORKSPACE_BYTES)
-        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws), sz(8)),
-                    "PreferenceSetAttribute")
-        mask = ctypes.c_uint32(_REDUCTION_FP32)
-        self._check(lt.cublasLtMatmulPreferenceSetAttribute(self.pref, _PREF_REDUCTION_MASK, ctypes.byref(mask),
-                                                            sz(4)), "PreferenceSetAttribute")
+        self.desc, self.la, self.lb, self.lc, self.pref = matmul_descriptors(LtGemm._lt, M, N, K, self.WORKSPACE_BYTES,
+                                                                             _REDUCTION_FP32)
         self.workspace = cp().empty(self.WORKSPACE_BYTES, dtype=np.uint8)
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
@@ -167,7 +187,7 @@ class LtGemm:
         fastest algorithm where it beats gemmEx by more than ``margin``. Returns self. Never while a stream
         captures (the timing needs events and host waits)."""
         self._check_args(x, w, out)
-        if any(a.data.ptr % 256 for a in (x, w, out)):
+        if not _aligned(x, w, out):
             self.timings = {"chosen": "gemmEx", "why": "arrays not 256-byte aligned"}
             self.fallback(x, w, out)
             return self
@@ -207,19 +227,15 @@ class LtGemm:
     def __call__(self, x, w, out):
         """out = x @ w.T on the tuned algorithm; gemmEx where none was kept, or where an array is not at
         the 256-byte alignment the heuristic assumed (its default preference) for the tuned one."""
-        if self.algo is None or any(a.data.ptr % 256 for a in (x, w, out)):
+        if self.algo is None or not _aligned(x, w, out):
             return self.fallback(x, w, out)
         self._check_args(x, w, out)
         self.run_algo(self.algo, x, w, out)
 
     def free(self):
-        lt = LtGemm._lt
-        if lt is None or self.desc is None:
+        if LtGemm._lt is None or getattr(self, "desc", None) is None:
             return
-        lt.cublasLtMatmulPreferenceDestroy(self.pref)
-        for lay in (self.la, self.lb, self.lc):
-            lt.cublasLtMatrixLayoutDestroy(lay)
-        lt.cublasLtMatmulDescDestroy(self.desc)
+        free_descriptors(LtGemm._lt, self.desc, self.la, self.lb, self.lc, self.pref)
         self.desc = None
 
     def __del__(self):

@@ -20,7 +20,7 @@ H 2^-53 sum |x w|) of a BF16 rounding boundary (a double sum in another order, o
 fast_selector.cu's header says why). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call)
 launches select.cu's bf16_rowdot and selector_walk with the exact Op's grids and arguments instead;
 tests/test_fast_round_plan.py checks the launches on the CPU. No other Op's numerics change: same
-kernels, same arguments, the same cuBLAS gemmEx call, except the head GEMM of a head of HEAD_LT_MIN_BYTES
+kernels, same arguments, the same cuBLAS gemmEx call, except the head GEMM of a head of fast_lt.MIN_BYTES
 or more (HEAD_LT): there the cuBLASLt algorithm fast_lt timed fastest for the shape, so above that size the
 graph round and the per-Op composition (FastRound(graph=False): candidate_topk on gemmEx,
 proposal_head tuned on its own) may differ in the logits' last bits.
@@ -87,13 +87,11 @@ def _fn(module: str, name: str):
 # see there) unless EXACT_SELECTOR (or a call's exact=True) asks for select.cu's own kernels.
 EXACT_SELECTOR = False
 
-# The head GEMM: a cuBLASLt algorithm timed against cublasGemmEx's default on each workspace's first (eager)
-# step and kept where it is faster by more than HEAD_LT_MARGIN (kernels_cu/fast_lt.py), for heads of at least
-# HEAD_LT_MIN_BYTES (a small GEMM's few-percent differences are timing noise, and below it the round keeps the
-# per-Op composition's bits); False: gemmEx always.
+# The head GEMM: a cuBLASLt algorithm timed against cublasGemmEx's default at a shape's first eager step (then
+# cached per shape on the FastRound) and kept where it is faster by more than fast_lt.MARGIN, for heads of at
+# least fast_lt.MIN_BYTES (a small GEMM's few-percent differences are timing noise, and below it the round keeps
+# the per-Op composition's bits); read at every call. False: gemmEx always.
 HEAD_LT = True
-HEAD_LT_MARGIN = fast_lt.MARGIN
-HEAD_LT_MIN_BYTES = fast_lt.MIN_BYTES
 
 
 def rowdot_bits_into(x, w, out, *, exact: bool | None = None):
@@ -347,9 +345,9 @@ class FastRound(ComposedRounds, FastCudaBackend):
                                                "captured" if self._round_eng.capture_gemm_always else
                                                "gemm_bf16 eager, CaptureGemm captured"))
         rec["fast_round_head"] = (f"HEAD_LT={HEAD_LT}: the head GEMM on the fastest of cublasGemmEx and up to 8 "
-                                  f"cuBLASLt heuristic algorithms (FP32 reductions only), timed on each workspace's "
-                                  f"first step, kept if faster by > {HEAD_LT_MARGIN:.0%}, heads of >= {HEAD_LT_MIN_BYTES >> 20} MiB; "
-                                  f"tunings so far: "
+                                  f"cuBLASLt heuristic algorithms (FP32 reductions only), timed at a shape's first "
+                                  f"eager step, kept if faster by > {fast_lt.MARGIN:.0%}, heads of >= "
+                                  f"{fast_lt.MIN_BYTES >> 20} MiB; tunings so far: "
                                   + json.dumps(self.head_timings))
         capable = cluster_capable()
         rec["fast_round_selector"] = (
@@ -374,9 +372,9 @@ class FastRound(ComposedRounds, FastCudaBackend):
         B, K = dm.B, dm.W - 1
         x = ws.hidden.reshape(B * K, d.H)
         shape = (x.shape[0], d.head.shape[0], x.shape[1])
-        lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= HEAD_LT_MIN_BYTES
+        lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= fast_lt.MIN_BYTES
         if lt and (tune or shape in self._head_lt):  # a capture only replays a choice made eagerly
-            fast_lt.tuned(self._head_lt, x, d.head, ws.logits, eng._capture_gemm, margin=HEAD_LT_MARGIN)
+            fast_lt.tuned(self._head_lt, x, d.head, ws.logits, eng._capture_gemm)
         else:
             eng.gemm(x, d.head, ws.logits)
         if dm.conv:  # candidate_topk, then candidate_selector

@@ -91,3 +91,17 @@ def test_at_most_max_shapes_kept_oldest_freed(lt):
     assert log["free"] == [(1, 1000, 64), (2, 1000, 64)]
     assert len(out) == 5 and all(tag == "lt" for tag, _ in out)
     assert np.array_equal([k[0] for _, k in out], [1, 2, 3, 4, 5])
+
+
+def test_loaded_library_finds_what_the_process_loaded_and_names_what_it_cannot():
+    """fast_gemm.loaded_library (CaptureGemm's libcublas, LtGemm's libcublasLt): a library this process
+    already mapped is found (libm: Python's own); an absent one is a RuntimeError naming it."""
+    import sys
+
+    from kernels_cu.fast_gemm import loaded_library
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/maps (Linux)")
+    assert loaded_library("libm").cos is not None
+    with pytest.raises(RuntimeError, match="libno_such_cuda_library"):
+        loaded_library("libno_such_cuda_library")

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 U = 2.0**-24
 
 
-def _bits(cp, shape, seed):
+def _bits(shape, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal(shape).astype(np.float32)
     return (a.view(np.uint32) >> 16).astype(np.uint16)  # BF16 by truncation: any BF16 values will do
@@ -44,7 +44,7 @@ def case(cupy, request):
 
     M, N, K = request.param
     gemm_bf16(cupy.zeros((2, 8), np.uint16), cupy.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
-    xh, wh = _bits(cupy, (M, K), 1), _bits(cupy, (N, K), 2)
+    xh, wh = _bits((M, K), 1), _bits((N, K), 2)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
     out = cupy.empty((M, N), np.float32)
     g = LtGemm(M, N, K, CaptureGemm())
@@ -142,7 +142,7 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
     monkeypatch.setattr(fast_lt, "MARGIN", -1.0)
     M, N, K = 7, 65536, 2048
     be = FastCudaBackend()
-    hh, wh = _bits(cupy, (M, K), 4), _bits(cupy, (N, K), 5)
+    hh, wh = _bits((M, K), 4), _bits((N, K), 5)
     assert wh.nbytes >= fast_lt.MIN_BYTES
     head = cupy.asarray(wh)
     ids = cupy.asnumpy(be.proposal_head(hidden=cupy.asarray(hh), head=head, vocab_size=N)["tokens"])
@@ -175,7 +175,7 @@ def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatc
 
     monkeypatch.setattr(fast_lt.LtGemm, "tune", broken)
     M, N, K = 3, 65536, 2048
-    hh, wh = cupy.asarray(_bits(cupy, (M, K), 6)), cupy.asarray(_bits(cupy, (N, K), 7))
+    hh, wh = cupy.asarray(_bits((M, K), 6)), cupy.asarray(_bits((N, K), 7))
     be = FastCudaBackend()
     for _ in range(2):
         ids = cupy.asnumpy(be.proposal_head(hidden=hh, head=wh, vocab_size=N)["tokens"])
