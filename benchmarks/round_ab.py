@@ -12,6 +12,9 @@ over ``--rounds`` passes, each a set of module attributes:
               the session v8 A/B, docs/reports/h200-round-ab-rowdot-v8.json, had s16_v for 7 rows)
   tiles2, tiles1  the attention's key splits with at least 2 / 1 context tiles each (fast_attention
               MIN_TILES_PER_SPLIT, default 4: the bound that sets the split count at B1)
+  nopdl       every kernel launched the ordinary way (kernels_cu.pdl.ENABLED False; default: the glue
+              and attention kernels under programmatic dependent launch, kernels_cu/pdl.py)
+  default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -40,6 +43,8 @@ CONFIGS = {
     "tiles2": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 2},
     "tiles1": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 1},
     "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
+    "nopdl": {"kernels_cu.pdl.ENABLED": False},
+    "default": {},
 }
 
 

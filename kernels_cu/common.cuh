@@ -133,4 +133,21 @@ __device__ __forceinline__ float head_norm_rope(float x, int d, int D, const flo
     return out;
 }
 
+// Programmatic dependent launch (kernels_cu/pdl.py, docs/PERFORMANCE.md "Session v10"). A kernel
+// launched with the programmatic-stream-serialization attribute may start before the kernel ahead
+// of it in the stream has finished, once every block of that kernel has called pdl_trigger (or
+// exited). pdl_wait blocks until that kernel has completed and its writes are visible; nothing a
+// preceding kernel may write is read before it. Launched the ordinary way, both are no-ops
+// (the stream already ordered the kernels). sm_90+ only; nothing below that.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace dfl

@@ -262,7 +262,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 
     u16* sK = reinterpret_cast<u16*>(smem);                     // [2 stages][FA_NT][ST]
     u16* sV = sK + 2 * FA_NT * ST;                              // [2 stages][FA_NT][ST]
-    float* ps = reinterpret_cast<float*>(sV + 2 * FA_NT * ST);  // [FA_WARPS][16][NKW]
+    u16* sQ = sV + 2 * FA_NT * ST;                              // [FA_ROWS][ST] (BF16 q rows)
+    float* ps = reinterpret_cast<float*>(sQ + FA_ROWS * ST);    // [FA_WARPS][16][NKW]
 
 #ifdef FA_TIMING
     {
@@ -313,50 +314,11 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
 
-    // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
-    // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (stage 1 of K, free until
-    // the context loop's first prefetch) by cp.async with the first context tile, and come back by
-    // ldmatrix below (per-element loads with their index arithmetic cost ~5 us before the first tile)
-    unsigned qa[KS][4], ql[QL][4];
-    bool lo_any = false;
-    if constexpr (F32) {
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int R = R0 + 8 * (r & 1);
-                const int col = ks * 16 + (r >> 1) * 8 + 2 * tq;
-                float2 x = make_float2(0.f, 0.f);
-                if (R < M && col < D) {
-                    const int i = R / G, gg = R - (R / G) * G;
-                    const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + col;
-                    x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(qp) + off);
-                }
-                split_pair(x.x, x.y, qa[ks][r], ql[F32 ? ks : 0][r]);
-                lo_any |= ql[F32 ? ks : 0][r] != 0u;
-            }
-        }
-    } else {
-        u16* sQ = sK + FA_NT * ST;
-        for (int idx = threadIdx.x; idx < FA_ROWS * (D >> 3); idx += FA_WARPS * 32) {
-            const int row = idx / (D >> 3), ch = idx - (idx / (D >> 3)) * (D >> 3);
-            const int R = blockIdx.z * FA_ROWS + row;
-            const bool ok = R < M;
-            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
-            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + ch * 8;
-            cp_async16(smem_addr(sQ + row * ST + ch * 8), reinterpret_cast<const u16*>(qp) + off, ok ? 16 : 0);
-        }
-        cp_commit();
-    }
-
-    // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
-    // add exact zeros: skipped, same bits (the block tile's K_lo / V_lo passes likewise)
-    const bool qlo = F32 ? __syncthreads_or(lo_any) != 0 : false;
-
-    // zero the pad columns D .. DP of every stage row once (cp.async and the block loader write d < D only)
+    // zero the pad columns D .. DP of every stage row and of sQ once (cp.async and the block loader write d < D
+    // only); sK's stages, sV's and sQ's rows are contiguous
     if (D < DP) {
         const int pc = (DP - D) >> 3;
-        for (int idx = threadIdx.x; idx < 4 * FA_NT * pc; idx += FA_WARPS * 32) {
+        for (int idx = threadIdx.x; idx < (4 * FA_NT + FA_ROWS) * pc; idx += FA_WARPS * 32) {
             const int row = idx / pc, c = idx - (idx / pc) * pc;
             *reinterpret_cast<uint4*>(sK + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -398,26 +360,63 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         cp_commit();
     };
 
-    FA_MARK(1);  // Q fragments issued, pad zeroed
+    // The first two context tiles are issued before the wait: under PDL (kernels_cu/pdl.py) they load while
+    // the kernel ahead (fb_qkv_post) still runs. The rings, frontier and live are not written by it.
     if (t_lo < t_hi) load_ctx(t_lo, 0);
-    if constexpr (!F32) {  // Q's group is the older one: wait for it alone, read the fragments, free stage 1
-        if (t_lo < t_hi) {
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
+    if (t_lo + 1 < t_hi) load_ctx(t_lo + 1, 1);
+    FA_MARK(1);  // context tiles issued, pad zeroed
+    dfl::pdl_wait();     // q / k / v (the kernel ahead's outputs) are read after this
+    dfl::pdl_trigger();  // the combine may be launched; it waits for this grid's completion
+
+    // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
+    // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (sQ) by cp.async and come
+    // back by ldmatrix (per-element loads with their index arithmetic cost ~5 us before the first tile)
+    unsigned qa[KS][4], ql[QL][4];
+    bool lo_any = false;
+    if constexpr (F32) {
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int R = R0 + 8 * (r & 1);
+                const int col = ks * 16 + (r >> 1) * 8 + 2 * tq;
+                float2 x = make_float2(0.f, 0.f);
+                if (R < M && col < D) {
+                    const int i = R / G, gg = R - (R / G) * G;
+                    const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + col;
+                    x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(qp) + off);
+                }
+                split_pair(x.x, x.y, qa[ks][r], ql[F32 ? ks : 0][r]);
+                lo_any |= ql[F32 ? ks : 0][r] != 0u;
+            }
         }
+    } else {
+        for (int idx = threadIdx.x; idx < FA_ROWS * (D >> 3); idx += FA_WARPS * 32) {
+            const int row = idx / (D >> 3), ch = idx - (idx / (D >> 3)) * (D >> 3);
+            const int R = blockIdx.z * FA_ROWS + row;
+            const bool ok = R < M;
+            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
+            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + ch * 8;
+            cp_async16(smem_addr(sQ + row * ST + ch * 8), reinterpret_cast<const u16*>(qp) + off, ok ? 16 : 0);
+        }
+        cp_commit();
+        cp_wait<0>();  // the prefetched context tiles too (issued before the wait: landed or nearly)
         __syncthreads();
-        const u16* sQ = sK + FA_NT * ST;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
             ldsm_x4(sQ + (mt * 16 + (lane & 15)) * ST + ks * 16 + ((lane >> 4) << 3), qa[ks][0], qa[ks][1], qa[ks][2],
                     qa[ks][3]);
-        __syncthreads();
     }
+
+    // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
+    // add exact zeros: skipped, same bits (the block tile's K_lo / V_lo passes likewise)
+    const bool qlo = F32 ? __syncthreads_or(lo_any) != 0 : false;
+
+    // Tile t is in stage (t - t_lo) & 1; tile t + 2 is issued into it once every warp is done with tile t.
+    // Pending cp.async groups at the top of iteration t: tiles t and t + 1 (the BF16 Q wait drained all).
     for (int t = t_lo; t < t_hi; ++t) {
         const int st = (t - t_lo) & 1;
         if (t + 1 < t_hi) {
-            load_ctx(t + 1, st ^ 1);
             cp_wait<1>();
         } else {
             cp_wait<0>();
@@ -483,7 +482,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane,
                                    [&](int key, int d) { return dfl::f16_to_f32(vt[key * ST + d]); });
         }
-        __syncthreads();  // stage st is refilled by the next iteration's prefetch
+        __syncthreads();  // stage st is refilled now
+        if (t + 2 < t_hi) load_ctx(t + 2, st);
     }
 
     FA_MARK(2);  // context tiles done
@@ -683,6 +683,8 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                                              const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, int ns,
                                              float* __restrict__ out_f32, u16* __restrict__ out_bf16) {
     constexpr int NP = (DP / 2 + 31) / 32;  // column pairs per lane
+    dfl::pdl_wait();  // launched under PDL (kernels_cu/pdl.py): the partials are complete after this
+    dfl::pdl_trigger();
     const int G = Hq / Hk, M = W * G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long rows = (long long)B * Hk * M;

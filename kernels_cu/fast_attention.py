@@ -26,6 +26,7 @@ import numpy as np
 
 from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
 from kernels_cu.ops_attention import attention, bf16_bits, device, f16_bits, f32
+from kernels_cu.pdl import launch
 
 _NT, _ROWS, _WARPS = 64, 64, 4  # fast_attention.cu FA_NT, FA_ROWS, FA_WARPS
 _MAX_D, _MAX_W = 128, 64
@@ -66,8 +67,9 @@ def _mt(rows: int) -> int:
 
 
 def smem_bytes(dp: int, mt: int) -> int:
-    """Two stages of K and V tiles [64][dp + 8] (16-bit) plus the per-warp P scratch [4][16][16 mt] fp32."""
-    return 2 * 2 * _NT * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+    """Two stages of K and V tiles [64][dp + 8] (16-bit), the q rows [64][dp + 8] (16-bit), and the
+    per-warp P scratch [4][16][16 mt] fp32."""
+    return (2 * 2 * _NT + _ROWS) * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
 
 
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
@@ -169,10 +171,15 @@ def _aligned(x, n: int = 16):
     return x if x.data.ptr % n == 0 else x.copy()
 
 
-def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out=True, bf16_out=False):
+def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out=True, bf16_out=False,
+                   pdl=False):
     """ops_attention.attention's contract on the fast kernel: q [B,W,Hq,D], k/v [B,W,Hk,D] FP32 (or BF16
     bits as uint16, all three alike), caches [B,C,Hk,D] BF16 / FP16 bits, frontier [B] int64, live [B]
-    int32, window S (0: full) -> (fp32 [B,W,Hq,D] or None, BF16 bits or None); rows >= live are 0."""
+    int32, window S (0: full) -> (fp32 [B,W,Hq,D] or None, BF16 bits or None); rows >= live are 0.
+
+    ``pdl``: launch both kernels with programmatic dependent launch (kernels_cu/pdl.py). Only for a
+    caller whose kernel right ahead writes none of the caches, frontier and live (block_forward: after
+    fb_qkv_post), since the kernel prefetches context tiles before it waits for that one."""
     c = cp()
     b, w, hq, d = q.shape
     hk, cap = k.shape[2], kc_bits.shape[1]
@@ -217,16 +224,16 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
         part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
     sl2 = np.float32(_LOG2E / math.sqrt(d))
-    main((ns, b * hk, chunks), (32 * _WARPS,),
-         (q, k, v, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
-          np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
-          _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
-         shared_mem=smem)
+    launch(main, (ns, b * hk, chunks), (32 * _WARPS,),
+           (q, k, v, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
+            np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
+            _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
+           smem, pdl=pdl)
     if ns > 1:
         rows = b * hk * m_rows
-        combine[combine_batch(ns)]((-(-rows // 4),), (128,),
-                (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
-                 np.int32(ns), _NULL if of is None else of, _NULL if ob is None else ob))
+        launch(combine[combine_batch(ns)], (-(-rows // 4),), (128,),
+               (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
+                np.int32(ns), _NULL if of is None else of, _NULL if ob is None else ob), 0, pdl=pdl)
     return of, ob
 
 

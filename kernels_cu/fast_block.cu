@@ -314,6 +314,8 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
               u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps, float* __restrict__ norm_f32,
               u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first, int bparts, long long bstride,
               int force_strided) {
+    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    dfl::pdl_trigger();
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     const int r = blockIdx.x;
@@ -426,6 +428,8 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
                       u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps,
                       float* __restrict__ norm_f32, u16* __restrict__ norm_hi, u16* __restrict__ norm_lo,
                       int skip_first, int bparts, long long bstride) {
+    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    dfl::pdl_trigger();
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     __shared__ float part;
@@ -481,8 +485,10 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     const int r = blockIdx.x;
     const int lane = threadIdx.x & 31;
     const int h = blockIdx.y * FB_QKV_WARPS + (threadIdx.x >> 5);
+    dfl::pdl_trigger();  // the attention may launch: it prefetches ring tiles, then waits for this grid
     if (r >= M) return;  // block-uniform
-    const long long pos = frontier[r / W] + (long long)(r % W);
+    const long long pos = frontier[r / W] + (long long)(r % W);  // an input of the Op, no kernel's output
+    dfl::pdl_wait();  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
     const float* x = qkv + ((long long)r * heads + h) * D;
     const bool live_head = h < heads;  // warp-uniform
     float xr[4];  // the head's first 128 elements, loaded before the table's double sincos (overlapped)
@@ -608,6 +614,8 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
                                            const float* __restrict__ base0, int W, int M, int H,
                                            u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
                                            long long dstride, int vec) {
+    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    dfl::pdl_trigger();
     __shared__ float dsm[2][64];
     if ((int)blockIdx.y >= M) return;  // block-uniform
     if (vec)
@@ -620,6 +628,8 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
 // fused GEMM output gu [M, 2I] (gate columns first). Grid (column blocks, M): row r = blockIdx.y;
 // four columns per thread with 16-byte loads when I % 4 == 0 (the same per-element arithmetic).
 extern "C" __global__ void fb_silu_mul(const float* __restrict__ gu, int M, int I, u16* __restrict__ act) {
+    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    dfl::pdl_trigger();
     const int r = blockIdx.y;
     if (r >= M) return;
     const float* gr = gu + (long long)r * 2 * I;

@@ -37,6 +37,7 @@ tests/test_fast_block_plan.py can run the same sequence with a NumPy twin of the
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections import OrderedDict
 
@@ -46,6 +47,7 @@ from kernels_cu.fast_gemm import _key, gemm_bf16, loaded_library
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import attention as _exact_attention
 from kernels_cu.ops_attention import bf16_bits, device, f16_bits
+from kernels_cu.pdl import launch
 
 _NULL = np.uint64(0)
 _THREADS = 256
@@ -305,6 +307,10 @@ class CudaEngine:
 
     def __init__(self, attention=None):
         self.attention_fn, self.attention_name = attention if attention is not None else attention_impl()
+        try:  # attention_fast takes pdl=; a stand-in (tests, benchmarks) may not
+            self._attention_pdl = "pdl" in inspect.signature(self.attention_fn).parameters
+        except (TypeError, ValueError):
+            self._attention_pdl = False
         self._capture_gemm = None
 
     @staticmethod
@@ -352,26 +358,26 @@ class CudaEngine:
         path = resid_norm_path(M, H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
                                bits=(src_bits, resid_bits, norm_hi, norm_lo))
         if path == "cluster":
-            _fn("fb_resid_norm_cluster")((_CLUSTER * M,), (_CLUSTER_THREADS,), args)
+            launch(_fn("fb_resid_norm_cluster"), (_CLUSTER * M,), (_CLUSTER_THREADS,), args)
         else:
-            _fn("fb_resid_norm")((M,), (resid_norm_threads(H),), (*args, np.int32(1 if path == "strided" else 0)))
+            launch(_fn("fb_resid_norm"), (M,), (resid_norm_threads(H),),
+                   (*args, np.int32(1 if path == "strided" else 0)))
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
-        _fn("fb_qkv_post")(
-            (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
-            (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
-             frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0)),
-            shared_mem=4 * d * (1 + _QKV_WARPS))
+        launch(_fn("fb_qkv_post"), (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
+               (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
+                frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0)),
+               4 * d * (1 + _QKV_WARPS))
 
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
         dparts, dstride = _parts(dl, 2 * M, H // 4)
         vec = (CONV_PREPARE_VEC and H % 4 == 0 and x.data.ptr % 16 == 0 and base0.data.ptr % 16 == 0
                and prepared.data.ptr % 8 == 0 and (CONV_PREPARE_VEC == "always" or -(-H // 1024) * M >= 256))
-        _fn("fb_conv_prepare")(_row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
-                               (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
-                                np.int64(dstride), np.int32(1 if vec else 0)))
+        launch(_fn("fb_conv_prepare"), _row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
+               (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
+                np.int64(dstride), np.int32(1 if vec else 0)))
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
@@ -380,10 +386,14 @@ class CudaEngine:
         if inter % 4 == 0 and (gu.data.ptr % 16 or act.data.ptr % 8):  # the kernel's 16-byte path
             raise ValueError("fb_silu_mul: gu must be 16-byte and act 8-byte aligned when I % 4 == 0 "
                              "(workspace arrays are)")
-        _fn("fb_silu_mul")(_row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
+        launch(_fn("fb_silu_mul"), _row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
 
     def attention(self, q, k, v, kc, vc, frontier, live, window):
-        _, out = self.attention_fn(q, k, v, kc, vc, frontier, live, int(window), f32_out=False, bf16_out=True)
+        """block_forward calls it right after qkv_post: the fast kernel may then run under PDL
+        (kernels_cu/pdl.py), prefetching ring tiles while qkv_post finishes."""
+        extra = {"pdl": True} if self._attention_pdl else {}
+        _, out = self.attention_fn(q, k, v, kc, vc, frontier, live, int(window), f32_out=False, bf16_out=True,
+                                   **extra)
         return out
 
 

@@ -36,6 +36,8 @@
 #                                          # tests, the round A/B against the combine kernel, the trace; both
 #                                          # attention experiments were reverted after these runs (their
 #                                          # configs are gone from round_ab: check out those trees to rerun)
+#   bash tools/h200_runs.sh v10-a          # session v10: PDL's GPU tests, the round A/B against ordinary
+#                                          # launches, the trace, the attention / block / round GPU tests
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -202,6 +204,15 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_gemmex,v7 --rounds 2 \
         --json "$OUT/round_ab.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v10-a)  # session v10: programmatic dependent launch (kernels_cu/pdl.py): its GPU tests, the round A/B
+            # against ordinary launches, the trace, then the attention / block / round GPU tests
+      step pdl-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py
+      step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 2 \
+        --json "$OUT/round_ab.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      step gpu-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,

@@ -1,0 +1,131 @@
+"""Programmatic dependent launch (PDL) of the fast mode's own kernels (issue 12, session v10).
+
+``launch(fn, grid, block, args, shared_mem)`` launches a CuPy ``RawKernel`` through the driver's
+``cuLaunchKernelEx`` with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the
+kernel may start before the kernel ahead of it in the stream has finished, as soon as every block
+of that one has executed ``griddepcontrol.launch_dependents`` (``dfl::pdl_trigger`` in common.cuh)
+or exited. Stream capture records it as a programmatic edge of the CUDA graph.
+
+What a kernel launched this way must do (every kernel passed here does it):
+- call ``dfl::pdl_wait`` (``griddepcontrol.wait``) before it reads anything a preceding kernel
+  may write, and before it writes anything. After the wait, every earlier kernel of the stream
+  has completed (each PDL kernel waited for its own predecessor before it finished);
+- before the wait, read only what no kernel of the same sequence writes. The attention kernel
+  prefetches context tiles of the rings there: block_forward launches it this way right after
+  fb_qkv_post, whose predecessor (a GEMM, launched the ordinary way) started only after all ring
+  writes of the stream had completed. The draft_attention Op launches it the ordinary way.
+
+Without a device of compute capability 9.0+, with ``ENABLED`` False (environment variable
+``DFLASH_PDL=0``), or with ``pdl=False``, ``launch`` is the ordinary CuPy call; the kernels' wait
+and trigger are then no-ops, so the results are the same bits either way (tests/gpu/test_pdl.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import numpy as np
+
+ENABLED = os.environ.get("DFLASH_PDL", "1") != "0"
+
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h CUlaunchAttributeID
+
+
+class _Attr(ctypes.Structure):  # cuda.h CUlaunchAttribute: id, 4 bytes of pad, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _Config(ctypes.Structure):  # cuda.h CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_Attr)), ("numAttrs", ctypes.c_uint)]
+
+
+_SCALARS = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32, np.int64: ctypes.c_int64,
+            np.uint64: ctypes.c_uint64, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
+
+
+def kernel_arg(a):
+    """The ctypes value CuPy's RawKernel would pass for ``a``: a device array's pointer, a NumPy
+    scalar's value at its own width. Anything else (a Python int has no width) is a TypeError."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    if ptr is not None and hasattr(a, "device"):
+        return ctypes.c_void_p(int(ptr))
+    kind = _SCALARS.get(type(a))
+    if kind is None:
+        raise TypeError(f"pdl.launch: argument of type {type(a).__name__} (a CuPy array or a NumPy scalar "
+                        "of a fixed width is required)")
+    return kind(a.item())
+
+
+def _dim3(d) -> tuple[int, int, int]:
+    d = (d,) if isinstance(d, (int, np.integer)) else tuple(d)
+    if not 1 <= len(d) <= 3:
+        raise ValueError(f"pdl.launch: a grid / block of {len(d)} dimensions")
+    d = tuple(int(x) for x in d) + (1,) * (3 - len(d))
+    return d
+
+
+def config(grid, block, shared_mem: int, stream_ptr: int, pdl: bool):
+    """(CUlaunchConfig, its attribute array): kept together, the config points into the array."""
+    attrs = (_Attr * 1)()
+    attrs[0].id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+    attrs[0].value = (1).to_bytes(4, "little") + bytes(60)  # programmaticStreamSerializationAllowed = 1
+    g, b = _dim3(grid), _dim3(block)
+    cfg = _Config(*g, *b, int(shared_mem), ctypes.c_void_p(int(stream_ptr)),
+                  ctypes.cast(attrs, ctypes.POINTER(_Attr)), 1 if pdl else 0)
+    return cfg, attrs
+
+
+@functools.cache
+def _driver():
+    from kernels_cu.fast_gemm import loaded_library
+
+    lib = loaded_library("libcuda")
+    fn = lib.cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    name = lib.cuGetErrorName
+    name.restype = ctypes.c_int
+    name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return fn, name
+
+
+@functools.cache
+def _capable(dev_id: int) -> bool:
+    import cupy
+
+    return int(cupy.cuda.Device(dev_id).compute_capability) >= 90
+
+
+def active() -> bool:
+    """Whether ``launch`` uses PDL here (ENABLED, and a device of compute capability 9.0+)."""
+    if not ENABLED:
+        return False
+    import cupy
+
+    return _capable(cupy.cuda.Device().id)
+
+
+def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> None:
+    """``fn(grid, block, args, shared_mem=shared_mem)`` on the current CuPy stream, with the PDL
+    attribute where ``pdl`` and ``active()``. ``fn`` must follow the module docstring's rules."""
+    if not (pdl and active()):
+        fn(grid, block, tuple(args), shared_mem=shared_mem)
+        return
+    import cupy
+
+    launch_ex, error_name = _driver()
+    values = [kernel_arg(a) for a in args]
+    params = (ctypes.c_void_p * max(1, len(values)))(
+        *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, True)
+    rc = launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None)
+    if rc != 0:
+        s = ctypes.c_char_p()
+        error_name(rc, ctypes.byref(s))
+        raise RuntimeError(f"cuLaunchKernelEx ({getattr(fn, 'name', fn)}): "
+                           f"{(s.value or b'?').decode()} ({rc})")
