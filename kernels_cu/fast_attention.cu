@@ -76,6 +76,19 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// at most n (block-uniform, clamped to 0 .. 4) of the latest groups still pending
+__device__ __forceinline__ void cp_wait_n(int n) {
+    if (n <= 0)
+        cp_wait<0>();
+    else if (n == 1)
+        cp_wait<1>();
+    else if (n == 2)
+        cp_wait<2>();
+    else if (n == 3)
+        cp_wait<3>();
+    else
+        cp_wait<4>();
+}
 
 // four 8x8 b16 matrices; thread t gives the address of row t % 8 of matrix t / 8
 __device__ __forceinline__ void ldsm_x4(const void* p, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
@@ -243,7 +256,7 @@ __device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ
     __syncwarp();
 }
 
-template <int DP, int MT, bool F32>
+template <int DP, int MT, int NS, bool F32>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, const long long* __restrict__ frontier,
@@ -260,9 +273,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     constexpr int ST = DP + 8;         // shared row stride in elements (16-byte pad: conflict-free ldmatrix)
     constexpr int QL = F32 ? KS : 1;
 
-    u16* sK = reinterpret_cast<u16*>(smem);                     // [2 stages][FA_NT][ST]
-    u16* sV = sK + 2 * FA_NT * ST;                              // [2 stages][FA_NT][ST]
-    u16* sQ = sV + 2 * FA_NT * ST;                              // [FA_ROWS][ST] (BF16 q rows)
+    static_assert(NS >= 2 && NS <= 4, "2 to 4 stages (cp_wait_n)");
+    u16* sK = reinterpret_cast<u16*>(smem);                     // [NS stages][FA_NT][ST]
+    u16* sV = sK + NS * FA_NT * ST;                             // [NS stages][FA_NT][ST]
+    u16* sQ = sV + NS * FA_NT * ST;                             // [FA_ROWS][ST] (BF16 q rows)
     float* ps = reinterpret_cast<float*>(sQ + FA_ROWS * ST);    // [FA_WARPS][16][NKW]
 
 #ifdef FA_TIMING
@@ -318,7 +332,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // only); sK's stages, sV's and sQ's rows are contiguous
     if (D < DP) {
         const int pc = (DP - D) >> 3;
-        for (int idx = threadIdx.x; idx < (4 * FA_NT + FA_ROWS) * pc; idx += FA_WARPS * 32) {
+        for (int idx = threadIdx.x; idx < (2 * NS * FA_NT + FA_ROWS) * pc; idx += FA_WARPS * 32) {
             const int row = idx / pc, c = idx - (idx / pc) * pc;
             *reinterpret_cast<uint4*>(sK + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -360,16 +374,18 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         cp_commit();
     };
 
-    // The first two context tiles are issued before the wait: under PDL (kernels_cu/pdl.py) they load while
+    // The first NS context tiles are issued before the wait: under PDL (kernels_cu/pdl.py) they load while
     // the kernel ahead (fb_qkv_post) still runs. The rings, frontier and live are not written by it.
-    if (t_lo < t_hi) load_ctx(t_lo, 0);
-    if (t_lo + 1 < t_hi) load_ctx(t_lo + 1, 1);
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+        if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
     FA_MARK(1);  // context tiles issued, pad zeroed
     dfl::pdl_wait();     // q / k / v (the kernel ahead's outputs) are read after this
     dfl::pdl_trigger();  // the combine may be launched; it waits for this grid's completion
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
-    // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (sQ) by cp.async and come
+    // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (sQ) by 16-byte loads, all
+    // in flight at once (not cp.async: waiting for its group would wait for the prefetched tiles too), and come
     // back by ldmatrix (per-element loads with their index arithmetic cost ~5 us before the first tile)
     unsigned qa[KS][4], ql[QL][4];
     bool lo_any = false;
@@ -391,16 +407,19 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
         }
     } else {
-        for (int idx = threadIdx.x; idx < FA_ROWS * (D >> 3); idx += FA_WARPS * 32) {
-            const int row = idx / (D >> 3), ch = idx - (idx / (D >> 3)) * (D >> 3);
-            const int R = blockIdx.z * FA_ROWS + row;
-            const bool ok = R < M;
+        constexpr int QP = FA_ROWS / RPP;
+        uint4 qv[QP];
+#pragma unroll
+        for (int j = 0; j < QP; ++j) {
+            const int R = blockIdx.z * FA_ROWS + lrow + RPP * j;
+            const bool ok = R < M && ch_ok;
             const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
-            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + ch * 8;
-            cp_async16(smem_addr(sQ + row * ST + ch * 8), reinterpret_cast<const u16*>(qp) + off, ok ? 16 : 0);
+            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + lch * 8;
+            qv[j] = ok ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(qp) + off)
+                       : make_uint4(0u, 0u, 0u, 0u);
         }
-        cp_commit();
-        cp_wait<0>();  // the prefetched context tiles too (issued before the wait: landed or nearly)
+#pragma unroll
+        for (int j = 0; j < QP; ++j) *reinterpret_cast<uint4*>(sQ + (lrow + RPP * j) * ST + lch * 8) = qv[j];
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
@@ -412,15 +431,32 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // add exact zeros: skipped, same bits (the block tile's K_lo / V_lo passes likewise)
     const bool qlo = F32 ? __syncthreads_or(lo_any) != 0 : false;
 
-    // Tile t is in stage (t - t_lo) & 1; tile t + 2 is issued into it once every warp is done with tile t.
-    // Pending cp.async groups at the top of iteration t: tiles t and t + 1 (the BF16 Q wait drained all).
-    for (int t = t_lo; t < t_hi; ++t) {
-        const int st = (t - t_lo) & 1;
-        if (t + 1 < t_hi) {
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
+    // The block tile (BF16 bits: rows j < live of k / v, cp.async, rows >= live zero-filled) goes into the
+    // first stage the context loop frees with no context tile left to load into it (or stage 0 after the loop),
+    // so that it loads while the last context tiles are computed.
+    const bool has_blk = split == ns - 1 && lve > 0;
+    int bst = 0;
+    bool blk_issued = false;
+    auto issue_block = [&](int st) {
+        for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
+            const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
+            const bool ok = row < lve;
+            const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
+            const int so = (st * FA_NT + row) * ST + ch * 8;
+            cp_async16(smem_addr(sK + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
+            cp_async16(smem_addr(sV + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
         }
+        cp_commit();
+        bst = st;
+        blk_issued = true;
+    };
+
+    // Tile t is in stage (t - t_lo) % NS; tile t + NS is issued into it once every warp is done with tile t.
+    // cp.async groups committed after tile t's at the top of iteration t: tiles t + 1 .. min(t + NS, t_hi) - 1,
+    // and the block tile's once issued (it comes after every context tile).
+    for (int t = t_lo; t < t_hi; ++t) {
+        const int st = (t - t_lo) % NS;
+        cp_wait_n((t_hi - 1 - t < NS - 1 ? t_hi - 1 - t : NS - 1) + (blk_issued ? 1 : 0));
         __syncthreads();
         if (t == t_lo) FA_MARK(6);  // the first context tile in shared memory
         const int kb0 = t * FA_NT;
@@ -483,32 +519,29 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                                    [&](int key, int d) { return dfl::f16_to_f32(vt[key * ST + d]); });
         }
         __syncthreads();  // stage st is refilled now
-        if (t + 2 < t_hi) load_ctx(t + 2, st);
+        if (t + NS < t_hi) {
+            load_ctx(t + NS, st);
+        } else if (!F32 && has_blk && !blk_issued) {
+            issue_block(st);
+        }
     }
 
     FA_MARK(2);  // context tiles done
-    // the block tile: rows j < live of k / v (BF16 bits, or FP32 split into hi in stage 0, lo in stage 1)
-    if (split == ns - 1 && lve > 0) {
+    // the block tile: rows j < live of k / v (BF16 bits in stage bst, or FP32 split into hi in stage 0, lo in
+    // stage 1)
+    if (has_blk) {
         const int PPR = D >> 1;
         bool found = false, klo_any = false, vlo_any = false;
         if constexpr (!F32) {
-            // BF16 bits: rows j < live copied as they are (cp.async, rows >= live zero-filled), all in flight
-            // at once, then V scanned for a non-finite value (a load-store loop here kept one global load
-            // latency per iteration on the kernel's critical path: ~20 us whatever the split count)
-            for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
-                const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const bool ok = row < lve;
-                const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
-                const int so = row * ST + ch * 8;
-                cp_async16(smem_addr(sK + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
-                cp_async16(smem_addr(sV + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
-            }
-            cp_commit();
+            // BF16 bits: copied as they are, all in flight at once (issued in the loop, or here when this split
+            // has no context tile), then V scanned for a non-finite value (a load-store loop here kept one global
+            // load latency per iteration on the kernel's critical path: ~20 us whatever the split count)
+            if (!blk_issued) issue_block(0);
             cp_wait<0>();
             __syncthreads();
             for (int idx = threadIdx.x; idx < lve * CPR; idx += FA_WARPS * 32) {
                 const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(sV + row * ST + ch * 8);
+                const uint4 u = *reinterpret_cast<const uint4*>(sV + (bst * FA_NT + row) * ST + ch * 8);
                 found |= bf16_pair_nonfinite(u.x) | bf16_pair_nonfinite(u.y) | bf16_pair_nonfinite(u.z) |
                          bf16_pair_nonfinite(u.w);
             }
@@ -535,12 +568,14 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         const bool slow = __syncthreads_or(found);
         const bool klo = F32 ? __syncthreads_or(klo_any) != 0 : false;
         const bool vlo = F32 ? __syncthreads_or(vlo_any) != 0 : false;
+        const u16* bK = sK + bst * FA_NT * ST;
+        const u16* bV = sV + bst * FA_NT * ST;
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        qk_tile<KS, NJ, ST>(s, qa, sK, key0, lane);
+        qk_tile<KS, NJ, ST>(s, qa, bK, key0, lane);
         if constexpr (F32) {
-            if (qlo) qk_tile<KS, NJ, ST>(s, ql, sK, key0, lane);
+            if (qlo) qk_tile<KS, NJ, ST>(s, ql, bK, key0, lane);
             if (klo) qk_tile<KS, NJ, ST>(s, qa, sK + FA_NT * ST, key0, lane);
         }
 #pragma unroll
@@ -565,12 +600,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pl[kk][r] = pack_bf16(pj[0] - h0, pj[1] - h1);
                 }
             }
-            pv_tile<NJ, ND, ST, false>(o, ph, sV, key0, lane);
-            pv_tile<NJ, ND, ST, false>(o, pl, sV, key0, lane);
+            pv_tile<NJ, ND, ST, false>(o, ph, bV, key0, lane);
+            pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);
             if (F32 && vlo) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
         } else {
             pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane, [&](int key, int d) {
-                float x = dfl::bf16_to_f32(sV[key * ST + d]);
+                float x = dfl::bf16_to_f32(bV[key * ST + d]);
                 if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
                 return x;
             });
@@ -757,18 +792,19 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 
 }  // namespace fa
 
-// extern "C" entry points: fast_attn_d{DP}_m{MT}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
+// extern "C" entry points: fast_attn_d{DP}_m{MT}_s{NS}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
 // fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
-// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc).
-#define FA_KERNEL(DPV, MTV, F32V, SUF)                                                                           \
-    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_##SUF(              \
+// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc):
+// 2 stages everywhere, 4 stages for MT 1 and 2 (what the launcher picks them for).
+#define FA_KERNEL(DPV, MTV, NSV, F32V, SUF)                                                                      \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_s##NSV##_##SUF(     \
         const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \
         const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<DPV, MTV, F32V>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns,      \
+        fa::attn_body<DPV, MTV, NSV, F32V>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns, \
                                       part_o, part_ml, out_f32, out_bf16, fa_smem);                              \
     }
 
@@ -781,24 +817,28 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 #define FA_COMBINE(DPV) FA_COMBINE_CB(DPV, 2) FA_COMBINE_CB(DPV, 4) FA_COMBINE_CB(DPV, 8)
 
 // one more expansion step, so that macro arguments (FA_DP) are expanded before ## pastes them
-#define FA_KERNEL_X(DPV, MTV, F32V, SUF) FA_KERNEL(DPV, MTV, F32V, SUF)
+#define FA_KERNEL_X(DPV, MTV, NSV, F32V, SUF) FA_KERNEL(DPV, MTV, NSV, F32V, SUF)
 #define FA_COMBINE_X(DPV) FA_COMBINE(DPV)
 
 #ifdef FA_SINGLE
 #if FA_F32
-FA_KERNEL_X(FA_DP, FA_MT, true, f)
+FA_KERNEL_X(FA_DP, FA_MT, FA_NS, true, f)
 #else
-FA_KERNEL_X(FA_DP, FA_MT, false, b)
+FA_KERNEL_X(FA_DP, FA_MT, FA_NS, false, b)
 #endif
 FA_COMBINE_X(FA_DP)
 #else
 #define FA_ALL_MT(DPV)              \
-    FA_KERNEL(DPV, 1, false, b)     \
-    FA_KERNEL(DPV, 2, false, b)     \
-    FA_KERNEL(DPV, 4, false, b)     \
-    FA_KERNEL(DPV, 1, true, f)      \
-    FA_KERNEL(DPV, 2, true, f)      \
-    FA_KERNEL(DPV, 4, true, f)      \
+    FA_KERNEL(DPV, 1, 2, false, b)  \
+    FA_KERNEL(DPV, 2, 2, false, b)  \
+    FA_KERNEL(DPV, 4, 2, false, b)  \
+    FA_KERNEL(DPV, 1, 2, true, f)   \
+    FA_KERNEL(DPV, 2, 2, true, f)   \
+    FA_KERNEL(DPV, 4, 2, true, f)   \
+    FA_KERNEL(DPV, 1, 4, false, b)  \
+    FA_KERNEL(DPV, 2, 4, false, b)  \
+    FA_KERNEL(DPV, 1, 4, true, f)   \
+    FA_KERNEL(DPV, 2, 4, true, f)   \
     FA_COMBINE(DPV)
 FA_ALL_MT(16)
 FA_ALL_MT(32)

@@ -26,6 +26,7 @@ import numpy as np
 
 from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
 from kernels_cu.ops_attention import attention, bf16_bits, device, f16_bits, f32
+from kernels_cu.pdl import active as _pdl_active
 from kernels_cu.pdl import launch
 
 _NT, _ROWS, _WARPS = 64, 64, 4  # fast_attention.cu FA_NT, FA_ROWS, FA_WARPS
@@ -66,35 +67,49 @@ def _mt(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def smem_bytes(dp: int, mt: int) -> int:
-    """Two stages of K and V tiles [64][dp + 8] (16-bit), the q rows [64][dp + 8] (16-bit), and the
+def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
+    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit), the q rows [64][dp + 8] (16-bit), and the
     per-warp P scratch [4][16][16 mt] fp32."""
-    return (2 * 2 * _NT + _ROWS) * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+    return (2 * stages * _NT + _ROWS) * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+
+
+# K/V pipeline stages: the kernel issues its first `stages` context tiles before it waits for the kernel
+# ahead (under PDL, kernels_cu/pdl.py: while fb_qkv_post runs). 4 stages (one block per multiprocessor by
+# shared memory) where the grid is small enough that one block per multiprocessor still gives every split
+# at least 8 blocks' worth of the GPU: B1 at the official geometries (4 context tiles a split); 2 stages
+# (two blocks per multiprocessor) elsewhere. None picks; an int forces it (tests exercise both).
+STAGES: int | None = None
+
+
+def stages_for(b: int, hk: int, chunks: int, mt: int) -> int:
+    if STAGES is not None:
+        return int(STAGES)
+    return 4 if mt <= 2 and b * hk * chunks * 8 <= _sm_count(cp().cuda.Device().id) else 2
 
 
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
 
 
 @functools.cache
-def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = ()):
+def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
     import cupy
 
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
-    opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}",
+    opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}", f"-DFA_NS={stages}",
             f"-DFA_F32={int(f32_inputs)}", *extra)
     return cupy.RawModule(code=code, options=opts)
 
 
-def _kernels(dp: int, mt: int, f32_inputs: bool):
-    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS)
+def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2):
+    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages)
 
 
 @functools.cache
-def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...]):
-    mod = _module(dp, mt, f32_inputs, extra)
-    main = mod.get_function(f"fast_attn_d{dp}_m{mt}_{'f' if f32_inputs else 'b'}")
-    smem = smem_bytes(dp, mt)
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int = 2):
+    mod = _module(dp, mt, f32_inputs, extra, stages)
+    main = mod.get_function(f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}")
+    smem = smem_bytes(dp, mt, stages)
     if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)
         import warnings
 
@@ -120,15 +135,15 @@ def _sm_count(dev_id: int) -> int:
     return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
 
 
-def resident_blocks(dp: int, mt: int, f32_inputs: bool) -> int:
+def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2) -> int:
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
     in units of 256) and its shared memory (plus the per-block reservation) against the device's."""
-    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id)
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages)
 
 
 @functools.cache
-def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int) -> int:
-    main, _, smem = _kernels(dp, mt, f32_inputs)
+def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int, stages: int = 2) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs, stages)
     try:  # the driver's occupancy calculator, where CuPy exposes it
         return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
                                                                                         smem)))
@@ -217,8 +232,9 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     m_rows = w * g
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
-    main, combine, smem = _kernels(dp, mt, not bits)
-    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits))
+    stages = stages_for(b, hk, chunks, mt)
+    main, combine, smem = _kernels(dp, mt, not bits, stages)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages))
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
@@ -237,6 +253,13 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     return of, ob
 
 
+def _pdl_state() -> str:
+    try:
+        return str(_pdl_active())
+    except Exception as exc:  # noqa: BLE001 - no device here: say so in the record, do not fail it
+        return f"unknown ({type(exc).__name__})"
+
+
 class FastAttentionMixin:
     """The draft_attention Op on attention_fast (BF16 q/k/v and the caches read as they are)."""
 
@@ -251,6 +274,9 @@ class FastAttentionMixin:
         rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
-                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); exact fallback for D % 8 or D > "
+                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "
+                                 "(None: 4 at small grids of <= 32 query rows, else 2), the first ones loaded before "
+                                 f"griddepcontrol.wait; PDL in masked_block (kernels_cu/pdl.py, active="
+                                 f"{_pdl_state()}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

@@ -13,7 +13,8 @@
   that bound;
 - a non-finite V that a window gives to one row and not the next (context tile and block tile);
 - masked_block's inputs (FP32 arrays holding BF16 values) give the BF16-bit path's bits, at the proposal
-  round's shapes; split counts 1 .. 64 (more splits than tiles too) within the bound, repeated calls and
+  round's shapes; 2, 3 and 4 K/V stages give the same bits; split counts 1 .. 64 (more splits than tiles
+  too) within the bound, repeated calls and
   a captured graph's replays give the eager bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
@@ -251,12 +252,14 @@ def _device_args(cp, case, fp32_inputs):
             cp.asarray(case["frontier"]), cp.asarray(case["live"]), case["window"])
 
 
+@pytest.mark.parametrize("stages", [None, 2, 4])
 @pytest.mark.parametrize("splits", [None, 5, 64])
 @pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
-def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp32_inputs, splits):
+def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp32_inputs, splits, stages):
     name, by_mode = random_case
     case, ref, bound, y = by_mode[fp32_inputs]
     monkeypatch.setattr(fa, "SPLITS", splits)
+    monkeypatch.setattr(fa, "STAGES", stages)
     of, ob = fa.attention_fast(*_device_args(cupy, case, fp32_inputs), f32_out=True, bf16_out=True)
     assert fa.last_path() == "fast"
     out = cupy.asnumpy(of).astype(np.float64)
@@ -265,7 +268,7 @@ def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp
     np.testing.assert_allclose(y[rows], ref[rows], rtol=1e-12, atol=1e-12)
     err = np.abs(out - ref)[rows]
     ratio = float((err / bound[rows]).max())
-    REPORT["random"][f"{name}/{'fp32' if fp32_inputs else 'bf16'}/splits{splits}"] = {
+    REPORT["random"][f"{name}/{'fp32' if fp32_inputs else 'bf16'}/splits{splits}/stages{stages}"] = {
         "max_err_over_bound": ratio, "max_abs_err": float(err.max()), "max_rel_err": float((err / np.abs(ref[rows])).max())}
     assert ratio <= 1.0, f"{name}: error {ratio:.3g} x the derived bound (max abs {err.max():.3g})"
     assert not np.any(out[~rows]) and not np.any(cupy.asnumpy(ob)[~rows]), "rows >= live must be zero"
@@ -273,12 +276,14 @@ def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp
     assert np.array_equal(cupy.asnumpy(ob), _bf16(cupy.asnumpy(of)).view(np.uint16))
 
 
+@pytest.mark.parametrize("stages", [2, 4])
 @pytest.mark.parametrize("where", ["ctx_cut", "block_cut"])
 @pytest.mark.parametrize("splits", [None, 2])
-def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits):
+def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages):
     """An inf V allowed for one row and not for the next: the allowed rows are inf there, the others
     finite and within the bound (a masked 0 * inf on the tensor cores would be NaN)."""
     monkeypatch.setattr(fa, "SPLITS", splits)
+    monkeypatch.setattr(fa, "STAGES", stages)
     rng = np.random.default_rng(5)
     b, w, hq, hk, d, cap, f = 1, 8, 4, 1, 128, 200, 500
     window = 70 if where == "ctx_cut" else 3
@@ -350,10 +355,13 @@ def test_fp32_holding_bf16_values_gives_the_bf16_bits(cupy, fa, monkeypatch, sha
     assert np.array_equal(cupy.asnumpy(a16), cupy.asnumpy(b16))
 
 
+@pytest.mark.parametrize("stages", [2, 4])
 @pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
-def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape):
+def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages):
     """Every split count 1 .. 64 (more splits than context tiles too) within the derived bound of the float64
-    attention; a call repeated gives the same bits."""
+    attention, with 2 and 4 K/V stages (the block tile loaded in the loop or after it); a call repeated gives
+    the same bits."""
+    monkeypatch.setattr(fa, "STAGES", stages)
     _, bits, rest, case = _round_case(cupy, *ROUND_SHAPES[shape])
     ref = attend(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"], case["live"],
                  case["window"])
@@ -369,6 +377,24 @@ def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape):
         err = np.abs(first.astype(np.float64) - ref)[rows]
         assert float((err / bound[rows]).max()) <= 1.0, f"splits {ns}"
         assert not np.any(first[~rows])
+
+
+@pytest.mark.parametrize("splits", [None, 1, 7])
+@pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
+def test_stage_count_does_not_change_the_bits(cupy, fa, monkeypatch, shape, splits):
+    """2, 3 and 4 K/V stages run the same operations in the same order (only when tiles and the block tile
+    land differs): the same bits, FP32 and BF16 outputs, BF16-bit and FP32 inputs."""
+    monkeypatch.setattr(fa, "SPLITS", splits)
+    f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
+    outs = {}
+    for stages in (2, 3, 4):
+        monkeypatch.setattr(fa, "STAGES", stages)
+        for name, inputs in (("bits", bits), ("f32", f32)):
+            a32, a16 = fa.attention_fast(*inputs, *rest, f32_out=True, bf16_out=True)
+            outs[(stages, name)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))
+    base = outs[(2, "bits")]
+    for key, (a32, a16) in outs.items():
+        assert np.array_equal(a32, base[0]) and np.array_equal(a16, base[1]), f"stages {key[0]}, {key[1]} inputs"
 
 
 def test_graph_replay_gives_the_eager_bits(cupy, fa):

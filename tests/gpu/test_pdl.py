@@ -47,13 +47,18 @@ extern "C" __global__ void probe(unsigned long long* t_start, const float* x, fl
 SPIN_NS = 200_000
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def mod(cupy):
+    """The producer / probe module, every test on a stream of its own (the legacy default stream does not
+    overlap kernels: a PDL launch there waits as an ordinary one, so the checks below would be vacuous)."""
     from kernels_cu import pdl
 
     if not pdl.active():
         pytest.skip(f"PDL not active here (ENABLED={pdl.ENABLED}, needs compute capability 9.0+)")
-    return cupy.RawModule(code=_SRC, options=("-std=c++17",))
+    m = cupy.RawModule(code=_SRC, options=("-std=c++17",))
+    with cupy.cuda.Stream(non_blocking=True) as s:
+        yield m
+        s.synchronize()
 
 
 def _produce(cp, mod, src, dst, t_end=None):
