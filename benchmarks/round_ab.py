@@ -14,6 +14,8 @@ over ``--rounds`` passes, each a set of module attributes:
               MIN_TILES_PER_SPLIT, default 4: the bound that sets the split count at B1)
   nopdl       every kernel launched the ordinary way (kernels_cu.pdl.ENABLED False; default: the glue
               and attention kernels under programmatic dependent launch, kernels_cu/pdl.py)
+  nopdl_glue  PDL for the attention only, the glue kernels launched the ordinary way (fast_block.PDL_GLUE)
+  stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default: 4 at B1-size grids)
   default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
@@ -44,6 +46,9 @@ CONFIGS = {
     "tiles1": {"kernels_cu.fast_attention.MIN_TILES_PER_SPLIT": 1},
     "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
     "nopdl": {"kernels_cu.pdl.ENABLED": False},
+    "nopdl_glue": {"kernels_cu.fast_block.PDL_GLUE": False},
+    "stages2": {"kernels_cu.fast_attention.STAGES": 2},
+    "stages4": {"kernels_cu.fast_attention.STAGES": 4},
     "default": {},
 }
 
