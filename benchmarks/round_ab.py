@@ -15,7 +15,7 @@ over ``--rounds`` passes, each a set of module attributes:
   nopdl       every kernel launched the ordinary way (kernels_cu.pdl.ENABLED False; default: the glue
               and attention kernels under programmatic dependent launch, kernels_cu/pdl.py)
   nopdl_glue  PDL for the attention only, the glue kernels launched the ordinary way (fast_block.PDL_GLUE)
-  stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default: 4 at B1-size grids)
+  stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default 2)
   default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)

@@ -73,18 +73,17 @@ def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
     return (2 * stages * _NT + _ROWS) * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
 
 
-# K/V pipeline stages: the kernel issues its first `stages` context tiles before it waits for the kernel
-# ahead (under PDL, kernels_cu/pdl.py: while fb_qkv_post runs). 4 stages (one block per multiprocessor by
-# shared memory) where the grid is small enough that one block per multiprocessor still gives every split
-# at least 8 blocks' worth of the GPU: B1 at the official geometries (4 context tiles a split); 2 stages
-# (two blocks per multiprocessor) elsewhere. None picks; an int forces it (tests exercise both).
+# K/V pipeline stages (2 to 4): the kernel issues its first `stages` context tiles before it waits for the
+# kernel ahead (under PDL, kernels_cu/pdl.py: while fb_qkv_post runs). None: 2. Four stages (one block per
+# multiprocessor by shared memory at D 128) measured slower in the round at B1, where they were meant to
+# load a split's whole context under PDL: 35B B1 W8 0.730 against 0.718 ms (docs/reports/h200-round-ab-v10.json);
+# an int forces the count (tests check 2, 3 and 4 give the same bits; round_ab's stages4).
 STAGES: int | None = None
 
 
 def stages_for(b: int, hk: int, chunks: int, mt: int) -> int:
-    if STAGES is not None:
-        return int(STAGES)
-    return 4 if mt <= 2 and b * hk * chunks * 8 <= _sm_count(cp().cuda.Device().id) else 2
+    """The stage count for a call's grid (b * hk * chunks blocks per split, mt m-tiles): STAGES, else 2."""
+    return 2 if STAGES is None else int(STAGES)
 
 
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
@@ -275,7 +274,7 @@ class FastAttentionMixin:
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
                                  f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "
-                                 "(None: 4 at small grids of <= 32 query rows, else 2), the first ones loaded before "
+                                 "(None: 2), the first ones loaded before "
                                  f"griddepcontrol.wait; PDL in masked_block (kernels_cu/pdl.py, active="
                                  f"{_pdl_state()}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
