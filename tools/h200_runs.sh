@@ -38,10 +38,9 @@
 #                                          # configs are gone from round_ab: check out those trees to rerun)
 #   bash tools/h200_runs.sh v10-a          # session v10: PDL's GPU tests, the round A/B against ordinary
 #                                          # launches, the trace, the attention / block / round GPU tests
-#   bash tools/h200_runs.sh v10-final      # session v10: 35B geometry (attention, block), every GPU test, both CLI
-#                                          # suites of the fast mode
-#   bash tools/h200_runs.sh v10-bench      # session v10: the round A/B (PDL off / on), the bench of the block and
-#                                          # the rounds, the trace
+#   bash tools/h200_runs.sh v10-final      # session v10: every GPU test, both CLI suites of the fast mode
+#   bash tools/h200_runs.sh v10-bench      # session v10: masked_block at the 35B geometry, the round A/B (PDL off /
+#                                          # on), the bench of the block and the rounds, the trace
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -218,25 +217,22 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step gpu-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
         tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
-    v10-final)  # session v10, the final kernels: the fast mode at the 35B geometry (draft_attention, masked_block:
-                # the attention kernel changed) in the background, every GPU test, both CLI suites of the fast mode
-      GEO_DEADLINE=${GEO_DEADLINE:-570}
-      OMP_NUM_THREADS=8 OPENBLAS_NUM_THREADS=8 timeout $((GEO_DEADLINE - SECONDS)) $PY -m conformance.cli geometry \
-        --impl kernels_cu.fast:FastCudaBackend --geometry dflash-35b-a3b --ops draft_attention masked_block --jobs 2 \
-        --json "$OUT/geo_35b_attn.json" >"$OUT/geo_35b_attn.log" 2>&1 &
+    v10-final)  # session v10, the final kernels: every GPU test, both CLI suites of the fast mode
       step gpu-tests timeout 330 env FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" \
         $PY -m pytest -q -p no:cacheprovider tests/gpu
       step suite-fast-round timeout 80 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
       step suite-fast timeout 120 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
         --json "$OUT/suite_fast.json"
-      wait
-      printf '%-22s %s\n' geo-35b-attn "$(tail -n 1 "$OUT/geo_35b_attn.log" | cut -c1-150)"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
-    v10-bench)  # session v10: the round A/B against ordinary launches, the bench of the block and the rounds, the trace
-      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 3 \
+    v10-bench)  # session v10: masked_block at the 35B geometry (the attention kernel changed; the geometry's Ops have
+                # no draft_attention of their own), the round A/B against ordinary launches, the bench of the block
+                # and the rounds, the trace
+      step geo-35b-block timeout 200 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --geometry dflash-35b-a3b --ops masked_block --jobs 4 --json "$OUT/geometry_35b_block.json"
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 3 \
         --json "$OUT/round_ab.json"
-      step bench timeout 240 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+      step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
