@@ -14,6 +14,7 @@ over ``--rounds`` passes, each a set of module attributes:
               MIN_TILES_PER_SPLIT, default 4: the bound that sets the split count at B1)
   nopdl       every kernel launched the ordinary way (kernels_cu.pdl.ENABLED False; default: the glue
               and attention kernels under programmatic dependent launch, kernels_cu/pdl.py)
+  no_launch_order  the graph's PDL edges as captured (pdl.LAUNCH_ORDER False; default: relaxed to launch order)
   nopdl_glue  PDL for the attention only, the glue kernels launched the ordinary way (fast_block.PDL_GLUE)
   stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default 2)
   default     the defaults
@@ -47,6 +48,7 @@ CONFIGS = {
     "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
     "nopdl": {"kernels_cu.pdl.ENABLED": False},
     "nopdl_glue": {"kernels_cu.fast_block.PDL_GLUE": False},
+    "no_launch_order": {"kernels_cu.pdl.LAUNCH_ORDER": False},
     "stages2": {"kernels_cu.fast_attention.STAGES": 2},
     "stages4": {"kernels_cu.fast_attention.STAGES": 4},
     "default": {},

@@ -60,7 +60,7 @@ import json
 import numpy as np
 
 from conformance.rounds import ComposedRounds
-from kernels_cu import fast_lt, fast_selector
+from kernels_cu import fast_lt, fast_selector, pdl
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
 from kernels_cu.loader import load_module
@@ -349,6 +349,9 @@ class FastRound(ComposedRounds, FastCudaBackend):
                                   f"eager step, kept if faster by > {fast_lt.MARGIN:.0%}, heads of >= "
                                   f"{fast_lt.MIN_BYTES >> 20} MiB; tunings so far: "
                                   + json.dumps(self.head_timings))
+        rec["fast_round_pdl"] = (f"the block's glue and attention kernels under programmatic dependent launch "
+                                 f"(kernels_cu/pdl.py, active={pdl.active()}); the captured graph's PDL edges "
+                                 f"relaxed to launch order: LAUNCH_ORDER={pdl.LAUNCH_ORDER}")
         capable = cluster_capable()
         rec["fast_round_selector"] = (
             "select.cu (EXACT_SELECTOR)" if EXACT_SELECTOR else
@@ -437,7 +440,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
             ws.capture_error = f"{type(exc).__name__}: {exc}"
             self._device_step(ws)
             return f"eager (capture failed: {ws.capture_error})"
-        ws.graph = s.end_capture()
+        # PDL edges relaxed to launch order where PDL is on (kernels_cu/pdl.py end_capture), else CuPy's graph
+        ws.graph = pdl.end_capture(s) if pdl.active() else s.end_capture()
         ws.graph.launch(s)
         return "capture"
 

@@ -129,3 +129,122 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> N
         error_name(rc, ctypes.byref(s))
         raise RuntimeError(f"cuLaunchKernelEx ({getattr(fn, 'name', fn)}): "
                            f"{(s.value or b'?').decode()} ({rc})")
+
+
+# --- CUDA graphs: PDL edges relaxed to launch order ---------------------------------------------------------
+#
+# Stream capture records a PDL launch as a programmatic edge from the kernel ahead's "programmatic" port:
+# the kernel may start once every block ahead has triggered or exited. cuBLAS's kernels never trigger, so
+# a glue kernel after a GEMM starts only as the GEMM's blocks exit. ``end_capture`` rewrites every such
+# edge to the "launch order" port (CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER): the kernel may start once every
+# block ahead has begun, and waits (griddepcontrol.wait) for that kernel's completion as before. Only
+# edges that were programmatic change, and only kernels launched through ``launch`` (which keep the rules
+# above: nothing a preceding kernel writes is read before the wait) have such edges. ``LAUNCH_ORDER``
+# False keeps the captured edges.
+
+LAUNCH_ORDER = True
+
+_PORT_PROGRAMMATIC, _PORT_LAUNCH_ORDER, _DEPENDENCY_PROGRAMMATIC = 1, 2, 1  # cuda.h
+
+
+class _EdgeData(ctypes.Structure):  # cuda.h CUgraphEdgeData
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                ("reserved", ctypes.c_ubyte * 5)]
+
+
+@functools.cache
+def _graph_api():
+    from kernels_cu.fast_gemm import loaded_library
+
+    lib = loaded_library("libcuda")
+    p, sz = ctypes.c_void_p, ctypes.c_size_t
+    sigs = {"cuStreamEndCapture": [p, ctypes.POINTER(p)],
+            "cuGraphGetEdges_v2": [p, ctypes.POINTER(p), ctypes.POINTER(p), ctypes.POINTER(_EdgeData),
+                                   ctypes.POINTER(sz)],
+            "cuGraphRemoveDependencies_v2": [p, ctypes.POINTER(p), ctypes.POINTER(p), ctypes.POINTER(_EdgeData), sz],
+            "cuGraphAddDependencies_v2": [p, ctypes.POINTER(p), ctypes.POINTER(p), ctypes.POINTER(_EdgeData), sz],
+            "cuGraphInstantiateWithFlags": [ctypes.POINTER(p), p, ctypes.c_ulonglong],
+            "cuGraphLaunch": [p, p], "cuGraphExecDestroy": [p], "cuGraphDestroy": [p]}
+    api = {}
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, args
+        api[name] = fn
+    return api
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        _, error_name = _driver()
+        s = ctypes.c_char_p()
+        error_name(rc, ctypes.byref(s))
+        raise RuntimeError(f"{what}: {(s.value or b'?').decode()} ({rc})")
+
+
+def relax_edges(edges) -> list[int]:
+    """Indices of the (from_port, to_port, type) edges to rewrite: programmatic ones on the programmatic port."""
+    return [i for i, (fp, _tp, ty) in enumerate(edges) if ty == _DEPENDENCY_PROGRAMMATIC and fp == _PORT_PROGRAMMATIC]
+
+
+def _relax(graph) -> int:
+    api = _graph_api()
+    n = ctypes.c_size_t(0)
+    _check(api["cuGraphGetEdges_v2"](graph, None, None, None, ctypes.byref(n)), "cuGraphGetEdges")
+    k = n.value
+    if k == 0:
+        return 0
+    frm, to, data = (ctypes.c_void_p * k)(), (ctypes.c_void_p * k)(), (_EdgeData * k)()
+    _check(api["cuGraphGetEdges_v2"](graph, frm, to, data, ctypes.byref(n)), "cuGraphGetEdges")
+    sel = relax_edges([(d.from_port, d.to_port, d.type) for d in data])
+    if not sel:
+        return 0
+    m = len(sel)
+    f2, t2 = (ctypes.c_void_p * m)(*[frm[i] for i in sel]), (ctypes.c_void_p * m)(*[to[i] for i in sel])
+    old = (_EdgeData * m)(*[data[i] for i in sel])
+    new = (_EdgeData * m)()
+    for j in range(m):
+        new[j].from_port, new[j].type = _PORT_LAUNCH_ORDER, _DEPENDENCY_PROGRAMMATIC
+    _check(api["cuGraphRemoveDependencies_v2"](graph, f2, t2, old, m), "cuGraphRemoveDependencies")
+    _check(api["cuGraphAddDependencies_v2"](graph, f2, t2, new, m), "cuGraphAddDependencies")
+    return m
+
+
+class CapturedGraph:
+    """An instantiated graph from ``end_capture``; ``launch(stream)`` as CuPy's Graph. ``relaxed``: how many
+    edges were rewritten to launch order."""
+
+    def __init__(self, graph: int, exec_: int, relaxed: int):
+        self._graph, self._exec, self.relaxed = graph, exec_, relaxed
+
+    def launch(self, stream=None) -> None:
+        import cupy
+
+        s = stream if stream is not None else cupy.cuda.get_current_stream()
+        _check(_graph_api()["cuGraphLaunch"](ctypes.c_void_p(self._exec), ctypes.c_void_p(s.ptr)), "cuGraphLaunch")
+
+    def __del__(self):
+        try:
+            api = _graph_api()
+            if self._exec:
+                api["cuGraphExecDestroy"](ctypes.c_void_p(self._exec))
+            if self._graph:
+                api["cuGraphDestroy"](ctypes.c_void_p(self._graph))
+        except Exception:  # noqa: BLE001,S110 - at interpreter exit the driver may be gone
+            pass
+        self._exec = self._graph = 0
+
+
+def end_capture(stream, launch_order: bool | None = None) -> CapturedGraph:
+    """End the capture CuPy's ``stream.begin_capture()`` began; relax its PDL edges to launch order
+    (``launch_order``, default LAUNCH_ORDER) and instantiate it."""
+    api = _graph_api()
+    g = ctypes.c_void_p()
+    _check(api["cuStreamEndCapture"](ctypes.c_void_p(stream.ptr), ctypes.byref(g)), "cuStreamEndCapture")
+    try:
+        relaxed = _relax(g) if (LAUNCH_ORDER if launch_order is None else launch_order) else 0
+        ge = ctypes.c_void_p()
+        _check(api["cuGraphInstantiateWithFlags"](ctypes.byref(ge), g, 0), "cuGraphInstantiate")
+    except Exception:
+        api["cuGraphDestroy"](g)
+        raise
+    return CapturedGraph(int(g.value), int(ge.value), relaxed)

@@ -63,3 +63,13 @@ def test_without_pdl_the_launch_is_the_ordinary_call(monkeypatch):
     monkeypatch.setattr(pdl, "ENABLED", True)
     pdl.launch(fn, (3,), (32,), (np.int32(2),), pdl=False)
     assert calls == [((2,), (64,), (np.int32(1),), 128), ((3,), (32,), (np.int32(2),), 0)]
+
+
+def test_graph_edges_relaxed_are_the_programmatic_ones_only():
+    assert ctypes.sizeof(pdl._EdgeData) == 8  # cuda.h CUgraphEdgeData: three bytes and five reserved
+    edges = [(0, 0, 0),  # an ordinary edge (full completion): kept
+             (1, 0, 1),  # programmatic port, programmatic type (a PDL launch as captured): relaxed
+             (2, 0, 1),  # already launch order: kept
+             (0, 0, 1)]  # programmatic type from the completion port: kept
+    assert pdl.relax_edges(edges) == [1]
+    assert pdl.relax_edges([]) == []

@@ -91,6 +91,46 @@ def test_launch_overlaps_the_kernel_ahead_only_with_pdl(cupy, mod):
             assert start >= end, "an ordinary launch started before the kernel ahead finished"
 
 
+_NO_TRIGGER = r"""
+extern "C" __global__ void slow_fill(float* dst, int n, float value, long long spin_ns, unsigned long long* t_end) {
+    unsigned long long t0, t;  // no launch_dependents: only the graph's launch-order edge lets the probe start
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while ((long long)(t - t0) < spin_ns);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = value;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        *t_end = t;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("launch_order", [True, False])
+def test_graph_edges_relaxed_to_launch_order(cupy, mod, launch_order):
+    """A captured PDL launch after a kernel that never triggers: with the edge relaxed to launch order
+    (pdl.end_capture) the probe starts while that kernel still spins, and still copies what it wrote
+    (the wait holds); kept as captured, it starts after."""
+    from kernels_cu import pdl
+
+    cp = cupy
+    fill = cp.RawModule(code=_NO_TRIGGER, options=("-std=c++17",)).get_function("slow_fill")
+    x, y, t = cp.zeros(1024, np.float32), cp.zeros(1024, np.float32), cp.zeros(2, np.uint64)
+    s = cp.cuda.get_current_stream()
+    pdl.launch(mod.get_function("probe"), (1,), (128,), (t[:1], x, y, np.int32(x.size)))  # warm-up
+    s.synchronize()
+    s.begin_capture()
+    fill((1,), (256,), (x, np.int32(x.size), np.float32(7), np.int64(SPIN_NS // 4), t[1:]))
+    pdl.launch(mod.get_function("probe"), (1,), (128,), (t[:1], x, y, np.int32(x.size)))
+    g = pdl.end_capture(s, launch_order=launch_order)
+    assert g.relaxed == (1 if launch_order else 0)
+    g.launch(s)
+    s.synchronize()
+    start, end = (int(v) for v in cp.asnumpy(t))
+    assert (start < end) == launch_order, (start, end)
+    assert bool((y == 7).all())  # the fill wrote 7s; the probe copied them after its wait (x was 0 before)
+
+
 def _attention_case(cp, b, w, window, seed):
     rng = np.random.default_rng(seed)
     hq, hk, d, cap, front = 32, 8, 128, 4096, 4096
