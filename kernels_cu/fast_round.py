@@ -70,6 +70,13 @@ from reference import proposal_round as pr
 from reference import state_dict as sdm
 
 
+# The captured graph's PDL edges are relaxed to launch order (kernels_cu/pdl.py end_capture) for blocks of at
+# least this many rows (B * W). H200, one process (docs/reports/h200-round-ab-v10-launch-order.json, ms):
+# B8 W16 (128 rows) 35B 1.077 -> 1.052, 27B 2.182 -> 2.161; B1 W8 (8 rows) 35B 0.719 -> 0.733, 27B
+# 1.751 -> 1.772. The threshold sits between the two shapes measured; nothing between them was timed.
+LAUNCH_ORDER_MIN_ROWS = 64
+
+
 def cp():
     import cupy
 
@@ -351,7 +358,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
                                   + json.dumps(self.head_timings))
         rec["fast_round_pdl"] = (f"the block's glue and attention kernels under programmatic dependent launch "
                                  f"(kernels_cu/pdl.py, active={pdl.active()}); the captured graph's PDL edges "
-                                 f"relaxed to launch order: LAUNCH_ORDER={pdl.LAUNCH_ORDER}")
+                                 f"relaxed to launch order: LAUNCH_ORDER={pdl.LAUNCH_ORDER} from B * W >= "
+                                 f"{LAUNCH_ORDER_MIN_ROWS} rows")
         capable = cluster_capable()
         rec["fast_round_selector"] = (
             "select.cu (EXACT_SELECTOR)" if EXACT_SELECTOR else
@@ -440,8 +448,12 @@ class FastRound(ComposedRounds, FastCudaBackend):
             ws.capture_error = f"{type(exc).__name__}: {exc}"
             self._device_step(ws)
             return f"eager (capture failed: {ws.capture_error})"
-        # PDL edges relaxed to launch order where PDL is on (kernels_cu/pdl.py end_capture), else CuPy's graph
-        ws.graph = pdl.end_capture(s) if pdl.active() else s.end_capture()
+        # PDL edges relaxed to launch order where PDL is on and the block has LAUNCH_ORDER_MIN_ROWS rows or more
+        # (kernels_cu/pdl.py end_capture), else as captured; CuPy's graph without PDL
+        if pdl.active():
+            ws.graph = pdl.end_capture(s, launch_order=pdl.LAUNCH_ORDER and ws.dims.M >= LAUNCH_ORDER_MIN_ROWS)
+        else:
+            ws.graph = s.end_capture()
         ws.graph.launch(s)
         return "capture"
 

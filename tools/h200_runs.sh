@@ -41,6 +41,8 @@
 #   bash tools/h200_runs.sh v10-final      # session v10: every GPU test, both CLI suites of the fast mode
 #   bash tools/h200_runs.sh v10-bench      # session v10: masked_block at the 35B geometry, the round A/B (PDL off /
 #                                          # on), the bench of the block and the rounds, the trace
+#   bash tools/h200_runs.sh v10-lo         # session v10: launch-order edges from 64 rows: PDL / FastRound GPU tests,
+#                                          # FastRound's suite, the round A/B, the bench, the trace
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -233,6 +235,18 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 3 \
         --json "$OUT/round_ab.json"
       step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+        --json "$OUT/bench.json"
+      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v10-lo)  # session v10, the graph's PDL edges relaxed to launch order from 64 rows: PDL and FastRound GPU tests,
+             # FastRound's CLI suite, the round A/B, the bench of the block and the rounds, the trace
+      step pdl-round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
+        tests/gpu/test_fast_round.py
+      step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 2 \
+        --json "$OUT/round_ab.json"
+      step bench timeout 150 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
         --json "$OUT/bench.json"
       step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;

@@ -141,10 +141,16 @@ def _equal(a, b):
     return all(np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
 
 
+@pytest.mark.parametrize("launch_order_rows", [None, 0], ids=["default", "launch_order_always"])
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
-def test_replay_equals_eager_and_follows_new_inputs(cupy, variant):
+def test_replay_equals_eager_and_follows_new_inputs(cupy, monkeypatch, variant, launch_order_rows):
+    """launch_order_always: the graph's PDL edges relaxed to launch order at these small shapes too
+    (fast_round.LAUNCH_ORDER_MIN_ROWS 0; by default only blocks of 64+ rows get it)."""
+    from kernels_cu import fast_round, pdl
     from kernels_cu.fast_round import FastRound
 
+    if launch_order_rows is not None:
+        monkeypatch.setattr(fast_round, "LAUNCH_ORDER_MIN_ROWS", launch_order_rows)
     cp = cupy
     rnd = FastRound()
     vec = BY_VARIANT[variant]
@@ -153,6 +159,8 @@ def test_replay_equals_eager_and_follows_new_inputs(cupy, variant):
     assert rnd.last_path == "eager"
     first = _snap(rnd.step(**args))  # the workspace exists: this call replays the proposal_round's graph
     assert rnd.last_path == "graph" and _equal(first, eager)
+    if launch_order_rows == 0 and pdl.active():
+        assert next(iter(rnd._ws.values())).graph.relaxed > 0
     # new inputs into the captured buffers: another anchor, frontiers one back, a new seed
     V = int(vec.params["vocab_size"])
     new = dict(args, anchor=(args["anchor"] + 7) % (V - 1), frontier=cp.maximum(args["frontier"] - 1, 0),
