@@ -43,7 +43,7 @@ def main(argv=None) -> int:
                 fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)
             cp.cuda.runtime.deviceSynchronize()
             mt = fa._mt(min(w * HQ // HK, 64))
-            stages = fa.stages_for(b, HK, -(-(w * HQ // HK) // 64), mt)
+            stages = fa.stages_for()
             mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS, stages)
             clk = mod.get_global("fa_clock")
             st = mod.get_global("fa_start")

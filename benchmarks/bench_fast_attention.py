@@ -192,7 +192,7 @@ def main(argv=None) -> int:
                     r["kernels_us"], r["kernels"] = cupti_us(cp, torch, g, s)
                 if name.startswith("new"):
                     mt = fa._mt(min(w * HQ // HK, 64))
-                    r["stages"] = fa.stages_for(b, HK, -(-(w * HQ // HK) // 64), mt)
+                    r["stages"] = fa.stages_for()
                     r["resident"] = fa.resident_blocks(fa._dp(D), mt, name == "new f", r["stages"])
                     r["splits"] = fa.splits_for(b, HK, -(-(w * HQ // HK) // 64), cap, window, r["resident"])
                 rows.append(r)

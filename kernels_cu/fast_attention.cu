@@ -276,8 +276,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     static_assert(NS >= 2 && NS <= 4, "2 to 4 stages (cp_wait_n)");
     u16* sK = reinterpret_cast<u16*>(smem);                     // [NS stages][FA_NT][ST]
     u16* sV = sK + NS * FA_NT * ST;                             // [NS stages][FA_NT][ST]
-    u16* sQ = sV + NS * FA_NT * ST;                             // [FA_ROWS][ST] (BF16 q rows)
-    float* ps = reinterpret_cast<float*>(sQ + FA_ROWS * ST);    // [FA_WARPS][16][NKW]
+    // q's rows [16 MT][ST] (BF16 bits, read into registers before the loop) share their region with the
+    // per-warp P scratch [FA_WARPS][16][NKW] fp32 (the non-finite V path, inside the loop only): the region
+    // is the larger of the two (fast_attention.py smem_bytes), so q costs no occupancy
+    constexpr int QROWS = 16 * MT;
+    u16* sQ = sV + NS * FA_NT * ST;
+    float* ps = reinterpret_cast<float*>(sQ);
 
 #ifdef FA_TIMING
     {
@@ -332,7 +336,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // only); sK's stages, sV's and sQ's rows are contiguous
     if (D < DP) {
         const int pc = (DP - D) >> 3;
-        for (int idx = threadIdx.x; idx < (2 * NS * FA_NT + FA_ROWS) * pc; idx += FA_WARPS * 32) {
+        for (int idx = threadIdx.x; idx < (2 * NS * FA_NT + QROWS) * pc; idx += FA_WARPS * 32) {
             const int row = idx / pc, c = idx - (idx / pc) * pc;
             *reinterpret_cast<uint4*>(sK + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -407,19 +411,20 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
         }
     } else {
-        constexpr int QP = FA_ROWS / RPP;
+        constexpr int QP = (QROWS + RPP - 1) / RPP;
         uint4 qv[QP];
 #pragma unroll
         for (int j = 0; j < QP; ++j) {
             const int R = blockIdx.z * FA_ROWS + lrow + RPP * j;
-            const bool ok = R < M && ch_ok;
+            const bool ok = lrow + RPP * j < QROWS && R < M && ch_ok;
             const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
             const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + lch * 8;
             qv[j] = ok ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(qp) + off)
                        : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
-        for (int j = 0; j < QP; ++j) *reinterpret_cast<uint4*>(sQ + (lrow + RPP * j) * ST + lch * 8) = qv[j];
+        for (int j = 0; j < QP; ++j)
+            if (lrow + RPP * j < QROWS) *reinterpret_cast<uint4*>(sQ + (lrow + RPP * j) * ST + lch * 8) = qv[j];
         __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
@@ -795,7 +800,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_s{NS}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
 // fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
 // (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc):
-// 2 stages everywhere, 4 stages for MT 1 and 2 (what the launcher picks them for).
+// 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a forced STAGES; 3 builds with -DFA_NS=3).
 #define FA_KERNEL(DPV, MTV, NSV, F32V, SUF)                                                                      \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_s##NSV##_##SUF(     \
         const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \

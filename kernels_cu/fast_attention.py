@@ -68,9 +68,9 @@ def _mt(rows: int) -> int:
 
 
 def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
-    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit), the q rows [64][dp + 8] (16-bit), and the
-    per-warp P scratch [4][16][16 mt] fp32."""
-    return (2 * stages * _NT + _ROWS) * (dp + 8) * 2 + _WARPS * 16 * (16 * mt) * 4
+    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit), then one region shared by the q rows
+    [16 mt][dp + 8] (16-bit) and the per-warp P scratch [4][16][16 mt] fp32: the larger of the two."""
+    return 2 * stages * _NT * (dp + 8) * 2 + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4)
 
 
 # K/V pipeline stages (2 to 4): the kernel issues its first `stages` context tiles before it waits for the
@@ -81,8 +81,8 @@ def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
 STAGES: int | None = None
 
 
-def stages_for(b: int, hk: int, chunks: int, mt: int) -> int:
-    """The stage count for a call's grid (b * hk * chunks blocks per split, mt m-tiles): STAGES, else 2."""
+def stages_for() -> int:
+    """The stage count: STAGES, else 2."""
     return 2 if STAGES is None else int(STAGES)
 
 
@@ -231,7 +231,7 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     m_rows = w * g
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
-    stages = stages_for(b, hk, chunks, mt)
+    stages = stages_for()
     main, combine, smem = _kernels(dp, mt, not bits, stages)
     ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages))
     part_o = part_ml = None

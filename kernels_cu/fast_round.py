@@ -69,7 +69,6 @@ from kernels_cu.round import CudaRound
 from reference import proposal_round as pr
 from reference import state_dict as sdm
 
-
 # The captured graph's PDL edges are relaxed to launch order (kernels_cu/pdl.py end_capture) for blocks of at
 # least this many rows (B * W). H200, one process (docs/reports/h200-round-ab-v10-launch-order.json, ms):
 # B8 W16 (128 rows) 35B 1.077 -> 1.052, 27B 2.182 -> 2.161; B1 W8 (8 rows) 35B 0.719 -> 0.733, 27B
@@ -445,17 +444,26 @@ class FastRound(ComposedRounds, FastCudaBackend):
                 s.end_capture()
             except Exception:  # noqa: BLE001,S110 - the capture's own error is the one to keep
                 pass
-            ws.capture_error = f"{type(exc).__name__}: {exc}"
-            self._device_step(ws)
-            return f"eager (capture failed: {ws.capture_error})"
-        # PDL edges relaxed to launch order where PDL is on and the block has LAUNCH_ORDER_MIN_ROWS rows or more
-        # (kernels_cu/pdl.py end_capture), else as captured; CuPy's graph without PDL
-        if pdl.active():
-            ws.graph = pdl.end_capture(s, launch_order=pdl.LAUNCH_ORDER and ws.dims.M >= LAUNCH_ORDER_MIN_ROWS)
-        else:
-            ws.graph = s.end_capture()
+            return self._capture_failed(ws, exc)
+        try:  # the capture ends here whatever happens next (cuStreamEndCapture ends it on an error too)
+            # PDL edges relaxed to launch order where PDL is on and the block has LAUNCH_ORDER_MIN_ROWS rows or
+            # more (kernels_cu/pdl.py end_capture: the driver's end of capture, the edge rewrite, instantiation),
+            # else as captured; CuPy's graph without PDL
+            if pdl.active():
+                ws.graph = pdl.end_capture(s, launch_order=pdl.LAUNCH_ORDER and ws.dims.M >= LAUNCH_ORDER_MIN_ROWS)
+            else:
+                ws.graph = s.end_capture()
+        except Exception as exc:  # noqa: BLE001 - e.g. a driver without the graph edge API: eager, saying why
+            return self._capture_failed(ws, exc)
         ws.graph.launch(s)
         return "capture"
+
+    def _capture_failed(self, ws: RoundWorkspace, exc: Exception) -> str:
+        """No graph for this workspace (later steps run eagerly); this step runs eagerly now."""
+        ws.graph = None
+        ws.capture_error = f"{type(exc).__name__}: {exc}"
+        self._device_step(ws)
+        return f"eager (capture failed: {ws.capture_error})"
 
     # --- the Op ---------------------------------------------------------------------------------
 

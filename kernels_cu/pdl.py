@@ -102,12 +102,19 @@ def _capable(dev_id: int) -> bool:
 
 
 def active() -> bool:
-    """Whether ``launch`` uses PDL here (ENABLED, and a device of compute capability 9.0+)."""
+    """Whether ``launch`` uses PDL here (ENABLED, and a device of compute capability 9.0+); False where
+    CuPy or a device is missing."""
     if not ENABLED:
         return False
-    import cupy
+    try:
+        import cupy
 
-    return _capable(cupy.cuda.Device().id)
+        return _capable(cupy.cuda.Device().id)
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: nothing to launch under PDL
+        return False
+
+
+_LAUNCHED: set[int] = set()  # CUfunction handles launched under PDL here (end_capture relaxes edges into these)
 
 
 def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> None:
@@ -119,6 +126,7 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> N
     import cupy
 
     launch_ex, error_name = _driver()
+    _LAUNCHED.add(int(fn.kernel.ptr))
     values = [kernel_arg(a) for a in args]
     params = (ctypes.c_void_p * max(1, len(values)))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
@@ -138,9 +146,9 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> N
 # a glue kernel after a GEMM starts only as the GEMM's blocks exit. ``end_capture`` rewrites every such
 # edge to the "launch order" port (CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER): the kernel may start once every
 # block ahead has begun, and waits (griddepcontrol.wait) for that kernel's completion as before. Only
-# edges that were programmatic change, and only kernels launched through ``launch`` (which keep the rules
-# above: nothing a preceding kernel writes is read before the wait) have such edges. ``LAUNCH_ORDER``
-# False keeps the captured edges.
+# edges that were programmatic change, and only those into a kernel launched through ``launch`` (which
+# keeps the rules above: nothing a preceding kernel writes is read before the wait); a library's own PDL
+# edges, if any, stay as captured. ``LAUNCH_ORDER`` False keeps every edge as captured.
 
 LAUNCH_ORDER = True
 
@@ -164,6 +172,7 @@ def _graph_api():
             "cuGraphRemoveDependencies_v2": [p, ctypes.POINTER(p), ctypes.POINTER(p), ctypes.POINTER(_EdgeData), sz],
             "cuGraphAddDependencies_v2": [p, ctypes.POINTER(p), ctypes.POINTER(p), ctypes.POINTER(_EdgeData), sz],
             "cuGraphInstantiateWithFlags": [ctypes.POINTER(p), p, ctypes.c_ulonglong],
+            "cuGraphKernelNodeGetParams_v2": [p, ctypes.c_void_p],
             "cuGraphLaunch": [p, p], "cuGraphExecDestroy": [p], "cuGraphDestroy": [p]}
     api = {}
     for name, args in sigs.items():
@@ -181,9 +190,19 @@ def _check(rc: int, what: str) -> None:
         raise RuntimeError(f"{what}: {(s.value or b'?').decode()} ({rc})")
 
 
-def relax_edges(edges) -> list[int]:
-    """Indices of the (from_port, to_port, type) edges to rewrite: programmatic ones on the programmatic port."""
-    return [i for i, (fp, _tp, ty) in enumerate(edges) if ty == _DEPENDENCY_PROGRAMMATIC and fp == _PORT_PROGRAMMATIC]
+def relax_edges(edges, ours) -> list[int]:
+    """Indices of the (from_port, to_port, type) edges to rewrite: programmatic ones on the programmatic
+    port whose downstream kernel is ours (``ours[i]``)."""
+    return [i for i, (fp, _tp, ty) in enumerate(edges)
+            if ty == _DEPENDENCY_PROGRAMMATIC and fp == _PORT_PROGRAMMATIC and ours[i]]
+
+
+def _kernel_of(node) -> int:
+    """The CUfunction of a kernel node (0 for any other node): the first field of CUDA_KERNEL_NODE_PARAMS."""
+    buf = (ctypes.c_ubyte * 256)()  # the struct is 80 bytes in cuda.h 12 / 13; room to spare
+    if _graph_api()["cuGraphKernelNodeGetParams_v2"](node, ctypes.cast(buf, ctypes.c_void_p)) != 0:
+        return 0
+    return int.from_bytes(bytes(buf[:8]), "little")
 
 
 def _relax(graph) -> int:
@@ -195,7 +214,8 @@ def _relax(graph) -> int:
         return 0
     frm, to, data = (ctypes.c_void_p * k)(), (ctypes.c_void_p * k)(), (_EdgeData * k)()
     _check(api["cuGraphGetEdges_v2"](graph, frm, to, data, ctypes.byref(n)), "cuGraphGetEdges")
-    sel = relax_edges([(d.from_port, d.to_port, d.type) for d in data])
+    sel = relax_edges([(d.from_port, d.to_port, d.type) for d in data],
+                      [d.type == _DEPENDENCY_PROGRAMMATIC and _kernel_of(to[i]) in _LAUNCHED for i, d in enumerate(data)])
     if not sel:
         return 0
     m = len(sel)

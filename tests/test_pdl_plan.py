@@ -71,5 +71,6 @@ def test_graph_edges_relaxed_are_the_programmatic_ones_only():
              (1, 0, 1),  # programmatic port, programmatic type (a PDL launch as captured): relaxed
              (2, 0, 1),  # already launch order: kept
              (0, 0, 1)]  # programmatic type from the completion port: kept
-    assert pdl.relax_edges(edges) == [1]
-    assert pdl.relax_edges([]) == []
+    assert pdl.relax_edges(edges, [True] * 4) == [1]
+    assert pdl.relax_edges(edges, [True, False, True, True]) == []  # a downstream kernel not launched by us
+    assert pdl.relax_edges([], []) == []

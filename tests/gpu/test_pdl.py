@@ -147,15 +147,21 @@ def _attention_case(cp, b, w, window, seed):
     return new, old, (kc, vc, frontier, live, window)
 
 
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("inputs", ["bits", "f32"])
 @pytest.mark.parametrize("splits", [1, None])
 @pytest.mark.parametrize("shape", [(1, 8, 4096), (8, 16, 0)], ids=["B1W8_local", "B8W16_full"])
-def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape, splits):
+def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape, splits, inputs, stages):
+    """BF16-bit q/k/v (the Op's) and FP32 ones holding BF16 values (the FP32 path), 2 and 4 K/V stages."""
     from kernels_cu import fast_attention as fa
 
     cp = cupy
     monkeypatch.setattr(fa, "SPLITS", splits)
+    monkeypatch.setattr(fa, "STAGES", stages)
     b, w, window = shape
     new, old, rest = _attention_case(cp, b, w, window, seed=[b, w])
+    if inputs == "f32":
+        new, old = ([(x.astype(np.uint32) << 16).view(np.float32) for x in xs] for xs in (new, old))
     want = cp.asnumpy(fa.attention_fast(*new, *rest, f32_out=True, bf16_out=True, pdl=False)[0])
     for last in range(3):  # only the last producer runs beside the attention: each of q, k, v in turn
         bufs = [x.copy() for x in old]
