@@ -63,6 +63,13 @@ step() {  # name, command...: run it, log it, keep going, remember a failure
   [ $r -ne 0 ] && rc=1
   printf '%-22s rc=%d %4ds  %s\n' "$name" "$r" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-150)"
 }
+v10_perf() {  # rounds: the round A/B (PDL off / on), the bench of the block and the rounds, the trace
+  step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds "$1" \
+    --json "$OUT/round_ab.json"
+  step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+    --json "$OUT/bench.json"
+  step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+}
 round_steps() {  # the round bench (masked_block, proposal_round; fast mode and torch) and its kernel trace
   step bench-round timeout 70 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
     --json "$OUT/bench.json"
@@ -232,11 +239,7 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
                 # and the rounds, the trace
       step geo-35b-block timeout 200 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --geometry dflash-35b-a3b --ops masked_block --jobs 4 --json "$OUT/geometry_35b_block.json"
-      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 3 \
-        --json "$OUT/round_ab.json"
-      step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      v10_perf 3
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v10-lo)  # session v10, the graph's PDL edges relaxed to launch order from 64 rows: PDL and FastRound GPU tests,
              # FastRound's CLI suite, the round A/B, the bench of the block and the rounds, the trace
@@ -244,11 +247,7 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         tests/gpu/test_fast_round.py
       step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
-      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds 2 \
-        --json "$OUT/round_ab.json"
-      step bench timeout 150 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
-        --json "$OUT/bench.json"
-      step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --top 4 --json "$OUT/profile.json"
+      v10_perf 2
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,
