@@ -252,13 +252,6 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     return of, ob
 
 
-def _pdl_state() -> str:
-    try:
-        return str(_pdl_active())
-    except Exception as exc:  # noqa: BLE001 - no device here: say so in the record, do not fail it
-        return f"unknown ({type(exc).__name__})"
-
-
 class FastAttentionMixin:
     """The draft_attention Op on attention_fast (BF16 q/k/v and the caches read as they are)."""
 
@@ -276,6 +269,6 @@ class FastAttentionMixin:
                                  f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "
                                  "(None: 2), the first ones loaded before "
                                  f"griddepcontrol.wait; PDL in masked_block (kernels_cu/pdl.py, active="
-                                 f"{_pdl_state()}); exact fallback for D % 8 or D > "
+                                 f"{_pdl_active()}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

@@ -293,6 +293,11 @@ def split_k(M: int, N: int, K: int) -> int:
 PDL_GLUE = True
 
 
+def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
+    """A fast_block.cu kernel, under PDL while PDL_GLUE (read at the call)."""
+    launch(_fn(name), grid, block, args, shared_mem, pdl=PDL_GLUE)
+
+
 def attention_impl():
     """(function, name): the fast attention where kernels_cu/fast_attention.py provides it, else
     the exact kernel (same contract: fp32 q/k/v, BF16/FP16 cache bits -> (f32 or None, bits or None))."""
@@ -363,26 +368,26 @@ class CudaEngine:
         path = resid_norm_path(M, H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
                                bits=(src_bits, resid_bits, norm_hi, norm_lo))
         if path == "cluster":
-            launch(_fn("fb_resid_norm_cluster"), (_CLUSTER * M,), (_CLUSTER_THREADS,), args, pdl=PDL_GLUE)
+            _glue("fb_resid_norm_cluster", (_CLUSTER * M,), (_CLUSTER_THREADS,), args)
         else:
-            launch(_fn("fb_resid_norm"), (M,), (resid_norm_threads(H),),
-                   (*args, np.int32(1 if path == "strided" else 0)), pdl=PDL_GLUE)
+            _glue("fb_resid_norm", (M,), (resid_norm_threads(H),),
+                  (*args, np.int32(1 if path == "strided" else 0)))
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
-        launch(_fn("fb_qkv_post"), (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
-               (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
-                frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0)),
-               4 * d * (1 + _QKV_WARPS), pdl=PDL_GLUE)
+        _glue("fb_qkv_post", (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
+              (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
+               frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0)),
+              4 * d * (1 + _QKV_WARPS))
 
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
         dparts, dstride = _parts(dl, 2 * M, H // 4)
         vec = (CONV_PREPARE_VEC and H % 4 == 0 and x.data.ptr % 16 == 0 and base0.data.ptr % 16 == 0
                and prepared.data.ptr % 8 == 0 and (CONV_PREPARE_VEC == "always" or -(-H // 1024) * M >= 256))
-        launch(_fn("fb_conv_prepare"), _row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
-               (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
-                np.int64(dstride), np.int32(1 if vec else 0)), pdl=PDL_GLUE)
+        _glue("fb_conv_prepare", _row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
+              (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
+               np.int64(dstride), np.int32(1 if vec else 0)))
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
@@ -391,7 +396,7 @@ class CudaEngine:
         if inter % 4 == 0 and (gu.data.ptr % 16 or act.data.ptr % 8):  # the kernel's 16-byte path
             raise ValueError("fb_silu_mul: gu must be 16-byte and act 8-byte aligned when I % 4 == 0 "
                              "(workspace arrays are)")
-        launch(_fn("fb_silu_mul"), _row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act), pdl=PDL_GLUE)
+        _glue("fb_silu_mul", _row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
 
     def attention(self, q, k, v, kc, vc, frontier, live, window):
         """block_forward calls it right after qkv_post: the fast kernel may then run under PDL

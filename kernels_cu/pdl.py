@@ -65,8 +65,7 @@ def _dim3(d) -> tuple[int, int, int]:
     d = (d,) if isinstance(d, (int, np.integer)) else tuple(d)
     if not 1 <= len(d) <= 3:
         raise ValueError(f"pdl.launch: a grid / block of {len(d)} dimensions")
-    d = tuple(int(x) for x in d) + (1,) * (3 - len(d))
-    return d
+    return tuple(int(x) for x in d) + (1,) * (3 - len(d))
 
 
 def config(grid, block, shared_mem: int, stream_ptr: int, pdl: bool):
@@ -125,18 +124,14 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> N
         return
     import cupy
 
-    launch_ex, error_name = _driver()
+    launch_ex, _ = _driver()
     _LAUNCHED.add(int(fn.kernel.ptr))
     values = [kernel_arg(a) for a in args]
     params = (ctypes.c_void_p * max(1, len(values)))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
     cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, True)
-    rc = launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None)
-    if rc != 0:
-        s = ctypes.c_char_p()
-        error_name(rc, ctypes.byref(s))
-        raise RuntimeError(f"cuLaunchKernelEx ({getattr(fn, 'name', fn)}): "
-                           f"{(s.value or b'?').decode()} ({rc})")
+    _check(launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None),
+           f"cuLaunchKernelEx ({getattr(fn, 'name', fn)})")
 
 
 # --- CUDA graphs: PDL edges relaxed to launch order ---------------------------------------------------------
