@@ -17,6 +17,9 @@ over ``--rounds`` passes, each a set of module attributes:
   no_launch_order  the graph's PDL edges as captured (pdl.LAUNCH_ORDER False; default: relaxed to launch order)
   nopdl_glue  PDL for the attention only, the glue kernels launched the ordinary way (fast_block.PDL_GLUE)
   stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default 2)
+  cublas_layers  the layer GEMMs at <= 16 rows on cuBLAS (fast_gemv.GEMV False; default: kernels_cu/fast_gemv.cu)
+  gemv_nostage   fast_gemv without weight rows staged before the wait (fast_gemv.STAGE_BYTES 0)
+  gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
   default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
@@ -51,6 +54,9 @@ CONFIGS = {
     "no_launch_order": {"kernels_cu.pdl.LAUNCH_ORDER": False},
     "stages2": {"kernels_cu.fast_attention.STAGES": 2},
     "stages4": {"kernels_cu.fast_attention.STAGES": 4},
+    "cublas_layers": {"kernels_cu.fast_gemv.GEMV": False},
+    "gemv_nostage": {"kernels_cu.fast_gemv.STAGE_BYTES": 0},
+    "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
     "default": {},
 }
 

@@ -379,7 +379,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     };
 
     // The first NS context tiles are issued before the wait: under PDL (kernels_cu/pdl.py) they load while
-    // the kernel ahead (fb_qkv_post) still runs. The rings, frontier and live are not written by it.
+    // the kernels ahead (fb_qkv_post and, since each of the block's kernels triggers at its top, those
+    // before it) still run. The rings, frontier and live are written by none of the block's kernels.
 #pragma unroll
     for (int j = 0; j < NS; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
@@ -723,8 +724,8 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                                              const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, int ns,
                                              float* __restrict__ out_f32, u16* __restrict__ out_bf16) {
     constexpr int NP = (DP / 2 + 31) / 32;  // column pairs per lane
-    dfl::pdl_wait();  // launched under PDL (kernels_cu/pdl.py): the partials are complete after this
-    dfl::pdl_trigger();
+    dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
+    dfl::pdl_wait();     // launched under PDL (kernels_cu/pdl.py): the partials are complete after this
     const int G = Hq / Hk, M = W * G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long rows = (long long)B * Hk * M;

@@ -314,8 +314,8 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
               u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps, float* __restrict__ norm_f32,
               u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first, int bparts, long long bstride,
               int force_strided) {
-    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
-    dfl::pdl_trigger();
+    dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
+    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     const int r = blockIdx.x;
@@ -428,8 +428,8 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
                       u16* __restrict__ resid_bits, const float* __restrict__ norm_w, float eps,
                       float* __restrict__ norm_f32, u16* __restrict__ norm_hi, u16* __restrict__ norm_lo,
                       int skip_first, int bparts, long long bstride) {
-    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
-    dfl::pdl_trigger();
+    dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
+    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     __shared__ float part;
@@ -614,8 +614,8 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
                                            const float* __restrict__ base0, int W, int M, int H,
                                            u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
                                            long long dstride, int vec) {
-    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
-    dfl::pdl_trigger();
+    dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
+    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     __shared__ float dsm[2][64];
     if ((int)blockIdx.y >= M) return;  // block-uniform
     if (vec)
@@ -628,8 +628,8 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
 // fused GEMM output gu [M, 2I] (gate columns first). Grid (column blocks, M): row r = blockIdx.y;
 // four columns per thread with 16-byte loads when I % 4 == 0 (the same per-element arithmetic).
 extern "C" __global__ void fb_silu_mul(const float* __restrict__ gu, int M, int I, u16* __restrict__ act) {
-    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
-    dfl::pdl_trigger();
+    dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
+    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     const int r = blockIdx.y;
     if (r >= M) return;
     const float* gr = gu + (long long)r * 2 * I;

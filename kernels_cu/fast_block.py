@@ -350,6 +350,23 @@ class CudaEngine:
                 self._capture_error = f"{type(exc).__name__}: {exc}"
 
     @staticmethod
+    def gemv_takes(M: int, N: int, K: int) -> bool:
+        """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
+        from kernels_cu import fast_gemv
+
+        return fast_gemv.takes(M, N, K)
+
+    def layer_gemm(self, x_bits, w_bits, out):
+        """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
+        its weights before the kernel ahead finishes), else ``gemm``."""
+        if out.ndim == 2:
+            from kernels_cu import fast_gemv
+
+            if fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):
+                return
+        self.gemm(x_bits, w_bits, out)
+
+    @staticmethod
     def resid_norm(M, H, W, *, resid_in=None, src_bits=None, tok=None, mask_id=0, branch=None, conv_base=None,
                    fd=None, resid_out=None, resid_bits=None, norm_w=None, eps=0.0, norm_f32=None, norm_hi=None,
                    norm_lo=None, skip_first=False):
@@ -455,8 +472,10 @@ class Workspace:
 
 
 def _split_out(eng, M: int, N: int, K: int):
-    """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N]."""
-    s = split_k(M, N, K)
+    """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N] (never for a shape the
+    engine's gemv_takes: that kernel writes the whole sum)."""
+    takes = getattr(eng, "gemv_takes", None)
+    s = 1 if takes is not None and takes(M, N, K) else split_k(M, N, K)
     return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
@@ -473,7 +492,7 @@ def _gemm_input(eng, ws: Workspace, dm: Dims, wts: dict, l: int, side: str):
     finish delta)."""
     if not dm.conv:
         return ws.NB[: dm.M]
-    eng.gemm(ws.NB, wts[f"{side}_proj"][l], ws.DL)
+    getattr(eng, "layer_gemm", eng.gemm)(ws.NB, wts[f"{side}_proj"][l], ws.DL)
     eng.conv_prepare(ws.NF, ws.DL, wts[f"{side}_base"][l][0], dm.W, dm.M, dm.H, ws.P,
                      ws.FDA if side == "attn" else ws.FDM)
     return ws.P
@@ -491,22 +510,23 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     input_norm / post_norm [L, H], q_norm / k_norm [L, D] (fp32); DFlash2 also attn_base /
     mlp_base [L, 2, 2, H] (fp32) and attn_proj / mlp_proj [L, 4G, H] (BF16 bits)."""
     M, H, W = dm.M, dm.H, dm.W
+    gemm = getattr(eng, "layer_gemm", eng.gemm)  # CUDA: fast_gemv.cu at few rows (the CPU twin: its gemm)
     tail = None  # the previous layer's MLP branch, joined to the stream by the next residual update
     for l, window, kc, vc in layers:
         src = entry if tail is None else tail
         eng.resid_norm(M, H, W, **src, resid_out=ws.X, norm_w=wts["input_norm"][l], eps=eps,
                        **_norm_targets(ws, dm))
-        eng.gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
+        gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
         eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier, eps,
                      ws.Q, ws.K, ws.V)
         a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
-        eng.gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
+        gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
         eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X, norm_w=wts["post_norm"][l],
                        eps=eps, **_norm_targets(ws, dm))
-        eng.gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
+        gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
         eng.silu_mul(ws.GU, M, dm.I, ws.ACT)
-        eng.gemm(ws.ACT, wts["wdown"][l], ws.Z)
+        gemm(ws.ACT, wts["wdown"][l], ws.Z)
         tail = {"resid_in": ws.X, "branch": ws.Z}
         if dm.conv:
             tail.update(conv_base=wts["mlp_base"][l][1], fd=ws.FDM)
@@ -627,6 +647,9 @@ class FastBlockMixin:
                                    f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "
                                    f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
                                    f"{cluster_capable()}")
+        from kernels_cu import fast_gemv
+
+        rec["fast_block_gemv"] = fast_gemv.environment()
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

@@ -10,10 +10,16 @@ What a kernel launched this way must do (every kernel passed here does it):
 - call ``dfl::pdl_wait`` (``griddepcontrol.wait``) before it reads anything a preceding kernel
   may write, and before it writes anything. After the wait, every earlier kernel of the stream
   has completed (each PDL kernel waited for its own predecessor before it finished);
-- before the wait, read only what no kernel of the same sequence writes. The attention kernel
-  prefetches context tiles of the rings there: block_forward launches it this way right after
-  fb_qkv_post, whose predecessor (a GEMM, launched the ordinary way) started only after all ring
-  writes of the stream had completed. The draft_attention Op launches it the ordinary way.
+- before the wait, read only what no kernel of the same sequence writes. Two kernels read there:
+  - the attention prefetches context tiles of the rings. block_forward launches it this way; the
+    chain of PDL kernels it belongs to (the block's glue kernels, fast_gemv, the attention and its
+    combine, each triggering at its top) begins after a kernel launched the ordinary way (a cuBLAS
+    GEMM or the block's entry), which started only after every ring write of the stream had
+    completed, and no kernel of the chain writes a ring. The draft_attention Op launches it the
+    ordinary way;
+  - fast_gemv stages its weight rows, which are prepared once and written by no kernel of a round.
+- a kernel may trigger before its wait: its successor still waits for it to complete, and it
+  completes only after its own wait, so the wait in any kernel covers every kernel before it.
 
 Without a device of compute capability 9.0+, with ``ENABLED`` False (environment variable
 ``DFLASH_PDL=0``), or with ``pdl=False``, ``launch`` is the ordinary CuPy call; the kernels' wait

@@ -43,6 +43,8 @@
 #                                          # on), the bench of the block and the rounds, the trace
 #   bash tools/h200_runs.sh v10-lo         # session v10: launch-order edges from 64 rows: PDL / FastRound GPU tests,
 #                                          # FastRound's suite, the round A/B, the bench, the trace
+#   bash tools/h200_runs.sh v11-a          # session v11: fast_gemv (weights staged before the PDL wait): its GPU
+#                                          # tests, the PDL / block / round tests, the round A/B at B1 (logs.tgz)
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -248,6 +250,12 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step suite-fast-round timeout 60 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
       v10_perf 2
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v11-a)  # session v11: the layer GEMMs at few rows on fast_gemv.cu, staged before the wait
+      step gemv-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_gemv.py \
+        tests/gpu/test_pdl.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
+      step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8 \
+        --configs cublas_layers,gemv_nostage,gemv_nopdl,default --rounds 3 --json "$OUT/round_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,

@@ -222,3 +222,32 @@ def test_glue_kernels_read_only_after_the_wait(cupy, mod):
         return [q, k, v]
 
     twice(qkv, {"qkv": cp.asarray(rng.standard_normal((M, (hq + 2 * hk) * d)).astype(np.float32))})
+
+
+@pytest.mark.parametrize("M,N,K", [(8, 2048, 6144), (16, 1280, 5120)])
+def test_gemv_reads_x_and_writes_out_only_after_the_wait(cupy, mod, M, N, K):
+    """fast_gemv stages its weight rows before the wait (constants); x must be read, and out written,
+    only after it. A producer that triggers at once writes x (or garbage into out) 20 ms later."""
+    from kernels_cu import fast_gemv
+
+    cp = cupy
+    rng = np.random.default_rng(11)
+
+    def bits(shape):
+        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    w = cp.asarray(bits((N, K)))
+    x = cp.asarray(bits((M, K)))
+    out = cp.empty((M, N), np.float32)
+    assert fast_gemv.gemv_into(x, w, out)
+    plain = cp.asnumpy(out).view(np.uint32).copy()
+    # x produced late: the old contents are other values
+    xb = cp.asarray(bits((M, K)))
+    _produce(cp, mod, x, xb)
+    assert fast_gemv.gemv_into(xb, w, out)
+    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "x read before the wait"
+    # out overwritten late by the producer: the kernel's stores must come after it
+    junk = cp.full((M, N), np.nan, np.float32)
+    _produce(cp, mod, junk, out)
+    assert fast_gemv.gemv_into(x, w, out)
+    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "out written before the wait"

@@ -1,0 +1,88 @@
+"""The block's layer GEMMs at few rows on kernels_cu/fast_gemv.cu (issue 12, fast mode, session v11).
+
+``gemv_into(x, w, out)``: out [M, N] fp32 = x [M, K] @ w [N, K]^T, BF16 bits, FP32 accumulation on the
+tensor cores, M <= MAX_M (16). ``takes(M, N, K)`` says whether a shape runs here; fast_block's engine
+(``CudaEngine.layer_gemm``) sends the layers' GEMMs of such shapes here instead of cuBLAS, whole (no
+K-split partials).
+
+The kernel is launched under programmatic dependent launch (kernels_cu/pdl.py, while ``PDL`` and
+``pdl.active()``): it issues up to ``STAGE_BYTES`` of its block's weight rows into shared memory before
+it waits for the kernel ahead, so the weight stream of a GEMM overlaps the latency-bound kernels before
+it. Weights are the round's constants (prepared once, never written by a kernel of the round), which is
+what pdl.py's rule asks of anything read before the wait. See the .cu header for layout and numerics.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+
+from kernels_cu.loader import load_module
+from kernels_cu.pdl import launch
+
+GEMV = True  # False: every layer GEMM on cuBLAS (as before session v11)
+PDL = True  # False: launched the ordinary way (the staging then waits for nothing: same bits)
+# Shared memory a block stages before the wait: each warp step (a 32-wide K chunk per warp, 8 warps, 16
+# rows) is 8 KiB. 192 KiB holds a whole block of the 35B layers (K 2048 / 4096 / 6144: 64 / 128 / 192 KiB)
+# and leaves the static 4-8 KiB of the reduction under the H200's 227 KiB per block.
+STAGE_BYTES = 192 * 1024
+MAX_M = 16
+WARPS = 8  # fast_gemv.cu FGV_WARPS
+STEP_BYTES = WARPS * 2 * 32 * 16  # one step of every warp: two 16-byte slots per thread
+
+
+def cp():
+    import cupy
+
+    return cupy
+
+
+@functools.cache
+def _fn(name: str):
+    return load_module("fast_gemv").get_function(name)
+
+
+_OPTED: dict = {}  # function name -> dynamic shared memory it has been allowed
+
+
+def takes(M: int, N: int, K: int) -> bool:
+    return bool(GEMV) and 1 <= M <= MAX_M and K >= 32 and K % 32 == 0 and N >= 16 and N % 16 == 0
+
+
+def staged_steps(K: int, budget: int | None = None) -> int:
+    """Steps (per warp) staged before the wait: all of a warp's chunks, or what ``budget`` (STAGE_BYTES)
+    holds."""
+    steps = -(-(K // 32) // WARPS)
+    return max(0, min(steps, int(STAGE_BYTES if budget is None else budget) // STEP_BYTES))
+
+
+def gemv_into(x, w, out) -> bool:
+    """out = x @ w.T on fast_gemv.cu; False (nothing launched) where the arrays do not fit its contract
+    (shape, dtype, C order, 16-byte rows): the caller runs its GEMM instead."""
+    M, K = x.shape
+    N = w.shape[0]
+    if (not takes(M, N, K) or w.shape[1] != K or tuple(out.shape) != (M, N) or x.dtype != np.uint16
+            or w.dtype != np.uint16 or out.dtype != np.float32
+            or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)
+            or x.data.ptr % 16 or w.data.ptr % 16):
+        return False
+    name = "fast_gemv_n1" if M <= 8 else "fast_gemv_n2"
+    fn = _fn(name)
+    pre = staged_steps(K)
+    smem = pre * STEP_BYTES
+    if smem > _OPTED.get(name, 48 * 1024):  # above the default limit a kernel must opt in (cuFuncSetAttribute)
+        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            fn.max_dynamic_shared_size_bytes = smem
+        _OPTED[name] = smem
+    launch(fn, (N // 16,), (32 * WARPS,), (x, w, out, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
+           pdl=PDL)
+    return True
+
+
+def environment() -> str:
+    return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
+            f"m16n8k16, FP32 accumulation, whole: no K split); PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight "
+            "rows staged per block before griddepcontrol.wait; other shapes and the heads on cuBLAS")

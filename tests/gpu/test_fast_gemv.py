@@ -1,0 +1,116 @@
+"""kernels_cu/fast_gemv.cu on a GPU (issue 12, session v11): the block's layer GEMMs at few rows.
+
+- out = x @ w^T for M 1 .. 16 (one and two n-tiles), K from one chunk (32) to the 35B / 27B layers'
+  widths, a chunk count that is not a multiple of the warps x unroll: every element within the FP32
+  summation bound of the float64 product (BF16 x BF16 products are exact in FP32, so any order of
+  addition is within gamma_(K-1) sum |x_k w_k|); a wrong k permutation, a dropped chunk or a wrong
+  output index is far outside it (the planted products in the first and last chunks make a chunk
+  dropped at either end visible);
+- the staging of the weight rows before the wait changes where w is read from, not the order of
+  addition: no staging, part of K staged and all of it give the same bits, with PDL and without;
+- the same bits on every call and inside a captured graph;
+- shapes and arrays outside the kernel's contract are refused (False), so the caller runs cuBLAS.
+The race against a late producer of x (x read only after the wait) is in tests/gpu/test_pdl.py.
+Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+U = 2.0**-24
+
+
+def _bits(shape, seed):
+    a = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return (a.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _f64(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _case(M, N, K):
+    xh, wh = _bits((M, K), M * 7 + 1), _bits((N, K), N + K)
+    for k in (0, K - 1):  # planted products (8 x 8) in the first and the last chunk of every row
+        xh[:, k] = 0x4100
+        wh[:, k] = 0x4100
+    return xh, wh
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 16, 32), (8, 2048, 4096), (8, 6144, 2048), (7, 48, 96), (9, 32, 2048),
+                                   (16, 1280, 5120), (16, 64, 6144), (3, 5120, 17408), (8, 16, 1056)])
+def test_gemv_within_the_fp32_bound_and_repeatable(cupy, M, N, K):
+    from kernels_cu import fast_gemv
+
+    xh, wh = _case(M, N, K)
+    x, w = cupy.asarray(xh), cupy.asarray(wh)
+    out = cupy.full((M, N), np.nan, np.float32)
+    assert fast_gemv.gemv_into(x, w, out)
+    got = cupy.asnumpy(out).astype(np.float64)
+    xf, wf = _f64(xh), _f64(wh)
+    exact = xf @ wf.T
+    # FP32 summation of K exact products: |error| <= gamma_(K-1) * sum |x_k w_k| (Higham 3.1)
+    bound = (K - 1) * U / (1 - (K - 1) * U) * (np.abs(xf) @ np.abs(wf).T)
+    err = np.abs(got - exact)
+    assert np.isfinite(got).all()
+    assert (err <= bound).all(), f"{float((err / bound).max()):.3g} x the bound"
+    first = cupy.asnumpy(out).view(np.uint32).copy()
+    out.fill(0)
+    fast_gemv.gemv_into(x, w, out)
+    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), first)
+
+
+@pytest.mark.parametrize("M,N,K", [(8, 2048, 6144), (16, 1280, 5120), (5, 64, 17408), (8, 32, 96)])
+def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
+    from kernels_cu import fast_gemv
+
+    xh, wh = _case(M, N, K)
+    x, w = cupy.asarray(xh), cupy.asarray(wh)
+    steps = -(-(K // 32) // fast_gemv.WARPS)
+    seen = {}
+    for budget in (0, fast_gemv.STEP_BYTES, 3 * fast_gemv.STEP_BYTES, steps * fast_gemv.STEP_BYTES,
+                   fast_gemv.STAGE_BYTES):
+        for use_pdl in (True, False):
+            monkeypatch.setattr(fast_gemv, "STAGE_BYTES", budget)
+            monkeypatch.setattr(fast_gemv, "PDL", use_pdl)
+            out = cupy.full((M, N), np.nan, np.float32)
+            assert fast_gemv.gemv_into(x, w, out)
+            seen[(budget, use_pdl)] = cupy.asnumpy(out).view(np.uint32).copy()
+    ref = seen[(0, False)]
+    for key, bits in seen.items():
+        assert np.array_equal(bits, ref), f"staging budget {key[0]} B, PDL {key[1]}: other bits"
+
+
+def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
+    from kernels_cu import fast_gemv
+
+    x, w = cupy.asarray(_bits((8, 2048), 1)), cupy.asarray(_bits((12288, 2048), 2))
+    out = cupy.empty((8, 12288), np.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        fast_gemv.gemv_into(x, w, out)
+        eager = cupy.asnumpy(out).view(np.uint32).copy()
+        s.begin_capture()
+        fast_gemv.gemv_into(x, w, out)
+        g = s.end_capture()
+        out.fill(0)
+        g.launch(s)
+        s.synchronize()
+    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), eager)
+
+
+def test_gemv_refuses_what_it_cannot_run(cupy):
+    from kernels_cu import fast_gemv
+
+    def call(M, N, K, off=0):
+        x = cupy.zeros(M * K + off, np.uint16)[off:].reshape(M, K)
+        return fast_gemv.gemv_into(x, cupy.zeros((N, K), np.uint16), cupy.zeros((M, N), np.float32))
+
+    assert call(8, 64, 64)
+    assert not call(17, 64, 64)  # more rows than two n-tiles
+    assert not call(8, 64, 48)  # K not a multiple of 32
+    assert not call(8, 40, 64)  # N not a multiple of 16
+    assert not call(8, 64, 64, off=1)  # rows not 16-byte aligned
