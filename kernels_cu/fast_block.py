@@ -354,12 +354,12 @@ class CudaEngine:
         """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
         from kernels_cu import fast_gemv
 
-        return fast_gemv.takes(M, N, K)
+        return fast_gemv.chooses(M, N, K)
 
     def layer_gemm(self, x_bits, w_bits, out):
         """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
         its weights before the kernel ahead finishes), else ``gemm``."""
-        if out.ndim == 2:
+        if out.ndim == 2 and self.gemv_takes(out.shape[0], out.shape[1], x_bits.shape[1]):
             from kernels_cu import fast_gemv
 
             if fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):

@@ -28,6 +28,11 @@ PDL = True  # False: launched the ordinary way (the staging then waits for nothi
 # rows) is 8 KiB. 192 KiB holds a whole block of the 35B layers (K 2048 / 4096 / 6144: 64 / 128 / 192 KiB)
 # and leaves the static 4-8 KiB of the reduction under the H200's 227 KiB per block.
 STAGE_BYTES = 192 * 1024
+# Grids of more waves than this (blocks against the blocks the GPU holds at once at the staged footprint)
+# stay on cuBLAS in the block (``chooses``): only a grid's first wave can stage before the wait, and
+# at the 27B layers (2.9 to 16.5 waves) the kernel measured slower than cuBLAS with and without staging
+# (round 27B B1 W8 2.203 / 1.835 ms against 1.715, docs/reports/h200-round-ab-v11-a.json).
+MAX_WAVES = 1.0
 MAX_M = 16
 WARPS = 8  # fast_gemv.cu FGV_WARPS
 STEP_BYTES = WARPS * 2 * 32 * 16  # one step of every warp: two 16-byte slots per thread
@@ -51,11 +56,58 @@ def takes(M: int, N: int, K: int) -> bool:
     return bool(GEMV) and 1 <= M <= MAX_M and K >= 32 and K % 32 == 0 and N >= 16 and N % 16 == 0
 
 
-def staged_steps(K: int, budget: int | None = None) -> int:
+def staged_steps(K: int, budget: int | None = None, cap: int | None = None) -> int:
     """Steps (per warp) staged before the wait: all of a warp's chunks, or what ``budget`` (STAGE_BYTES)
-    holds."""
+    holds, at most ``cap`` bytes (the device's shared memory per block less the static reduction)."""
     steps = -(-(K // 32) // WARPS)
-    return max(0, min(steps, int(STAGE_BYTES if budget is None else budget) // STEP_BYTES))
+    b = int(STAGE_BYTES if budget is None else budget)
+    if cap is not None:
+        b = min(b, int(cap))
+    return max(0, min(steps, b // STEP_BYTES))
+
+
+@functools.cache
+def _device(dev_id: int) -> tuple[int, int]:
+    """(multiprocessors, dynamic shared memory a block may opt in to, less the 8 KiB static reduction)."""
+    a = cp().cuda.Device(dev_id).attributes
+    return int(a["MultiProcessorCount"]), int(a.get("MaxSharedMemoryPerBlockOptin", 227 * 1024)) - 8 * 1024
+
+
+def _plan(M: int, K: int):
+    """(function name, staged steps, dynamic shared memory) of a launch on the current device."""
+    _, cap = _device(cp().cuda.Device().id)
+    pre = staged_steps(K, cap=cap)
+    return ("fast_gemv_n1" if M <= 8 else "fast_gemv_n2"), pre, pre * STEP_BYTES
+
+
+def _opt_in(name: str, smem: int):
+    fn = _fn(name)
+    if smem > _OPTED.get(name, 48 * 1024):  # above the default limit a kernel must opt in (cuFuncSetAttribute)
+        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            fn.max_dynamic_shared_size_bytes = smem
+        _OPTED[name] = smem
+    return fn
+
+
+@functools.cache
+def _waves(M: int, N: int, K: int, stage_bytes: int, dev_id: int) -> float:
+    name, _, smem = _plan(M, K)
+    fn = _opt_in(name, smem)
+    sms, _ = _device(dev_id)
+    per_sm = int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, 32 * WARPS, smem))
+    return (N // 16) / max(1, per_sm * sms)
+
+
+def waves(M: int, N: int, K: int) -> float:
+    """The grid's blocks over those the device holds at once at the staged footprint (the driver's
+    occupancy calculator)."""
+    return _waves(M, N, K, STAGE_BYTES, cp().cuda.Device().id)
+
+
+def chooses(M: int, N: int, K: int) -> bool:
+    """Whether the block sends a GEMM of this shape here: ``takes`` it and its grid is at most MAX_WAVES."""
+    return takes(M, N, K) and waves(M, N, K) <= MAX_WAVES
 
 
 def gemv_into(x, w, out) -> bool:
@@ -68,15 +120,8 @@ def gemv_into(x, w, out) -> bool:
             or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)
             or x.data.ptr % 16 or w.data.ptr % 16):
         return False
-    name = "fast_gemv_n1" if M <= 8 else "fast_gemv_n2"
-    fn = _fn(name)
-    pre = staged_steps(K)
-    smem = pre * STEP_BYTES
-    if smem > _OPTED.get(name, 48 * 1024):  # above the default limit a kernel must opt in (cuFuncSetAttribute)
-        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
-            warnings.simplefilter("ignore", DeprecationWarning)
-            fn.max_dynamic_shared_size_bytes = smem
-        _OPTED[name] = smem
+    name, pre, smem = _plan(M, K)
+    fn = _opt_in(name, smem)
     launch(fn, (N // 16,), (32 * WARPS,), (x, w, out, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
            pdl=PDL)
     return True
@@ -84,5 +129,6 @@ def gemv_into(x, w, out) -> bool:
 
 def environment() -> str:
     return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
-            f"m16n8k16, FP32 accumulation, whole: no K split); PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight "
-            "rows staged per block before griddepcontrol.wait; other shapes and the heads on cuBLAS")
+            f"m16n8k16, FP32 accumulation, whole: no K split) where the grid is at most MAX_WAVES={MAX_WAVES} "
+            f"waves; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
+            "griddepcontrol.wait; other shapes and the heads on cuBLAS")

@@ -253,9 +253,9 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v11-a)  # session v11: the layer GEMMs at few rows on fast_gemv.cu, staged before the wait
       step gemv-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_gemv.py \
-        tests/gpu/test_pdl.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
+        ${V11_TESTS:-tests/gpu/test_pdl.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py}
       step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8 \
-        --configs cublas_layers,gemv_nostage,gemv_nopdl,default --rounds 3 --json "$OUT/round_ab.json"
+        --configs ${V11_CONFIGS:-cublas_layers,gemv_nostage,gemv_nopdl,default} --rounds 3 --json "$OUT/round_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,

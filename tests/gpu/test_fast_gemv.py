@@ -71,6 +71,7 @@ def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
     x, w = cupy.asarray(xh), cupy.asarray(wh)
     steps = -(-(K // 32) // fast_gemv.WARPS)
     seen = {}
+    # the last budgets exceed what a block may hold at K 17408: the plan caps them at the device's limit
     for budget in (0, fast_gemv.STEP_BYTES, 3 * fast_gemv.STEP_BYTES, steps * fast_gemv.STEP_BYTES,
                    fast_gemv.STAGE_BYTES):
         for use_pdl in (True, False):
@@ -89,6 +90,9 @@ def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
 
     x, w = cupy.asarray(_bits((8, 2048), 1)), cupy.asarray(_bits((12288, 2048), 2))
     out = cupy.empty((8, 12288), np.float32)
+    # the copies above ran on the legacy stream, which a non-blocking stream does not wait for (a pageable
+    # copy returns before its DMA lands; without this the eager call raced w's upload: session v9's failure)
+    cupy.cuda.Device().synchronize()
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
         fast_gemv.gemv_into(x, w, out)
@@ -100,6 +104,22 @@ def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
         g.launch(s)
         s.synchronize()
     assert np.array_equal(cupy.asnumpy(out).view(np.uint32), eager)
+
+
+def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
+    """CudaEngine sends a layer GEMM here only when its grid fits MAX_WAVES at the staged footprint: the 35B
+    qkv (384 blocks of 64 KiB, three a multiprocessor on the H200's 132) and o (128 blocks) do; the 27B
+    qkv (384 blocks of 160 KiB, one a multiprocessor) does not."""
+    from kernels_cu import fast_block, fast_gemv
+
+    monkeypatch.setattr(fast_gemv, "MAX_WAVES", 1.0)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert fast_gemv.waves(8, 2048, 4096) == pytest.approx(128 / sms)
+    assert fast_gemv.waves(8, 6144, 5120) == pytest.approx(384 / sms)
+    eng = fast_block.CudaEngine(attention=(None, "none"))
+    if sms >= 128:
+        assert eng.gemv_takes(8, 6144, 2048) and eng.gemv_takes(8, 2048, 4096)
+    assert not eng.gemv_takes(8, 6144, 5120) and not eng.gemv_takes(128, 6144, 2048)
 
 
 def test_gemv_refuses_what_it_cannot_run(cupy):
