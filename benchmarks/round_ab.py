@@ -19,8 +19,9 @@ over ``--rounds`` passes, each a set of module attributes:
   stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default 2)
   cublas_layers  the layer GEMMs at <= 16 rows on cuBLAS (fast_gemv.GEMV False; default: kernels_cu/fast_gemv.cu)
   gemv_nostage   fast_gemv without weight rows staged before the wait (fast_gemv.STAGE_BYTES 0)
-  gemv_waves2    fast_gemv also for grids of up to 2 waves (fast_gemv.MAX_WAVES 2; default 1: the 35B gate/up
-                 projection, 1.9 waves, on cuBLAS)
+  gemv_waves1    fast_gemv only for grids of one wave (fast_gemv.MAX_WAVES 1; default 2: the 35B gate/up
+                 projection, 1.9 waves, on fast_gemv)
+  gemv_m8        fast_gemv only up to 8 rows (fast_gemv.MAX_M 8: the DFlash2 conv delta's 16 rows on cuBLAS)
   gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
   default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
@@ -58,7 +59,8 @@ CONFIGS = {
     "stages4": {"kernels_cu.fast_attention.STAGES": 4},
     "cublas_layers": {"kernels_cu.fast_gemv.GEMV": False},
     "gemv_nostage": {"kernels_cu.fast_gemv.STAGE_BYTES": 0},
-    "gemv_waves2": {"kernels_cu.fast_gemv.MAX_WAVES": 2.0},
+    "gemv_waves1": {"kernels_cu.fast_gemv.MAX_WAVES": 1.0},
+    "gemv_m8": {"kernels_cu.fast_gemv.MAX_M": 8},
     "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
     "default": {},
 }

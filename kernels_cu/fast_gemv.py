@@ -30,9 +30,11 @@ PDL = True  # False: launched the ordinary way (the staging then waits for nothi
 STAGE_BYTES = 192 * 1024
 # Grids of more waves than this (blocks against the blocks the GPU holds at once at the staged footprint)
 # stay on cuBLAS in the block (``chooses``): only a grid's first wave can stage before the wait, and
-# at the 27B layers (2.9 to 16.5 waves) the kernel measured slower than cuBLAS with and without staging
-# (round 27B B1 W8 2.203 / 1.835 ms against 1.715, docs/reports/h200-round-ab-v11-a.json).
-MAX_WAVES = 1.0
+# at the 27B layers (2.4 to 16.5 waves) the kernel measured slower than cuBLAS with and without staging
+# (round 27B B1 W8 2.203 / 1.835 ms against 1.715, docs/reports/h200-round-ab-v11-a.json). The 35B
+# gate/up projection (1.9 waves) gained: 35B B1 W8 0.678 ms with it against 0.689 on cuBLAS
+# (docs/reports/h200-round-ab-v11-b.json).
+MAX_WAVES = 2.0
 MAX_M = 16
 WARPS = 8  # fast_gemv.cu FGV_WARPS
 STEP_BYTES = WARPS * 2 * 32 * 16  # one step of every warp: two 16-byte slots per thread

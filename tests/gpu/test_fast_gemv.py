@@ -112,7 +112,7 @@ def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
     qkv (384 blocks of 160 KiB, one a multiprocessor) does not."""
     from kernels_cu import fast_block, fast_gemv
 
-    monkeypatch.setattr(fast_gemv, "MAX_WAVES", 1.0)
+    monkeypatch.setattr(fast_gemv, "MAX_WAVES", 1.0)  # the 35B gate/up (1.9 waves) then stays out
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert fast_gemv.waves(8, 2048, 4096) == pytest.approx(128 / sms)
     assert fast_gemv.waves(8, 6144, 5120) == pytest.approx(384 / sms)
