@@ -61,20 +61,37 @@ def trace_kernels(torch, fn, reps: int) -> list[list[dict]]:
             for i in range(reps)]
 
 
+def advances(call: list[dict]) -> list[float]:
+    """Per kernel (in start order), how far its end moves the call's completion frontier: its end less
+    the latest end of the kernels before it (0 if it ends earlier; the first kernel: its duration).
+    Under programmatic dependent launch a kernel's duration includes the time it waits after an early
+    start, so durations overlap; the advances do not, and they add up to the span."""
+    out, frontier = [], None
+    for k in call:
+        end = k["ts"] + k["dur"]
+        out.append(k["dur"] if frontier is None else max(0.0, end - frontier))
+        frontier = end if frontier is None else max(frontier, end)
+    return out
+
+
 def summarize(calls: list[list[dict]]) -> dict:
     span = statistics.median(c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls)
     busy = statistics.median(sum(k["dur"] for k in c) for c in calls)
     per_pos = [statistics.median(c[i]["dur"] for c in calls) for i in range(len(calls[0]))]
+    adv = [advances(c) for c in calls]
+    per_adv = [statistics.median(a[i] for a in adv) for i in range(len(calls[0]))]
     classes: dict[str, list] = {}
-    for k, t in zip(calls[0], per_pos):
-        cl = classes.setdefault(kernel_class(k["name"]), [0, 0.0])
+    for k, t, a in zip(calls[0], per_pos, per_adv):
+        cl = classes.setdefault(kernel_class(k["name"]), [0, 0.0, 0.0])
         cl[0] += 1
         cl[1] += t
-    kernels = [{"i": i, "name": k["name"][:90], "class": kernel_class(k["name"]), "us": round(t, 2)}
-               for i, (k, t) in enumerate(zip(calls[0], per_pos))]
+        cl[2] += a
+    kernels = [{"i": i, "name": k["name"][:90], "class": kernel_class(k["name"]), "us": round(t, 2),
+                "advance_us": round(a, 2)} for i, (k, t, a) in enumerate(zip(calls[0], per_pos, per_adv))]
     return {"span_us": round(span, 1), "busy_us": round(busy, 1), "gaps_us": round(span - busy, 1),
             "kernels_per_call": len(per_pos),
-            "classes": {c: {"n": n, "us": round(t, 1)} for c, (n, t) in sorted(classes.items(), key=lambda x: -x[1][1])},
+            "classes": {c: {"n": n, "us": round(t, 1), "advance_us": round(a, 1)}
+                        for c, (n, t, a) in sorted(classes.items(), key=lambda x: -x[1][1])},
             "kernels": kernels}
 
 
@@ -109,6 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--geometries", default="dflash2-27b,dflash-35b-a3b")
     ap.add_argument("--no-gemm-probe", action="store_true")
     ap.add_argument("--top", type=int, default=12, help="slowest kernels printed per case")
+    ap.add_argument("--sequence", action="store_true", help="print every kernel's duration and advance")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -167,7 +185,10 @@ def main(argv=None) -> int:
                   f"{summ['kernels_per_call']} kernels; weight floor {case['weight_floor_ms'] * 1e3:.0f} us", flush=True)
             print(f"   logits: {logit_stats}")
             for c, v in summ["classes"].items():
-                print(f"   {c:24s} {v['n']:4d} kernels {v['us']:8.1f} us")
+                print(f"   {c:24s} {v['n']:4d} kernels {v['us']:8.1f} us, advancing the end by {v['advance_us']:7.1f} us")
+            if args.sequence:  # every kernel in start order: duration and advance of the completion frontier
+                for k in summ["kernels"]:
+                    print(f"   {k['i']:3d} {k['us']:8.2f} {k['advance_us']:8.2f}  {k['class']:12s} {k['name'][:60]}")
             for k in sorted(summ["kernels"], key=lambda k: -k["us"])[:args.top]:
                 print(f"   #{k['i']:3d} {k['us']:8.1f} us  {k['class']:12s} {k['name']}")
             del keep, kw, kw_ws

@@ -35,6 +35,11 @@ STAGE_BYTES = 192 * 1024
 # gate/up projection (1.9 waves) gained: 35B B1 W8 0.678 ms with it against 0.689 on cuBLAS
 # (docs/reports/h200-round-ab-v11-b.json).
 MAX_WAVES = 2.0
+# Grids of fewer blocks than this fraction of the multiprocessors stay on cuBLAS too: one block streams
+# its rows on one multiprocessor, so the DFlash2 conv delta (16 rows, N 1280: 80 blocks of 160 KiB on
+# 132 SMs) read at 80/132 of the bandwidth; round 27B B1 W8 1.758 ms with it against 1.746 on cuBLAS
+# (docs/reports/h200-round-ab-v11-c.json, config gemv_m8). The 35B o / down projections have 128 blocks.
+MIN_FILL = 0.9
 MAX_M = 16
 WARPS = 8  # fast_gemv.cu FGV_WARPS
 STEP_BYTES = WARPS * 2 * 32 * 16  # one step of every warp: two 16-byte slots per thread
@@ -108,8 +113,12 @@ def waves(M: int, N: int, K: int) -> float:
 
 
 def chooses(M: int, N: int, K: int) -> bool:
-    """Whether the block sends a GEMM of this shape here: ``takes`` it and its grid is at most MAX_WAVES."""
-    return takes(M, N, K) and waves(M, N, K) <= MAX_WAVES
+    """Whether the block sends a GEMM of this shape here: ``takes`` it, its grid is at most MAX_WAVES, and it
+    has a block for at least MIN_FILL of the multiprocessors."""
+    if not takes(M, N, K):
+        return False
+    sms, _ = _device(cp().cuda.Device().id)
+    return N // 16 >= MIN_FILL * sms and waves(M, N, K) <= MAX_WAVES
 
 
 def gemv_into(x, w, out) -> bool:
@@ -132,5 +141,5 @@ def gemv_into(x, w, out) -> bool:
 def environment() -> str:
     return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
             f"m16n8k16, FP32 accumulation, whole: no K split) where the grid is at most MAX_WAVES={MAX_WAVES} "
-            f"waves; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
+            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
             "griddepcontrol.wait; other shapes and the heads on cuBLAS")

@@ -120,6 +120,7 @@ def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
     if sms >= 128:
         assert eng.gemv_takes(8, 6144, 2048) and eng.gemv_takes(8, 2048, 4096)
     assert not eng.gemv_takes(8, 6144, 5120) and not eng.gemv_takes(128, 6144, 2048)
+    assert not eng.gemv_takes(16, 1280, 5120)  # 80 blocks: under MIN_FILL of the multiprocessors
 
 
 def test_gemv_refuses_what_it_cannot_run(cupy):
