@@ -315,7 +315,9 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
               u16* __restrict__ norm_hi, u16* __restrict__ norm_lo, int skip_first, int bparts, long long bstride,
               int force_strided) {
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
-    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    if (norm_w && blockIdx.x < M)  // a constant: its lines asked for in L2 while the kernel ahead runs
+        for (int c = threadIdx.x * 32; c < H; c += blockDim.x * 32) dfl::prefetch_l2(norm_w + c);
+    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing else is read before this
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     const int r = blockIdx.x;
@@ -407,9 +409,12 @@ __device__ __forceinline__ void fb_resid_norm_cl(int r, int i, int b, int H, int
     const float mine = dfl::block_sum(ss, scratch);
     if (threadIdx.x == 0) *part = mine;
     fb_cluster_sync();  // every partial published
+    float pv[FB_CL];  // every peer's load issued before the first add (one remote latency, not FB_CL)
+#pragma unroll
+    for (int q = 0; q < FB_CL; ++q) pv[q] = fb_dsmem_load(part, (unsigned)q);
     float tot = 0.f;
 #pragma unroll
-    for (int q = 0; q < FB_CL; ++q) tot += fb_dsmem_load(part, (unsigned)q);  // rank order in every CTA
+    for (int q = 0; q < FB_CL; ++q) tot += pv[q];  // rank order in every CTA
     fb_cluster_sync();  // peers done reading this CTA's partial
     const float denom = sqrtf(tot / (float)H + eps);
     if (skip_first && i == 0) return;
@@ -429,11 +434,14 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
                       float* __restrict__ norm_f32, u16* __restrict__ norm_hi, u16* __restrict__ norm_lo,
                       int skip_first, int bparts, long long bstride) {
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
-    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     __shared__ float part;
     const int r = blockIdx.x / FB_CL, q = blockIdx.x % FB_CL;  // 1-D clusters: rank = blockIdx.x % FB_CL
+    if (norm_w && r < M)  // this CTA's slice of a constant, asked for in L2 while the kernel ahead runs
+        for (int c = (H / FB_CL) * q + threadIdx.x * 32; c < (H / FB_CL) * (q + 1); c += FB_CL_THREADS * 32)
+            dfl::prefetch_l2(norm_w + c);
+    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing else is read before this
     if (r >= M) return;  // whole clusters (the grid is FB_CL * M)
     const int i = r % W, b = r / W;
     const u16* srow = resid_in ? nullptr : fb_source_row(r, i, b, H, src_bits, tok, tok_mode, mask_id);
@@ -488,18 +496,21 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     dfl::pdl_trigger();  // the attention may launch: it prefetches ring tiles, then waits for this grid
     if (r >= M) return;  // block-uniform
     const long long pos = frontier[r / W] + (long long)(r % W);  // an input of the Op, no kernel's output
-    dfl::pdl_wait();  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
-    const float* x = qkv + ((long long)r * heads + h) * D;
-    const bool live_head = h < heads;  // warp-uniform
-    float xr[4];  // the head's first 128 elements, loaded before the table's double sincos (overlapped)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) xr[e] = live_head && lane + 32 * e < D ? x[lane + 32 * e] : 0.f;
+    // The row's RoPE table depends on pos and inv_freq only (no kernel's output): built before the wait,
+    // while the kernel ahead still runs, and the head's norm weight asked for in L2.
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double s_, c_;
         sincos((double)pos * inv_freq[i], &s_, &c_);
         cs[i] = (float)c_;
         cs[half + i] = (float)s_;
     }
+    if (h < Hq + Hk && lane * 32 < D) dfl::prefetch_l2((h < Hq ? q_norm : k_norm) + lane * 32);
+    dfl::pdl_wait();  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
+    const float* x = qkv + ((long long)r * heads + h) * D;
+    const bool live_head = h < heads;  // warp-uniform
+    float xr[4];  // the head's first 128 elements
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xr[e] = live_head && lane + 32 * e < D ? x[lane + 32 * e] : 0.f;
     __syncthreads();
     if (!live_head) return;  // warp-uniform, after the block's only barrier
 #pragma unroll

@@ -23,8 +23,9 @@
 // Staging. The first `pre` steps of every warp come from shared memory: each thread copies exactly
 // the 2 x 16 bytes it will read, into slots of its own (lane-contiguous, so neither the copy nor
 // the read has a bank conflict and no barrier is needed: cp.async.wait_all covers the thread's own
-// copies). Steps past `pre` (K longer than the budget, kernels_cu/fast_gemv.py) load w straight from
-// global memory, FGV_UNROLL chunks in flight. The warps' 16 x 8 accumulators are added in warp order
+// copies). After the wait the staged steps load only x, FGV_XUNROLL steps in flight. Steps past `pre`
+// (K longer than the budget, kernels_cu/fast_gemv.py) load w straight from global memory, FGV_UNROLL
+// chunks in flight. The warps' 16 x 8 accumulators are added in warp order
 // through shared memory: deterministic, one order per shape.
 //
 // PDL. pdl_trigger comes first, so the kernel after this one may launch (and stage its own constants)
@@ -39,6 +40,7 @@
 
 #define FGV_WARPS 8
 #define FGV_UNROLL 4
+#define FGV_XUNROLL 8
 
 namespace fgv {
 
@@ -100,32 +102,46 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 #pragma unroll
     for (int j = 0; j < NT; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 
-    bool landed = staged == 0;
-    for (int i0 = 0; i0 < steps; i0 += FGV_UNROLL) {
-        uint4 wa[FGV_UNROLL], wb[FGV_UNROLL], xa[FGV_UNROLL][NT];
+    // Staged steps: only x comes from global memory (L2: the kernel ahead just wrote it), FGV_XUNROLL steps'
+    // rows in flight at once (each batch is one memory latency after the wait: at K 6144 three, not six).
+    for (int i0 = 0; i0 < staged; i0 += FGV_XUNROLL) {
+        uint4 xa[FGV_XUNROLL][NT];
 #pragma unroll
-        for (int u = 0; u < FGV_UNROLL; ++u) {  // global loads first: x, and w past the staged steps
+        for (int u = 0; u < FGV_XUNROLL; ++u) {
             const int i = i0 + u;
-            const bool in = i < steps;  // warp-uniform
-            const long long k0 = (long long)(in ? warp + i * FGV_WARPS : 0) << 5;
-            const bool glob = in && i >= staged;
-            wa[u] = glob ? ldg16(wr0 + k0) : make_uint4(0u, 0u, 0u, 0u);
-            wb[u] = glob ? ldg16(wr1 + k0) : make_uint4(0u, 0u, 0u, 0u);
+            const long long k0 = (long long)(i < staged ? warp + i * FGV_WARPS : 0) << 5;
 #pragma unroll
             for (int j = 0; j < NT; ++j)
-                xa[u][j] = in && xok[j] ? *reinterpret_cast<const uint4*>(xr[j] + k0) : make_uint4(0u, 0u, 0u, 0u);
+                xa[u][j] = i < staged && xok[j] ? *reinterpret_cast<const uint4*>(xr[j] + k0)
+                                                : make_uint4(0u, 0u, 0u, 0u);
         }
-        if (!landed && i0 < staged) {  // this thread's own copies (its slots only: no barrier)
-            asm volatile("cp.async.wait_all;\n" ::: "memory");
-            landed = true;
+        if (i0 == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's own slots: no barrier
+#pragma unroll
+        for (int u = 0; u < FGV_XUNROLL; ++u) {
+            const int i = i0 + u;
+            if (i >= staged) break;  // warp-uniform
+            const uint4 wa = mine[i * FGV_WARPS * 64], wb = mine[i * FGV_WARPS * 64 + 32];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                mma16816(c[j], wa.x, wb.x, wa.y, wb.y, xa[u][j].x, xa[u][j].y);
+                mma16816(c[j], wa.z, wb.z, wa.w, wb.w, xa[u][j].z, xa[u][j].w);
+            }
         }
+    }
+    // Steps past the staging budget: w and x from global memory, FGV_UNROLL steps in flight. The steps are
+    // added in the same order (i = 0, 1, ...) whatever the budget: the same bits.
+    for (int i0 = staged; i0 < steps; i0 += FGV_UNROLL) {
+        uint4 wa[FGV_UNROLL], wb[FGV_UNROLL], xa[FGV_UNROLL][NT];
 #pragma unroll
         for (int u = 0; u < FGV_UNROLL; ++u) {
             const int i = i0 + u;
-            if (i < staged) {
-                wa[u] = mine[i * FGV_WARPS * 64];
-                wb[u] = mine[i * FGV_WARPS * 64 + 32];
-            }
+            const bool in = i < steps;  // warp-uniform
+            const long long k0 = (long long)(in ? warp + i * FGV_WARPS : 0) << 5;
+            wa[u] = in ? ldg16(wr0 + k0) : make_uint4(0u, 0u, 0u, 0u);
+            wb[u] = in ? ldg16(wr1 + k0) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                xa[u][j] = in && xok[j] ? *reinterpret_cast<const uint4*>(xr[j] + k0) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < FGV_UNROLL; ++u) {
@@ -137,7 +153,6 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
             }
         }
     }
-    if (!landed) asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives the block
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -165,8 +180,10 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 
 }  // namespace fgv
 
-// Grid (N / 16), FGV_WARPS * 32 threads, dynamic shared memory pre * FGV_WARPS * 64 * 16 bytes.
-extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32)
+// Grid (N / 16), FGV_WARPS * 32 threads, dynamic shared memory pre * FGV_WARPS * 64 * 16 bytes. The one
+// n-tile form keeps three blocks a multiprocessor (<= 85 registers): the 35B qkv grid, 384 blocks of
+// 64 KiB, is then one wave of the H200's 132.
+extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 3)
 fast_gemv_n1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
     fgv::gemv_body<1>(x, w, out, M, N, K, pre);
