@@ -144,6 +144,16 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// A pointer to data the kernel ahead writes, for use after pdl_wait: the empty asm makes the pointer an
+// output of a volatile statement ordered after the wait, so no load through it can be scheduled before the
+// wait. Loads through a const __restrict__ kernel parameter may be treated as invariant and hoisted above
+// the wait's asm whatever its memory clobber (session v11: fb_qkv_post's loads of qkv moved above the wait
+// once the RoPE table was built before it; tests/gpu/test_pdl.py caught it).
+template <class T>
+__device__ __forceinline__ T* after_wait(T* p) {
+    asm volatile("" : "+l"(p)::"memory");
+    return p;
+}
 // Ask for the 128-byte line at p in L2 (no register, no wait): for a kernel's constants (weights) before its
 // pdl_wait, so that the loads after it hit L2 instead of going to memory.
 __device__ __forceinline__ void prefetch_l2(const void* p) {

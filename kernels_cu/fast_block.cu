@@ -318,6 +318,9 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
     if (norm_w && blockIdx.x < M)  // a constant: its lines asked for in L2 while the kernel ahead runs
         for (int c = threadIdx.x * 32; c < H; c += blockDim.x * 32) dfl::prefetch_l2(norm_w + c);
     dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing else is read before this
+    resid_in = dfl::after_wait(resid_in);  // the kernel ahead's outputs: loaded after the wait only
+    branch = dfl::after_wait(branch);
+    fd = dfl::after_wait(fd);
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     const int r = blockIdx.x;
@@ -435,13 +438,16 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
                       int skip_first, int bparts, long long bstride) {
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
     __shared__ float scratch[33];
-    const FbBr br{branch, bparts, bstride};
     __shared__ float part;
     const int r = blockIdx.x / FB_CL, q = blockIdx.x % FB_CL;  // 1-D clusters: rank = blockIdx.x % FB_CL
     if (norm_w && r < M)  // this CTA's slice of a constant, asked for in L2 while the kernel ahead runs
         for (int c = (H / FB_CL) * q + threadIdx.x * 32; c < (H / FB_CL) * (q + 1); c += FB_CL_THREADS * 32)
             dfl::prefetch_l2(norm_w + c);
     dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing else is read before this
+    resid_in = dfl::after_wait(resid_in);  // the kernel ahead's outputs: loaded after the wait only
+    branch = dfl::after_wait(branch);
+    fd = dfl::after_wait(fd);
+    const FbBr br{branch, bparts, bstride};
     if (r >= M) return;  // whole clusters (the grid is FB_CL * M)
     const int i = r % W, b = r / W;
     const u16* srow = resid_in ? nullptr : fb_source_row(r, i, b, H, src_bits, tok, tok_mode, mask_id);
@@ -506,7 +512,7 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     }
     if (h < Hq + Hk && lane * 32 < D) dfl::prefetch_l2((h < Hq ? q_norm : k_norm) + lane * 32);
     dfl::pdl_wait();  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
-    const float* x = qkv + ((long long)r * heads + h) * D;
+    const float* x = dfl::after_wait(qkv) + ((long long)r * heads + h) * D;
     const bool live_head = h < heads;  // warp-uniform
     float xr[4];  // the head's first 128 elements
 #pragma unroll
@@ -627,6 +633,8 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
                                            long long dstride, int vec) {
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
     dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    x = dfl::after_wait(x);  // the kernels ahead's outputs: loaded after the wait only
+    dl = dfl::after_wait(dl);
     __shared__ float dsm[2][64];
     if ((int)blockIdx.y >= M) return;  // block-uniform
     if (vec)
@@ -643,7 +651,7 @@ extern "C" __global__ void fb_silu_mul(const float* __restrict__ gu, int M, int 
     dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     const int r = blockIdx.y;
     if (r >= M) return;
-    const float* gr = gu + (long long)r * 2 * I;
+    const float* gr = dfl::after_wait(gu) + (long long)r * 2 * I;  // loaded after the wait only
     u16* ar = act + (long long)r * I;
     const int step = gridDim.x * blockDim.x;
     if ((I & 3) == 0) {

@@ -89,6 +89,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     dfl::pdl_wait();  // x is the kernel ahead's output: read after this
+    x = dfl::after_wait(x);  // no load of x can be scheduled above the wait (common.cuh)
 
     const unsigned short* xr[NT];
     bool xok[NT];
