@@ -23,6 +23,8 @@ over ``--rounds`` passes, each a set of module attributes:
                  projection, 1.9 waves, on fast_gemv)
   gemv_m8        fast_gemv only up to 8 rows (fast_gemv.MAX_M 8: the DFlash2 conv delta's 16 rows on cuBLAS)
   gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
+  early_table_all  fb_qkv_post's RoPE table before its wait at every row count (fast_block.EARLY_TABLE_MAX_ROWS;
+                 default 16)
   default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
@@ -62,6 +64,7 @@ CONFIGS = {
     "gemv_waves1": {"kernels_cu.fast_gemv.MAX_WAVES": 1.0},
     "gemv_m8": {"kernels_cu.fast_gemv.MAX_M": 8},
     "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
+    "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
     "default": {},
 }
 

@@ -490,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(FB_QKV_WARPS * 32)
 fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, const float* __restrict__ q_norm,
             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
             const long long* __restrict__ frontier, float eps, void* __restrict__ q, void* __restrict__ k,
-            void* __restrict__ v, int bits_out) {
+            void* __restrict__ v, int bits_out, int early_table) {
     extern __shared__ float sh[];
     const int half = D >> 1;
     float* cs = sh;               // [half] cos, then [half] sin
@@ -502,21 +502,28 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     dfl::pdl_trigger();  // the attention may launch: it prefetches ring tiles, then waits for this grid
     if (r >= M) return;  // block-uniform
     const long long pos = frontier[r / W] + (long long)(r % W);  // an input of the Op, no kernel's output
-    // The row's RoPE table depends on pos and inv_freq only (no kernel's output): built before the wait,
-    // while the kernel ahead still runs, and the head's norm weight asked for in L2.
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double s_, c_;
-        sincos((double)pos * inv_freq[i], &s_, &c_);
-        cs[i] = (float)c_;
-        cs[half + i] = (float)s_;
+    // The row's RoPE table depends on pos and inv_freq only (no kernel's output). early_table: built before
+    // the wait, while the kernel ahead still runs (few rows: fast_block.py EARLY_TABLE_MAX_ROWS), and the
+    // head's norm weight asked for in L2; else after it, beside the loads of the head.
+    auto table = [&]() {
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            double s_, c_;
+            sincos((double)pos * inv_freq[i], &s_, &c_);
+            cs[i] = (float)c_;
+            cs[half + i] = (float)s_;
+        }
+    };
+    if (early_table) {
+        table();
+        if (h < Hq + Hk && lane * 32 < D) dfl::prefetch_l2((h < Hq ? q_norm : k_norm) + lane * 32);
     }
-    if (h < Hq + Hk && lane * 32 < D) dfl::prefetch_l2((h < Hq ? q_norm : k_norm) + lane * 32);
     dfl::pdl_wait();  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
     const float* x = dfl::after_wait(qkv) + ((long long)r * heads + h) * D;
     const bool live_head = h < heads;  // warp-uniform
     float xr[4];  // the head's first 128 elements
 #pragma unroll
     for (int e = 0; e < 4; ++e) xr[e] = live_head && lane + 32 * e < D ? x[lane + 32 * e] : 0.f;
+    if (!early_table) table();
     __syncthreads();
     if (!live_head) return;  // warp-uniform, after the block's only barrier
 #pragma unroll

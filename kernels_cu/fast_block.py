@@ -288,6 +288,13 @@ def split_k(M: int, N: int, K: int) -> int:
     return s if s > 1 and K % (8 * s) == 0 else 1
 
 
+# fb_qkv_post builds its RoPE table before its PDL wait (overlapping the kernel ahead) for blocks of at most this
+# many rows, after it otherwise. At B1 it took ~1 us a layer off the round (35B B1 W8 0.685 -> 0.672 ms with
+# the other changes of that run, docs/reports/h200-round-ab-v11-d.json); the run that added it also measured
+# B8 slower (35B B8 W16 1.054 -> 1.082 ms against the v10 tree, h200-round-ab-v11-e.json), where fb_qkv_post
+# starts beside the cuBLAS GEMM (launch-order edges). benchmarks/round_ab.py early_table_all forces it.
+EARLY_TABLE_MAX_ROWS = 16
+
 # The glue kernels under programmatic dependent launch (kernels_cu/pdl.py; each waits for the kernel ahead
 # before it reads anything). Read at every launch; benchmarks/round_ab.py's nopdl_glue turns it off.
 PDL_GLUE = True
@@ -394,7 +401,8 @@ class CudaEngine:
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
         _glue("fb_qkv_post", (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
               (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
-               frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0)),
+               frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0),
+               np.int32(1 if M <= EARLY_TABLE_MAX_ROWS else 0)),
               4 * d * (1 + _QKV_WARPS))
 
     @staticmethod

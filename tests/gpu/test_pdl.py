@@ -214,14 +214,15 @@ def test_glue_kernels_read_only_after_the_wait(cupy, mod):
     hq, hk, d = 32, 8, 128
     qn, kn = (cp.asarray(rng.standard_normal(d).astype(np.float32)) for _ in range(2))
     freqs = cp.asarray(1.0 / (1e7 ** (np.arange(0, d, 2) / d)))
-    frontier = cp.asarray(np.array([4096], np.int64))
+    frontier = cp.asarray(np.array([4096, 77], np.int64)  # one per batch row of 2 M rows)
 
-    def qkv(i):
-        q, k, v = (cp.empty((M, h, d), np.uint16) for h in (hq, hk, hk))
-        eng.qkv_post(i["qkv"], M, W, hq, hk, d, qn, kn, freqs, frontier, 1e-6, q, k, v)
-        return [q, k, v]
+    for mq in (M, 2 * M):  # the RoPE table before the wait (<= fast_block.EARLY_TABLE_MAX_ROWS rows) and after
+        def qkv(i, mq=mq):
+            q, k, v = (cp.empty((mq, h, d), np.uint16) for h in (hq, hk, hk))
+            eng.qkv_post(i["qkv"], mq, W, hq, hk, d, qn, kn, freqs, frontier, 1e-6, q, k, v)
+            return [q, k, v]
 
-    twice(qkv, {"qkv": cp.asarray(rng.standard_normal((M, (hq + 2 * hk) * d)).astype(np.float32))})
+        twice(qkv, {"qkv": cp.asarray(rng.standard_normal((mq, (hq + 2 * hk) * d)).astype(np.float32))})
 
 
 @pytest.mark.parametrize("M,N,K", [(8, 2048, 6144), (16, 1280, 5120)])
