@@ -214,7 +214,7 @@ def test_glue_kernels_read_only_after_the_wait(cupy, mod):
     hq, hk, d = 32, 8, 128
     qn, kn = (cp.asarray(rng.standard_normal(d).astype(np.float32)) for _ in range(2))
     freqs = cp.asarray(1.0 / (1e7 ** (np.arange(0, d, 2) / d)))
-    frontier = cp.asarray(np.array([4096, 77], np.int64)  # one per batch row of 2 M rows)
+    frontier = cp.asarray(np.array([4096, 77], np.int64))  # one per batch row (2 M rows at W 16: two)
 
     for mq in (M, 2 * M):  # the RoPE table before the wait (<= fast_block.EARLY_TABLE_MAX_ROWS rows) and after
         def qkv(i, mq=mq):
