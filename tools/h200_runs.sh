@@ -45,6 +45,9 @@
 #                                          # FastRound's suite, the round A/B, the bench, the trace
 #   bash tools/h200_runs.sh v11-a          # session v11: fast_gemv (weights staged before the PDL wait): its GPU
 #                                          # tests, the PDL / block / round tests, the round A/B at B1 (logs.tgz)
+#   bash tools/h200_runs.sh v11-final      # session v11: the round A/B (the v10 tree from .carry/v10tree when present,
+#                                          # early_table_all), the changed kernels' GPU tests, both CLI suites of
+#                                          # the fast mode (logs.tgz)
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -256,6 +259,22 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         ${V11_TESTS:-tests/gpu/test_pdl.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py}
       step round-ab timeout 240 $PY -m benchmarks.round_ab --shapes 1x8 \
         --configs ${V11_CONFIGS:-cublas_layers,gemv_nostage,gemv_nopdl,default} --rounds 3 --json "$OUT/round_ab.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v11-final)  # session v11: the round against the v10 tree on this machine, the GPU tests of every kernel the
+                # session changed, the fast mode's CLI suites
+      if [ -d .carry/v10tree ]; then
+        (cd .carry/v10tree && PYTHONPATH=$PWD step round-ab-v10tree timeout 100 $PY -m benchmarks.round_ab \
+          --shapes 1x8,8x16 --configs default --rounds 3 --json "$OUT/round_ab_v10tree.json")
+      fi
+      step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs default,early_table_all,cublas_layers \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step gpu-tests timeout 240 env FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest -q \
+        -p no:cacheprovider tests/gpu/test_fast_gemv.py tests/gpu/test_pdl.py tests/gpu/test_fast_block.py \
+        tests/gpu/test_fast_round.py tests/gpu/test_fast_attention.py
+      step suite-fast timeout 120 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 80 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,
