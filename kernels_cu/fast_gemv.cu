@@ -40,7 +40,8 @@
 
 #define FGV_WARPS 8
 #define FGV_UNROLL 4
-#define FGV_XUNROLL 8
+#define FGV_XUNROLL 8       // staged steps' x rows in flight (three blocks a multiprocessor: 72 registers)
+#define FGV_XUNROLL_DEEP 24  // the one-block-a-multiprocessor form (K 4096 / 6144: one latency, not 2 / 3)
 
 namespace fgv {
 
@@ -66,7 +67,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-template <int NT>
+template <int NT, int XU>
 __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                                           float* __restrict__ out, int M, int N, int K, int pre) {
     extern __shared__ uint4 stage[];  // [pre][FGV_WARPS][2][32]: thread-private 16-byte slots
@@ -103,12 +104,12 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 #pragma unroll
     for (int j = 0; j < NT; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 
-    // Staged steps: only x comes from global memory (L2: the kernel ahead just wrote it), FGV_XUNROLL steps'
-    // rows in flight at once (each batch is one memory latency after the wait: at K 6144 three, not six).
-    for (int i0 = 0; i0 < staged; i0 += FGV_XUNROLL) {
-        uint4 xa[FGV_XUNROLL][NT];
+    // Staged steps: only x comes from global memory (L2: the kernel ahead just wrote it), XU steps' rows in
+    // flight at once (each batch is one memory latency after the wait).
+    for (int i0 = 0; i0 < staged; i0 += XU) {
+        uint4 xa[XU][NT];
 #pragma unroll
-        for (int u = 0; u < FGV_XUNROLL; ++u) {
+        for (int u = 0; u < XU; ++u) {
             const int i = i0 + u;
             const long long k0 = (long long)(i < staged ? warp + i * FGV_WARPS : 0) << 5;
 #pragma unroll
@@ -118,7 +119,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
         }
         if (i0 == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's own slots: no barrier
 #pragma unroll
-        for (int u = 0; u < FGV_XUNROLL; ++u) {
+        for (int u = 0; u < XU; ++u) {
             const int i = i0 + u;
             if (i >= staged) break;  // warp-uniform
             const uint4 wa = mine[i * FGV_WARPS * 64], wb = mine[i * FGV_WARPS * 64 + 32];
@@ -183,15 +184,24 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 
 // Grid (N / 16), FGV_WARPS * 32 threads, dynamic shared memory pre * FGV_WARPS * 64 * 16 bytes. The one
 // n-tile form keeps three blocks a multiprocessor (<= 85 registers): the 35B qkv grid, 384 blocks of
-// 64 KiB, is then one wave of the H200's 132.
+// 64 KiB, is then one wave of the H200's 132. The deep form (one n-tile, FGV_XUNROLL_DEEP) is for blocks
+// that stage more than 8 steps (K > 2048: 128 KiB and up, one block a multiprocessor by shared memory
+// anyway): all of a warp's x rows in flight at once after the wait. All forms add the same products in
+// the same order: the same bits (tests/gpu/test_fast_gemv.py).
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 3)
 fast_gemv_n1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
-    fgv::gemv_body<1>(x, w, out, M, N, K, pre);
+    fgv::gemv_body<1, FGV_XUNROLL>(x, w, out, M, N, K, pre);
+}
+
+extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 1)
+fast_gemv_n1_deep(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                  float* __restrict__ out, int M, int N, int K, int pre) {
+    fgv::gemv_body<1, FGV_XUNROLL_DEEP>(x, w, out, M, N, K, pre);
 }
 
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32)
 fast_gemv_n2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
-    fgv::gemv_body<2>(x, w, out, M, N, K, pre);
+    fgv::gemv_body<2, FGV_XUNROLL>(x, w, out, M, N, K, pre);
 }

@@ -80,11 +80,23 @@ def _device(dev_id: int) -> tuple[int, int]:
     return int(a["MultiProcessorCount"]), int(a.get("MaxSharedMemoryPerBlockOptin", 227 * 1024)) - 8 * 1024
 
 
+# fast_gemv.cu's deep form (all of a warp's staged x rows in flight at once, one block a multiprocessor) for
+# blocks staging more than this many steps; False: never (the bits are the same either way).
+DEEP_MIN_STEPS = 9
+DEEP = True
+
+
+def kernel_name(M: int, pre: int) -> str:
+    if M > 8:
+        return "fast_gemv_n2"
+    return "fast_gemv_n1_deep" if DEEP and pre >= DEEP_MIN_STEPS else "fast_gemv_n1"
+
+
 def _plan(M: int, K: int):
     """(function name, staged steps, dynamic shared memory) of a launch on the current device."""
     _, cap = _device(cp().cuda.Device().id)
     pre = staged_steps(K, cap=cap)
-    return ("fast_gemv_n1" if M <= 8 else "fast_gemv_n2"), pre, pre * STEP_BYTES
+    return kernel_name(M, pre), pre, pre * STEP_BYTES
 
 
 def _opt_in(name: str, smem: int):
@@ -98,7 +110,7 @@ def _opt_in(name: str, smem: int):
 
 
 @functools.cache
-def _waves(M: int, N: int, K: int, stage_bytes: int, dev_id: int) -> float:
+def _waves(M: int, N: int, K: int, stage_bytes: int, dev_id: int, deep: bool = True) -> float:
     name, _, smem = _plan(M, K)
     fn = _opt_in(name, smem)
     sms, _ = _device(dev_id)
@@ -109,7 +121,7 @@ def _waves(M: int, N: int, K: int, stage_bytes: int, dev_id: int) -> float:
 def waves(M: int, N: int, K: int) -> float:
     """The grid's blocks over those the device holds at once at the staged footprint (the driver's
     occupancy calculator)."""
-    return _waves(M, N, K, STAGE_BYTES, cp().cuda.Device().id)
+    return _waves(M, N, K, STAGE_BYTES, cp().cuda.Device().id, bool(DEEP))
 
 
 def chooses(M: int, N: int, K: int) -> bool:
@@ -141,5 +153,6 @@ def gemv_into(x, w, out) -> bool:
 def environment() -> str:
     return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
             f"m16n8k16, FP32 accumulation, whole: no K split) where the grid is at most MAX_WAVES={MAX_WAVES} "
-            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
+            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; DEEP={DEEP} from {DEEP_MIN_STEPS} "
+            f"staged steps; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
             "griddepcontrol.wait; other shapes and the heads on cuBLAS")

@@ -74,3 +74,15 @@ def test_takes_states_the_contract(monkeypatch):
     assert not fast_gemv.takes(0, 16, 32)
     monkeypatch.setattr(fast_gemv, "GEMV", False)
     assert not fast_gemv.takes(8, 6144, 2048)
+
+
+def test_kernel_forms_by_hand(monkeypatch):
+    from kernels_cu import fast_gemv
+
+    monkeypatch.setattr(fast_gemv, "DEEP", True)
+    # the 35B layers at 8 rows: qkv / gate-up stage 8 steps (three blocks a multiprocessor), o / down 16 / 24
+    assert fast_gemv.kernel_name(8, 8) == "fast_gemv_n1"
+    assert fast_gemv.kernel_name(8, 16) == "fast_gemv_n1_deep" == fast_gemv.kernel_name(8, 24)
+    assert fast_gemv.kernel_name(16, 24) == "fast_gemv_n2"  # two n-tiles: one form
+    monkeypatch.setattr(fast_gemv, "DEEP", False)
+    assert fast_gemv.kernel_name(8, 24) == "fast_gemv_n1"
