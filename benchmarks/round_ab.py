@@ -25,7 +25,8 @@ over ``--rounds`` passes, each a set of module attributes:
   gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
   early_table_all  fb_qkv_post's RoPE table before its wait at every row count (fast_block.EARLY_TABLE_MAX_ROWS;
                  default 16)
-  gemv_shallow   fast_gemv without its deep form (fast_gemv.DEEP False: 8 staged steps' x rows in flight)
+  gemv_deep      fast_gemv's deep form for K > 2048 (fast_gemv.DEEP True; default False: 8 staged steps' x rows
+                 in flight)
   rn_block    fb_resid_norm one CTA a row at every row count (fast_block.RESID_NORM_PATH "block"; default: the
               cluster kernel up to 32 rows)
   default     the defaults
@@ -68,7 +69,7 @@ CONFIGS = {
     "gemv_m8": {"kernels_cu.fast_gemv.MAX_M": 8},
     "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
-    "gemv_shallow": {"kernels_cu.fast_gemv.DEEP": False},
+    "gemv_deep": {"kernels_cu.fast_gemv.DEEP": True},
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
     "default": {},
 }

@@ -81,9 +81,10 @@ def _device(dev_id: int) -> tuple[int, int]:
 
 
 # fast_gemv.cu's deep form (all of a warp's staged x rows in flight at once, one block a multiprocessor) for
-# blocks staging more than this many steps; False: never (the bits are the same either way).
+# blocks staging at least this many steps, while DEEP. The bits are the same either way. Off: it measured
+# slower in the round, 35B B1 W8 0.673 against 0.667 ms (docs/reports/h200-round-ab-v11-deep.json).
 DEEP_MIN_STEPS = 9
-DEEP = True
+DEEP = False
 
 
 def kernel_name(M: int, pre: int) -> str:
