@@ -7,8 +7,9 @@
   producer that triggers at once, spins 200 us and only then writes the consumer's inputs (the
   previous contents are other values) must still give the consumer's results on the new inputs,
   bit for bit those of an ordinary launch, for the fast attention (one split and split + combine,
-  the context tiles prefetched before the wait) and the glue kernels (resid_norm both paths,
-  qkv_post, silu_mul);
+  the context tiles prefetched before the wait), the glue kernels (resid_norm both paths,
+  qkv_post with its RoPE table before and after the wait, silu_mul) and fast_gemv (its weight rows
+  staged before the wait; x read and out written only after it);
 - masked_block / FastRound outputs with PDL equal those without (eager and graph), in
   tests/gpu/test_fast_round.py and test_fast_block.py, which run with PDL on (the default).
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
