@@ -25,6 +25,8 @@ def kernel_class(name: str) -> str:
     n = name.lower()
     if n.startswith("fb_"):
         return "glue (fast_block.cu)"
+    if n.startswith("fast_gemv"):
+        return "layer GEMMs (fast_gemv.cu)"
     if n.startswith(("fa_", "flash", "fast_attn")) or "attn" in n:
         return "attention"
     if "topk" in n or n.startswith("fs_"):
