@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.graphs import eager_and_replayed
+
 pytestmark = pytest.mark.gpu
 U = 2.0**-24
 
@@ -95,17 +97,8 @@ def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
     # the copies above ran on the legacy stream, which a non-blocking stream does not wait for (a pageable
     # copy returns before its DMA lands; without this the eager call raced w's upload: session v9's failure)
     cupy.cuda.Device().synchronize()
-    s = cupy.cuda.Stream(non_blocking=True)
-    with s:
-        fast_gemv.gemv_into(x, w, out)
-        eager = cupy.asnumpy(out).view(np.uint32).copy()
-        s.begin_capture()
-        fast_gemv.gemv_into(x, w, out)
-        g = s.end_capture()
-        out.fill(0)
-        g.launch(s)
-        s.synchronize()
-    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), eager)
+    eager, replayed = eager_and_replayed(cupy, lambda: fast_gemv.gemv_into(x, w, out), out)
+    assert np.array_equal(replayed, eager)
 
 
 def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):

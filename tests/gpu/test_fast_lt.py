@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.graphs import eager_and_replayed
+
 pytestmark = pytest.mark.gpu
 U = 2.0**-24
 
@@ -84,17 +86,8 @@ def test_an_offered_algorithm_replays_its_eager_bits_from_a_graph(cupy, case):
     FastRound's graph takes whenever the tuning keeps an algorithm)."""
     g, x, w, out = case["g"], case["x"], case["w"], case["out"]
     algo = g.heuristics(8)[0].algo
-    s = cupy.cuda.Stream(non_blocking=True)
-    with s:
-        g.run_algo(algo, x, w, out)
-        eager = cupy.asnumpy(out).view(np.uint32).copy()
-        s.begin_capture()
-        g.run_algo(algo, x, w, out)
-        graph = s.end_capture()
-        out.fill(0)
-        graph.launch(s)
-        s.synchronize()
-    assert np.array_equal(cupy.asnumpy(out).view(np.uint32), eager)
+    eager, replayed = eager_and_replayed(cupy, lambda: g.run_algo(algo, x, w, out), out)
+    assert np.array_equal(replayed, eager)
 
 
 def test_tuned_call_gives_the_chosen_paths_bits_eager_and_replayed(cupy, case):
