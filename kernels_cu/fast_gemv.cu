@@ -23,10 +23,10 @@
 // Staging. The first `pre` steps of every warp come from shared memory: each thread copies exactly
 // the 2 x 16 bytes it will read, into slots of its own (lane-contiguous, so neither the copy nor
 // the read has a bank conflict and no barrier is needed: cp.async.wait_all covers the thread's own
-// copies). After the wait the staged steps load only x, FGV_XUNROLL steps in flight. Steps past `pre`
-// (K longer than the budget, kernels_cu/fast_gemv.py) load w straight from global memory, FGV_UNROLL
-// chunks in flight. The warps' 16 x 8 accumulators are added in warp order
-// through shared memory: deterministic, one order per shape.
+// copies). After the wait the staged steps load only x, FGV_XUNROLL steps in flight (the deep form:
+// FGV_XUNROLL_DEEP; measured slower, off by default, fast_gemv.py DEEP). Steps past `pre` (K longer
+// than the budget) load w straight from global memory, FGV_UNROLL chunks in flight. The warps' 16 x 8
+// accumulators are added in warp order through shared memory: deterministic, one order per shape.
 //
 // PDL. pdl_trigger comes first, so the kernel after this one may launch (and stage its own constants)
 // at once; it waits for this grid's completion before it reads `out`. Launched the ordinary way,
@@ -42,6 +42,7 @@
 #define FGV_UNROLL 4
 #define FGV_XUNROLL 8       // staged steps' x rows in flight (three blocks a multiprocessor: 72 registers)
 #define FGV_XUNROLL_DEEP 24  // the one-block-a-multiprocessor form (K 4096 / 6144: one latency, not 2 / 3)
+                             // (kept behind fast_gemv.DEEP: it measured slower in the round)
 
 namespace fgv {
 
