@@ -596,15 +596,19 @@ class FastBlockMixin:
         return self._inv_freq(d, theta)
 
     def _fb_workspace(self, dm: Dims) -> Workspace:
+        from kernels_cu import fast_gemv
+
         cache = getattr(self, "_fb_ws", None)
         if cache is None:
             cache = self._fb_ws = OrderedDict()
-        ws = cache.get(dm.key())
+        # the shape, and the switches that make a GEMM output whole (fast_gemv) or K-split (_split_out)
+        key = (dm.key(), fast_gemv.config_key())
+        ws = cache.get(key)
         if ws is None:
-            ws = cache[dm.key()] = Workspace(self._fb_engine(), dm)
+            ws = cache[key] = Workspace(self._fb_engine(), dm)
             while len(cache) > _WS_KEEP:
                 cache.popitem(last=False)
-        cache.move_to_end(dm.key())
+        cache.move_to_end(key)
         return ws
 
     # --- shared ------------------------------------------------------------------------------

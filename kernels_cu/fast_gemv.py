@@ -151,6 +151,15 @@ def gemv_into(x, w, out) -> bool:
     return True
 
 
+def config_key() -> tuple:
+    """The switches that decide, when a block workspace is made, which layer GEMM outputs are whole (this
+    kernel) and which are K-split partials (cuBLAS): part of FastBlockMixin's workspace key, so that a
+    changed switch gets a new workspace. FastRound's workspaces (rings, captured graph) keep the choice
+    they were made with; benchmarks/round_ab.py clears them per configuration."""
+    return (bool(GEMV), int(MAX_M), float(MAX_WAVES), float(MIN_FILL), int(STAGE_BYTES), bool(DEEP),
+            int(DEEP_MIN_STEPS))
+
+
 def environment() -> str:
     return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
             f"m16n8k16, FP32 accumulation, whole: no K split) where the grid is at most MAX_WAVES={MAX_WAVES} "

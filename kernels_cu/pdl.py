@@ -11,12 +11,15 @@ What a kernel launched this way must do (every kernel passed here does it):
   may write, and before it writes anything. After the wait, every earlier kernel of the stream
   has completed (each PDL kernel waited for its own predecessor before it finished);
 - before the wait, read only what no kernel of the same sequence writes. Two kernels read there:
-  - the attention prefetches context tiles of the rings. block_forward launches it this way; the
+  - the attention prefetches context tiles of the rings. block_forward launches it this way. The
     chain of PDL kernels it belongs to (the block's glue kernels, fast_gemv, the attention and its
-    combine, each triggering at its top) begins after a kernel launched the ordinary way (a cuBLAS
-    GEMM or the block's entry), which started only after every ring write of the stream had
-    completed, and no kernel of the chain writes a ring. The draft_attention Op launches it the
-    ordinary way;
+    combine, each triggering at its top) may span the whole block: with fast_gemv at B1 the
+    block's first kernel (fb_resid_norm, itself under PDL) opens it. What comes before that kernel
+    is launched the ordinary way (a copy, a cuBLAS GEMM, the ring writes), and an ordinary kernel
+    never triggers early, so the chain starts only after every ring write of the stream has
+    completed; no kernel of the chain writes a ring. A caller that puts a PDL kernel which writes
+    the rings right before the block would break this. The draft_attention Op launches the
+    attention the ordinary way;
   - fast_gemv stages its weight rows, which are prepared once and written by no kernel of a round.
 - a kernel may trigger before its wait: its successor still waits for it to complete, and it
   completes only after its own wait, so the wait in any kernel covers every kernel before it.

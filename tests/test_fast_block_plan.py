@@ -352,3 +352,51 @@ def test_resid_norm_threads_cover_the_row_in_at_most_four_groups(h):
     assert t % 32 == 0 and 32 <= t <= 1024
     assert -(-groups // t) <= 4  # fast_block.cu FB_RN_MAXV4: the registers path holds the row
     assert t < groups + 32 or t == 32  # no whole idle warp beyond the row's groups
+
+
+# fast_gemv's routing (CudaEngine.gemv_takes / layer_gemm): a shape the engine's small-M GEMM takes gets a whole
+# output in the workspace (_split_out) even where GEMM_SPLITS splits it, and layer_gemm writes it whole. The twin
+# engine below takes the o and down shapes of the larger case (which _SPLITS splits) and records what it ran.
+class GemvEngine(NumpyEngine):
+    def __init__(self, takes):
+        self.takes, self.ran = takes, []
+
+    def gemv_takes(self, M, N, K):
+        return (N, K) in self.takes
+
+    def layer_gemm(self, x_bits, w_bits, out):
+        if out.ndim == 2 and self.gemv_takes(out.shape[0], out.shape[1], x_bits.shape[1]):
+            self.ran.append(("whole", tuple(out.shape)))
+        self.gemm(x_bits, w_bits, out)
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_plan_gemv_routing_whole_outputs_inside_the_derived_bound(monkeypatch, variant):
+    seen = _split_shapes(monkeypatch)
+    block = NumpyBlock()
+    block._fb_eng = GemvEngine(takes={(256, 256), (256, 768)})  # o and down; the conv delta stays split
+    case = larger_case(variant, seed=5)
+    out = block.masked_block(**{**case.inputs, **case.params})["hidden"]
+    # no split partials for the taken shapes, and each of them ran whole, once per layer
+    assert set(seen) == ({(4, 96, 64)} if variant == "dflash2" else set()), seen
+    layers = np.shape(case.inputs["input_norm"])[0]  # stacked [L, H]
+    assert sorted(set(block._fb_eng.ran)) == [("whole", (48, 256))], block._fb_eng.ran
+    assert len(block._fb_eng.ran) == 2 * layers
+    comp, norm = error_ratio(case, out)
+    assert comp <= 4.0 and norm <= 1.5, (comp, norm)  # the bound of the split test above
+
+
+def test_block_workspace_follows_the_gemv_switches(monkeypatch):
+    """A changed fast_gemv switch gets a new workspace (its GEMM outputs may change between whole and split)."""
+    import kernels_cu.fast_block as fb
+    from kernels_cu import fast_gemv
+
+    block = NumpyBlock()
+    dm = fb.Dims(1, 8, 256, 4, 2, 64, 768, False)
+    monkeypatch.setattr(fast_gemv, "GEMV", True)
+    first = block._fb_workspace(dm)
+    assert block._fb_workspace(dm) is first
+    monkeypatch.setattr(fast_gemv, "GEMV", False)
+    assert block._fb_workspace(dm) is not first
+    monkeypatch.setattr(fast_gemv, "GEMV", True)
+    assert block._fb_workspace(dm) is first  # still cached under its own key
