@@ -130,3 +130,37 @@ def test_gemv_refuses_what_it_cannot_run(cupy):
     assert not call(8, 64, 48)  # K not a multiple of 32
     assert not call(8, 40, 64)  # N not a multiple of 16
     assert not call(8, 64, 64, off=1)  # rows not 16-byte aligned
+
+
+def test_block_suite_on_fast_gemv_wherever_it_takes_the_shape(cupy, monkeypatch):
+    """The block's layer GEMMs on fast_gemv wherever ``takes`` accepts the shape (the wave and fill rules
+    off: the vectors' grids are far smaller than the GPU, so the default rules never choose it there),
+    through the masked_block and draft_layer vectors: no FAIL or ERROR, as on cuBLAS, and the kernel ran.
+    A fresh backend, so no workspace made under other switches is reused (added after the session v11
+    review: until then only the full geometry's B1 cases ran the block on fast_gemv)."""
+    from collections import Counter
+    from pathlib import Path
+
+    import kernels_cu.fast_gemv as fg
+    from conformance.compare import Result
+    from conformance.runner import run_suite
+    from kernels_cu.fast import FastCudaBackend
+
+    monkeypatch.setattr(fg, "MIN_FILL", 0.0)
+    monkeypatch.setattr(fg, "MAX_WAVES", float("inf"))
+    ran = []
+    real = fg.gemv_into
+
+    def spy(x, w, out):
+        ok = real(x, w, out)
+        ran.append((ok, tuple(out.shape)))
+        return ok
+
+    monkeypatch.setattr(fg, "gemv_into", spy)
+    root = Path(__file__).resolve().parents[2]
+    results = run_suite(FastCudaBackend(), root / "vectors", ops_pattern="masked_block,draft_layer")
+    counts = Counter(r.result.name for r in results)
+    bad = [r for r in results if r.result in (Result.FAIL, Result.ERROR, Result.NOT_IMPLEMENTED)]
+    assert any(ok for ok, _ in ran), f"fast_gemv never ran: {ran[:5]}"
+    assert len(results) == 40 and not bad, f"{counts}: " + "; ".join(
+        f"{r.op}/{r.case} {r.result.name}: {r.detail}" for r in bad[:20])
