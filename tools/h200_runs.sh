@@ -48,6 +48,8 @@
 #   bash tools/h200_runs.sh v11-final      # session v11: the round A/B (the v10 tree from .carry/v10tree when present,
 #                                          # early_table_all), the changed kernels' GPU tests, both CLI suites of
 #                                          # the fast mode (logs.tgz)
+#   bash tools/h200_runs.sh v11-check      # after session v11: the GPU test written once its device time was spent
+#                                          # (the block's vectors on fast_gemv), fast_gemv / PDL tests, the round A/B
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -275,6 +277,12 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         --json "$OUT/suite_fast.json"
       step suite-fast-round timeout 80 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v11-check)  # the first thing to run after session v11 (its last GPU test never ran on a GPU)
+      step gemv-pdl-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_gemv.py \
+        tests/gpu/test_pdl.py
+      step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs default,cublas_layers \
+        --rounds 3 --json "$OUT/round_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v9-bench) V9_SKIP_TESTS=1 ;&
     v9-final)  # session v9: the final tree (the tuned head GEMM in FastRound and proposal_head): every GPU test,
