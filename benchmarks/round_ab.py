@@ -25,8 +25,6 @@ over ``--rounds`` passes, each a set of module attributes:
   gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
   early_table_all  fb_qkv_post's RoPE table before its wait at every row count (fast_block.EARLY_TABLE_MAX_ROWS;
                  default 16)
-  gemv_deep      fast_gemv's deep form for K > 2048 (fast_gemv.DEEP True; default False: 8 staged steps' x rows
-                 in flight)
   rn_block    fb_resid_norm one CTA a row at every row count (fast_block.RESID_NORM_PATH "block"; default: the
               cluster kernel up to 32 rows)
   default     the defaults
@@ -69,7 +67,6 @@ CONFIGS = {
     "gemv_m8": {"kernels_cu.fast_gemv.MAX_M": 8},
     "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
-    "gemv_deep": {"kernels_cu.fast_gemv.DEEP": True},
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
     "default": {},
 }

@@ -154,6 +154,13 @@ __device__ __forceinline__ T* after_wait(T* p) {
     asm volatile("" : "+l"(p)::"memory");
     return p;
 }
+// pdl_wait, then each pointer given (to data the kernels ahead write) replaced by after_wait's: one call at
+// each kernel's wait, so that no input of the kernel ahead is read through a pointer left unlaundered.
+template <class... P>  // P: pointer types, __restrict__-qualified or not
+__device__ __forceinline__ void pdl_wait_for(P&... p) {
+    pdl_wait();
+    ((p = after_wait(p)), ...);
+}
 // Ask for the 128-byte line at p in L2 (no register, no wait): for a kernel's constants (weights) before its
 // pdl_wait, so that the loads after it hit L2 instead of going to memory.
 __device__ __forceinline__ void prefetch_l2(const void* p) {

@@ -241,9 +241,7 @@ class FastSelectBackend(CudaBackend):
                    proposal_head_gemm=(f"proposal_head_lt={self.proposal_head_lt}: heads of >= 256 MiB on the "
                                        "fastest of gemmEx and up to 8 cuBLASLt algorithms (FP32 reductions), timed "
                                        "at each shape's first call (kernels_cu/fast_lt.py); tunings so far: "
-                                       + str({"x".join(map(str, k)): (g.timings if g is not None else
-                                                                       self._head_lt.get(("error", *k)))
-                                              for k, g in self._head_lt.items() if len(k) == 3})))
+                                       + str(fast_lt.describe(self._head_lt))))
         try:
             from cupy_backends.cuda.libs import cublas
 
@@ -309,8 +307,7 @@ class FastSelectBackend(CudaBackend):
     def _head_logits(self, x, w):
         """fp32 logits x @ w^T (BF16 bits): gemmEx, or for a head of fast_lt.MIN_BYTES or more the algorithm
         fast_lt.LtGemm timed fastest at this shape's first call."""
-        M, K = x.shape
-        N = w.shape[0]
+        M, N = x.shape[0], w.shape[0]
         if not (self.proposal_head_lt and M > 0 and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
             return gemm_bf16(x, w)
         out = cp().empty((M, N), dtype=np.float32)

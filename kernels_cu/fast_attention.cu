@@ -385,11 +385,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     for (int j = 0; j < NS; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
     FA_MARK(1);  // context tiles issued, pad zeroed
-    dfl::pdl_wait();     // q / k / v (the kernel ahead's outputs) are read after this
-    dfl::pdl_trigger();  // the combine may be launched; it waits for this grid's completion
-    qp = dfl::after_wait(qp);  // no load through them can be scheduled above the wait (common.cuh)
-    kp = dfl::after_wait(kp);
-    vp = dfl::after_wait(vp);
+    dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
+    dfl::pdl_trigger();             // the combine may be launched; it waits for this grid's completion
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
     // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (sQ) by 16-byte loads, all
@@ -728,9 +725,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                                              float* __restrict__ out_f32, u16* __restrict__ out_bf16) {
     constexpr int NP = (DP / 2 + 31) / 32;  // column pairs per lane
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
-    dfl::pdl_wait();     // launched under PDL (kernels_cu/pdl.py): the partials are complete after this
-    part_o = dfl::after_wait(part_o);  // loaded after the wait only (common.cuh)
-    part_ml = dfl::after_wait(part_ml);
+    dfl::pdl_wait_for(part_o, part_ml);  // launched under PDL (kernels_cu/pdl.py): the partials, after this
     const int G = Hq / Hk, M = W * G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long rows = (long long)B * Hk * M;

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
+from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, allow_dynamic_shared_memory
 from kernels_cu.ops_attention import attention, bf16_bits, device, f16_bits, f32
 from kernels_cu.pdl import active as _pdl_active
 from kernels_cu.pdl import launch
@@ -109,12 +109,7 @@ def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], st
     mod = _module(dp, mt, f32_inputs, extra, stages)
     main = mod.get_function(f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}")
     smem = smem_bytes(dp, mt, stages)
-    if smem > 48 * 1024:  # above the default limit a kernel must opt in (cuFuncSetAttribute)
-        import warnings
-
-        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
-            warnings.simplefilter("ignore", DeprecationWarning)
-            main.max_dynamic_shared_size_bytes = smem
+    allow_dynamic_shared_memory(main, smem)
     combine = {cb: mod.get_function(f"fast_attn_combine_d{dp}_c{cb}") for cb in COMBINE_BATCHES}
     return main, combine, smem
 

@@ -317,10 +317,7 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
     if (norm_w && blockIdx.x < M)  // a constant: its lines asked for in L2 while the kernel ahead runs
         for (int c = threadIdx.x * 32; c < H; c += blockDim.x * 32) dfl::prefetch_l2(norm_w + c);
-    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing else is read before this
-    resid_in = dfl::after_wait(resid_in);  // the kernel ahead's outputs: loaded after the wait only
-    branch = dfl::after_wait(branch);
-    fd = dfl::after_wait(fd);
+    dfl::pdl_wait_for(resid_in, branch, fd);  // kernels_cu/pdl.py: the kernel ahead's outputs, read after it
     __shared__ float scratch[33];
     const FbBr br{branch, bparts, bstride};
     const int r = blockIdx.x;
@@ -443,10 +440,7 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
     if (norm_w && r < M)  // this CTA's slice of a constant, asked for in L2 while the kernel ahead runs
         for (int c = (H / FB_CL) * q + threadIdx.x * 32; c < (H / FB_CL) * (q + 1); c += FB_CL_THREADS * 32)
             dfl::prefetch_l2(norm_w + c);
-    dfl::pdl_wait();  // kernels_cu/pdl.py: launched under PDL, nothing else is read before this
-    resid_in = dfl::after_wait(resid_in);  // the kernel ahead's outputs: loaded after the wait only
-    branch = dfl::after_wait(branch);
-    fd = dfl::after_wait(fd);
+    dfl::pdl_wait_for(resid_in, branch, fd);  // kernels_cu/pdl.py: the kernel ahead's outputs, read after it
     const FbBr br{branch, bparts, bstride};
     if (r >= M) return;  // whole clusters (the grid is FB_CL * M)
     const int i = r % W, b = r / W;
@@ -517,8 +511,8 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
         table();
         if (h < Hq + Hk && lane * 32 < D) dfl::prefetch_l2((h < Hq ? q_norm : k_norm) + lane * 32);
     }
-    dfl::pdl_wait();  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
-    const float* x = dfl::after_wait(qkv) + ((long long)r * heads + h) * D;
+    dfl::pdl_wait_for(qkv);  // kernels_cu/pdl.py: qkv (the GEMM's output) is read after this
+    const float* x = qkv + ((long long)r * heads + h) * D;
     const bool live_head = h < heads;  // warp-uniform
     float xr[4];  // the head's first 128 elements
 #pragma unroll
@@ -639,9 +633,7 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
                                            u16* __restrict__ prepared, u16* __restrict__ fd, int dparts,
                                            long long dstride, int vec) {
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
-    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
-    x = dfl::after_wait(x);  // the kernels ahead's outputs: loaded after the wait only
-    dl = dfl::after_wait(dl);
+    dfl::pdl_wait_for(x, dl);  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     __shared__ float dsm[2][64];
     if ((int)blockIdx.y >= M) return;  // block-uniform
     if (vec)
@@ -655,10 +647,10 @@ extern "C" __global__ void fb_conv_prepare(const float* __restrict__ x, const fl
 // four columns per thread with 16-byte loads when I % 4 == 0 (the same per-element arithmetic).
 extern "C" __global__ void fb_silu_mul(const float* __restrict__ gu, int M, int I, u16* __restrict__ act) {
     dfl::pdl_trigger();  // the kernel after this one may launch (it waits for this grid before reading)
-    dfl::pdl_wait();     // kernels_cu/pdl.py: launched under PDL, nothing is read before this
+    dfl::pdl_wait_for(gu);  // kernels_cu/pdl.py: launched under PDL, nothing is read before this
     const int r = blockIdx.y;
     if (r >= M) return;
-    const float* gr = dfl::after_wait(gu) + (long long)r * 2 * I;  // loaded after the wait only
+    const float* gr = gu + (long long)r * 2 * I;
     u16* ar = act + (long long)r * I;
     const int step = gridDim.x * blockDim.x;
     if ((I & 3) == 0) {

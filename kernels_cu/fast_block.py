@@ -484,8 +484,7 @@ class Workspace:
 def _split_out(eng, M: int, N: int, K: int):
     """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N] (never for a shape the
     engine's gemv_takes: that kernel writes the whole sum)."""
-    takes = getattr(eng, "gemv_takes", None)
-    s = 1 if takes is not None and takes(M, N, K) else split_k(M, N, K)
+    s = 1 if eng.gemv_takes(M, N, K) else split_k(M, N, K)
     return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
@@ -502,7 +501,7 @@ def _gemm_input(eng, ws: Workspace, dm: Dims, wts: dict, l: int, side: str):
     finish delta)."""
     if not dm.conv:
         return ws.NB[: dm.M]
-    getattr(eng, "layer_gemm", eng.gemm)(ws.NB, wts[f"{side}_proj"][l], ws.DL)
+    eng.layer_gemm(ws.NB, wts[f"{side}_proj"][l], ws.DL)
     eng.conv_prepare(ws.NF, ws.DL, wts[f"{side}_base"][l][0], dm.W, dm.M, dm.H, ws.P,
                      ws.FDA if side == "attn" else ws.FDM)
     return ws.P
@@ -520,23 +519,22 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     input_norm / post_norm [L, H], q_norm / k_norm [L, D] (fp32); DFlash2 also attn_base /
     mlp_base [L, 2, 2, H] (fp32) and attn_proj / mlp_proj [L, 4G, H] (BF16 bits)."""
     M, H, W = dm.M, dm.H, dm.W
-    gemm = getattr(eng, "layer_gemm", eng.gemm)  # CUDA: fast_gemv.cu at few rows (the CPU twin: its gemm)
     tail = None  # the previous layer's MLP branch, joined to the stream by the next residual update
     for l, window, kc, vc in layers:
         src = entry if tail is None else tail
         eng.resid_norm(M, H, W, **src, resid_out=ws.X, norm_w=wts["input_norm"][l], eps=eps,
                        **_norm_targets(ws, dm))
-        gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
+        eng.layer_gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
         eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier, eps,
                      ws.Q, ws.K, ws.V)
         a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
-        gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
+        eng.layer_gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
         eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X, norm_w=wts["post_norm"][l],
                        eps=eps, **_norm_targets(ws, dm))
-        gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
+        eng.layer_gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
         eng.silu_mul(ws.GU, M, dm.I, ws.ACT)
-        gemm(ws.ACT, wts["wdown"][l], ws.Z)
+        eng.layer_gemm(ws.ACT, wts["wdown"][l], ws.Z)
         tail = {"resid_in": ws.X, "branch": ws.Z}
         if dm.conv:
             tail.update(conv_base=wts["mlp_base"][l][1], fd=ws.FDM)

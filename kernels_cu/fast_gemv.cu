@@ -23,10 +23,9 @@
 // Staging. The first `pre` steps of every warp come from shared memory: each thread copies exactly
 // the 2 x 16 bytes it will read, into slots of its own (lane-contiguous, so neither the copy nor
 // the read has a bank conflict and no barrier is needed: cp.async.wait_all covers the thread's own
-// copies). After the wait the staged steps load only x, FGV_XUNROLL steps in flight (the deep form:
-// FGV_XUNROLL_DEEP; measured slower, off by default, fast_gemv.py DEEP). Steps past `pre` (K longer
-// than the budget) load w straight from global memory, FGV_UNROLL chunks in flight. The warps' 16 x 8
-// accumulators are added in warp order through shared memory: deterministic, one order per shape.
+// copies). After the wait the staged steps load only x, FGV_XUNROLL steps in flight. Steps past `pre`
+// (K longer than the budget) load w straight from global memory, FGV_UNROLL chunks in flight. The warps'
+// 16 x 8 accumulators are added in warp order through shared memory: deterministic, one order per shape.
 //
 // PDL. pdl_trigger comes first, so the kernel after this one may launch (and stage its own constants)
 // at once; it waits for this grid's completion before it reads `out`. Launched the ordinary way,
@@ -41,8 +40,6 @@
 #define FGV_WARPS 8
 #define FGV_UNROLL 4
 #define FGV_XUNROLL 8       // staged steps' x rows in flight (three blocks a multiprocessor: 72 registers)
-#define FGV_XUNROLL_DEEP 24  // the one-block-a-multiprocessor form (K 4096 / 6144: one latency, not 2 / 3)
-                             // (kept behind fast_gemv.DEEP: it measured slower in the round)
 
 namespace fgv {
 
@@ -68,7 +65,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-template <int NT, int XU>
+template <int NT>
 __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                                           float* __restrict__ out, int M, int N, int K, int pre) {
     extern __shared__ uint4 stage[];  // [pre][FGV_WARPS][2][32]: thread-private 16-byte slots
@@ -90,8 +87,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
         cp_async16(mine + i * FGV_WARPS * 64 + 32, wr1 + k0);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
-    dfl::pdl_wait();  // x is the kernel ahead's output: read after this
-    x = dfl::after_wait(x);  // no load of x can be scheduled above the wait (common.cuh)
+    dfl::pdl_wait_for(x);  // x is the kernel ahead's output: read after this (common.cuh)
 
     const unsigned short* xr[NT];
     bool xok[NT];
@@ -105,12 +101,12 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 #pragma unroll
     for (int j = 0; j < NT; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 
-    // Staged steps: only x comes from global memory (L2: the kernel ahead just wrote it), XU steps' rows in
-    // flight at once (each batch is one memory latency after the wait).
-    for (int i0 = 0; i0 < staged; i0 += XU) {
-        uint4 xa[XU][NT];
+    // Staged steps: only x comes from global memory (L2: the kernel ahead just wrote it), FGV_XUNROLL
+    // steps' rows in flight at once (each batch is one memory latency after the wait).
+    for (int i0 = 0; i0 < staged; i0 += FGV_XUNROLL) {
+        uint4 xa[FGV_XUNROLL][NT];
 #pragma unroll
-        for (int u = 0; u < XU; ++u) {
+        for (int u = 0; u < FGV_XUNROLL; ++u) {
             const int i = i0 + u;
             const long long k0 = (long long)(i < staged ? warp + i * FGV_WARPS : 0) << 5;
 #pragma unroll
@@ -120,7 +116,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
         }
         if (i0 == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's own slots: no barrier
 #pragma unroll
-        for (int u = 0; u < XU; ++u) {
+        for (int u = 0; u < FGV_XUNROLL; ++u) {
             const int i = i0 + u;
             if (i >= staged) break;  // warp-uniform
             const uint4 wa = mine[i * FGV_WARPS * 64], wb = mine[i * FGV_WARPS * 64 + 32];
@@ -185,24 +181,16 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 
 // Grid (N / 16), FGV_WARPS * 32 threads, dynamic shared memory pre * FGV_WARPS * 64 * 16 bytes. The one
 // n-tile form keeps three blocks a multiprocessor (<= 85 registers): the 35B qkv grid, 384 blocks of
-// 64 KiB, is then one wave of the H200's 132. The deep form (one n-tile, FGV_XUNROLL_DEEP) is for blocks
-// that stage more than 8 steps (K > 2048: 128 KiB and up, one block a multiprocessor by shared memory
-// anyway): all of a warp's x rows in flight at once after the wait. All forms add the same products in
-// the same order: the same bits (tests/gpu/test_fast_gemv.py).
+// 64 KiB, is then one wave of the H200's 132. (A form with every staged x row in flight, one block a
+// multiprocessor, measured slower in the round: docs/reports/h200-round-ab-v11-deep.json; removed.)
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 3)
 fast_gemv_n1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
-    fgv::gemv_body<1, FGV_XUNROLL>(x, w, out, M, N, K, pre);
-}
-
-extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 1)
-fast_gemv_n1_deep(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                  float* __restrict__ out, int M, int N, int K, int pre) {
-    fgv::gemv_body<1, FGV_XUNROLL_DEEP>(x, w, out, M, N, K, pre);
+    fgv::gemv_body<1>(x, w, out, M, N, K, pre);
 }
 
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32)
 fast_gemv_n2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
-    fgv::gemv_body<2, FGV_XUNROLL>(x, w, out, M, N, K, pre);
+    fgv::gemv_body<2>(x, w, out, M, N, K, pre);
 }

@@ -15,11 +15,10 @@ what pdl.py's rule asks of anything read before the wait. See the .cu header for
 from __future__ import annotations
 
 import functools
-import warnings
 
 import numpy as np
 
-from kernels_cu.loader import load_module
+from kernels_cu.loader import allow_dynamic_shared_memory, load_module
 from kernels_cu.pdl import launch
 
 GEMV = True  # False: every layer GEMM on cuBLAS (as before session v11)
@@ -56,9 +55,6 @@ def _fn(name: str):
     return load_module("fast_gemv").get_function(name)
 
 
-_OPTED: dict = {}  # function name -> dynamic shared memory it has been allowed
-
-
 def takes(M: int, N: int, K: int) -> bool:
     return bool(GEMV) and 1 <= M <= MAX_M and K >= 32 and K % 32 == 0 and N >= 16 and N % 16 == 0
 
@@ -80,49 +76,31 @@ def _device(dev_id: int) -> tuple[int, int]:
     return int(a["MultiProcessorCount"]), int(a.get("MaxSharedMemoryPerBlockOptin", 227 * 1024)) - 8 * 1024
 
 
-# fast_gemv.cu's deep form (all of a warp's staged x rows in flight at once, one block a multiprocessor) for
-# blocks staging at least this many steps, while DEEP. The bits are the same either way. Off: it measured
-# slower in the round, 35B B1 W8 0.673 against 0.667 ms (docs/reports/h200-round-ab-v11-deep.json).
-DEEP_MIN_STEPS = 9
-DEEP = False
-
-
-def kernel_name(M: int, pre: int) -> str:
-    if M > 8:
-        return "fast_gemv_n2"
-    return "fast_gemv_n1_deep" if DEEP and pre >= DEEP_MIN_STEPS else "fast_gemv_n1"
+def kernel_name(M: int) -> str:
+    """fast_gemv.cu's kernel for M rows: one n-tile of 8 rows, or two."""
+    return "fast_gemv_n1" if M <= 8 else "fast_gemv_n2"
 
 
 def _plan(M: int, K: int):
-    """(function name, staged steps, dynamic shared memory) of a launch on the current device."""
+    """(kernel, staged steps, dynamic shared memory) of a launch on the current device, the kernel allowed
+    that much shared memory."""
     _, cap = _device(cp().cuda.Device().id)
     pre = staged_steps(K, cap=cap)
-    return kernel_name(M, pre), pre, pre * STEP_BYTES
-
-
-def _opt_in(name: str, smem: int):
-    fn = _fn(name)
-    if smem > _OPTED.get(name, 48 * 1024):  # above the default limit a kernel must opt in (cuFuncSetAttribute)
-        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
-            warnings.simplefilter("ignore", DeprecationWarning)
-            fn.max_dynamic_shared_size_bytes = smem
-        _OPTED[name] = smem
-    return fn
+    return allow_dynamic_shared_memory(_fn(kernel_name(M)), pre * STEP_BYTES), pre, pre * STEP_BYTES
 
 
 @functools.cache
-def _waves(M: int, N: int, K: int, stage_bytes: int, dev_id: int, deep: bool = True) -> float:
-    name, _, smem = _plan(M, K)
-    fn = _opt_in(name, smem)
-    sms, _ = _device(dev_id)
-    per_sm = int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, 32 * WARPS, smem))
-    return (N // 16) / max(1, per_sm * sms)
+def _per_sm(name: str, smem: int, dev_id: int) -> int:
+    """Blocks of kernel ``name`` at ``smem`` bytes a multiprocessor holds (the driver's occupancy calculator)."""
+    fn = allow_dynamic_shared_memory(_fn(name), smem)
+    return int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, 32 * WARPS, smem))
 
 
 def waves(M: int, N: int, K: int) -> float:
-    """The grid's blocks over those the device holds at once at the staged footprint (the driver's
-    occupancy calculator)."""
-    return _waves(M, N, K, STAGE_BYTES, cp().cuda.Device().id, bool(DEEP))
+    """The grid's blocks over those the device holds at once at the staged footprint."""
+    _, _, smem = _plan(M, K)
+    dev = cp().cuda.Device().id
+    return (N // 16) / max(1, _per_sm(kernel_name(M), smem, dev) * _device(dev)[0])
 
 
 def chooses(M: int, N: int, K: int) -> bool:
@@ -144,8 +122,7 @@ def gemv_into(x, w, out) -> bool:
             or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)
             or x.data.ptr % 16 or w.data.ptr % 16):
         return False
-    name, pre, smem = _plan(M, K)
-    fn = _opt_in(name, smem)
+    fn, pre, smem = _plan(M, K)
     launch(fn, (N // 16,), (32 * WARPS,), (x, w, out, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
            pdl=PDL)
     return True
@@ -156,13 +133,11 @@ def config_key() -> tuple:
     kernel) and which are K-split partials (cuBLAS): part of FastBlockMixin's workspace key, so that a
     changed switch gets a new workspace. FastRound's workspaces (rings, captured graph) keep the choice
     they were made with; benchmarks/round_ab.py clears them per configuration."""
-    return (bool(GEMV), int(MAX_M), float(MAX_WAVES), float(MIN_FILL), int(STAGE_BYTES), bool(DEEP),
-            int(DEEP_MIN_STEPS))
+    return bool(GEMV), int(MAX_M), float(MAX_WAVES), float(MIN_FILL), int(STAGE_BYTES)
 
 
 def environment() -> str:
     return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
             f"m16n8k16, FP32 accumulation, whole: no K split) where the grid is at most MAX_WAVES={MAX_WAVES} "
-            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; DEEP={DEEP} from {DEEP_MIN_STEPS} "
-            f"staged steps; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
+            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
             "griddepcontrol.wait; other shapes and the heads on cuBLAS")

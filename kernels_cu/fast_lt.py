@@ -84,6 +84,14 @@ def tuned(cache: dict, x, w, out, fallback, *, margin: float | None = None, max_
             g.free()
 
 
+def describe(cache: dict) -> dict:
+    """``tuned``'s cache as a record: 'M x N x K' -> the tuning's timings (us per call of gemmEx and of each
+    algorithm, and the choice), or {'chosen': 'gemmEx', 'error': ...} where cuBLASLt failed for the shape."""
+    return {"x".join(map(str, k)): g.timings if g is not None else {"chosen": "gemmEx",
+                                                                    "error": cache.get(("error", *k))}
+            for k, g in cache.items() if len(k) == 3}
+
+
 def _aligned(*arrays) -> bool:
     """Every array at the 256-byte alignment the heuristic assumes (its default MIN_ALIGNMENT preferences)."""
     return not any(a.data.ptr % 256 for a in arrays)

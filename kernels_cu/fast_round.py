@@ -313,12 +313,7 @@ class FastRound(ComposedRounds, FastCudaBackend):
     def head_timings(self) -> dict:
         """The head GEMM's tunings so far: 'M x N x K' -> us per call of gemmEx and each algorithm, the choice
         (or the cuBLASLt error that left the shape on gemmEx)."""
-        rec = {}
-        for k, g in self._head_lt.items():
-            if len(k) == 3:
-                rec["x".join(map(str, k))] = g.timings if g is not None else {
-                    "chosen": "gemmEx", "error": self._head_lt.get(("error", *k))}
-        return rec
+        return fast_lt.describe(self._head_lt)
 
     def drop(self):
         """Forget the drafter, its workspaces and graphs."""

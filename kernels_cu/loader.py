@@ -44,6 +44,23 @@ def load_module(name: str):
     return cupy.RawModule(code=code, options=(*NVRTC_OPTIONS, f"-I{KERNEL_DIR}"), name_expressions=None)
 
 
+_SMEM_ALLOWED: dict[int, tuple] = {}  # id(kernel) -> (kernel, dynamic shared memory it may launch with)
+
+
+def allow_dynamic_shared_memory(fn, nbytes: int):
+    """Let the CuPy RawKernel ``fn`` launch with ``nbytes`` of dynamic shared memory: above the default
+    48 KiB a kernel must opt in (cuFuncSetAttribute). Set once per kernel and size; returns ``fn``."""
+    import warnings
+
+    _, allowed = _SMEM_ALLOWED.get(id(fn), (None, 48 * 1024))
+    if nbytes > allowed:
+        with warnings.catch_warnings():  # some CuPy versions deprecate the RawKernel spelling; it still sets it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            fn.max_dynamic_shared_size_bytes = int(nbytes)
+        _SMEM_ALLOWED[id(fn)] = (fn, int(nbytes))  # the kernel is held, so its id is not reused
+    return fn
+
+
 def compile_record() -> dict:
     """What a report must carry about how the kernels were built."""
     rec = {"nvrtc_options": list(NVRTC_OPTIONS), "cupy_appends": ["-ftz=true"], "arch_ci": NVCC_ARCH}

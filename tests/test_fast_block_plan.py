@@ -84,6 +84,13 @@ class NumpyEngine:
         return np.full(shape, value, dtype)
 
     @staticmethod
+    def gemv_takes(M, N, K):  # CudaEngine's small-M kernel: none here (every GEMM is ``gemm``)
+        return False
+
+    def layer_gemm(self, x_bits, w_bits, out):
+        self.gemm(x_bits, w_bits, out)
+
+    @staticmethod
     def gemm(x_bits, w_bits, out):
         # FP32 accumulation of BF16 products: within a few FP32 ulps of the float64 sum. out [S, M, N]:
         # the S K-slice partials (fast_block.split_k), each a float64 sum rounded once

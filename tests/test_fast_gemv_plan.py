@@ -76,13 +76,35 @@ def test_takes_states_the_contract(monkeypatch):
     assert not fast_gemv.takes(8, 6144, 2048)
 
 
-def test_kernel_forms_by_hand(monkeypatch):
+
+def test_kernel_by_rows():
     from kernels_cu import fast_gemv
 
-    monkeypatch.setattr(fast_gemv, "DEEP", True)
-    # the 35B layers at 8 rows: qkv / gate-up stage 8 steps (three blocks a multiprocessor), o / down 16 / 24
-    assert fast_gemv.kernel_name(8, 8) == "fast_gemv_n1"
-    assert fast_gemv.kernel_name(8, 16) == "fast_gemv_n1_deep" == fast_gemv.kernel_name(8, 24)
-    assert fast_gemv.kernel_name(16, 24) == "fast_gemv_n2"  # two n-tiles: one form
-    monkeypatch.setattr(fast_gemv, "DEEP", False)
-    assert fast_gemv.kernel_name(8, 24) == "fast_gemv_n1"
+    assert [fast_gemv.kernel_name(m) for m in (1, 8, 9, 16)] == ["fast_gemv_n1"] * 2 + ["fast_gemv_n2"] * 2
+
+
+def test_dynamic_shared_memory_is_allowed_once_per_kernel_and_size():
+    """loader.allow_dynamic_shared_memory (fast_gemv and fast_attention): the attribute is set only above
+    the 48 KiB default and only when a kernel needs more than it was already allowed."""
+    from kernels_cu.loader import allow_dynamic_shared_memory
+
+    class Kernel:  # a RawKernel's attribute, recorded
+        def __init__(self):
+            self.sets = []
+
+        @property
+        def max_dynamic_shared_size_bytes(self):
+            return self.sets[-1] if self.sets else 0
+
+        @max_dynamic_shared_size_bytes.setter
+        def max_dynamic_shared_size_bytes(self, v):
+            self.sets.append(v)
+
+    a, b = Kernel(), Kernel()
+    assert allow_dynamic_shared_memory(a, 32 * 1024) is a and a.sets == []  # under the default: nothing
+    allow_dynamic_shared_memory(a, 64 * 1024)
+    allow_dynamic_shared_memory(a, 64 * 1024)
+    allow_dynamic_shared_memory(a, 60 * 1024)
+    allow_dynamic_shared_memory(a, 192 * 1024)
+    allow_dynamic_shared_memory(b, 64 * 1024)  # another kernel keeps its own record
+    assert a.sets == [64 * 1024, 192 * 1024] and b.sets == [64 * 1024]
