@@ -16,13 +16,17 @@ over ``--rounds`` passes, each a set of module attributes:
               and attention kernels under programmatic dependent launch, kernels_cu/pdl.py)
   no_launch_order  the graph's PDL edges as captured (pdl.LAUNCH_ORDER False; default: relaxed to launch order)
   nopdl_glue  PDL for the attention only, the glue kernels launched the ordinary way (fast_block.PDL_GLUE)
-  stages2, stages4  the attention's K/V stages forced (fast_attention.STAGES; default 2)
+  stages2, stages3, stages4  the attention's K/V stages forced (fast_attention.STAGES; default 2)
+  alias2, alias3, alias4  the same with the attention's q rows and P scratch inside the stages
+              (fast_attention.ALIAS: 3 stages then keep two blocks a multiprocessor at D 128)
   cublas_layers  the layer GEMMs at <= 16 rows on cuBLAS (fast_gemv.GEMV False; default: kernels_cu/fast_gemv.cu)
   gemv_nostage   fast_gemv without weight rows staged before the wait (fast_gemv.STAGE_BYTES 0)
   gemv_waves1    fast_gemv only for grids of one wave (fast_gemv.MAX_WAVES 1; default 2: the 35B gate/up
                  projection, 1.9 waves, on fast_gemv)
   gemv_m8        fast_gemv only up to 8 rows (fast_gemv.MAX_M 8: the DFlash2 conv delta's 16 rows on cuBLAS)
   gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
+  gemv_noact     the MLP's [gate; up] GEMM on the plain fast_gemv kernel, then fb_silu_mul (fast_gemv.ACT False;
+                 default: one kernel, the SiLU-mul in its epilogue)
   early_table_all  fb_qkv_post's RoPE table before its wait at every row count (fast_block.EARLY_TABLE_MAX_ROWS;
                  default 16)
   rn_block    fb_resid_norm one CTA a row at every row count (fast_block.RESID_NORM_PATH "block"; default: the
@@ -60,12 +64,17 @@ CONFIGS = {
     "nopdl_glue": {"kernels_cu.fast_block.PDL_GLUE": False},
     "no_launch_order": {"kernels_cu.pdl.LAUNCH_ORDER": False},
     "stages2": {"kernels_cu.fast_attention.STAGES": 2},
+    "stages3": {"kernels_cu.fast_attention.STAGES": 3},
     "stages4": {"kernels_cu.fast_attention.STAGES": 4},
+    "alias2": {"kernels_cu.fast_attention.ALIAS": True, "kernels_cu.fast_attention.STAGES": 2},
+    "alias3": {"kernels_cu.fast_attention.ALIAS": True, "kernels_cu.fast_attention.STAGES": 3},
+    "alias4": {"kernels_cu.fast_attention.ALIAS": True, "kernels_cu.fast_attention.STAGES": 4},
     "cublas_layers": {"kernels_cu.fast_gemv.GEMV": False},
     "gemv_nostage": {"kernels_cu.fast_gemv.STAGE_BYTES": 0},
     "gemv_waves1": {"kernels_cu.fast_gemv.MAX_WAVES": 1.0},
     "gemv_m8": {"kernels_cu.fast_gemv.MAX_M": 8},
     "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
+    "gemv_noact": {"kernels_cu.fast_gemv.ACT": False},
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
     "default": {},

@@ -70,6 +70,10 @@ __device__ __forceinline__ u16 context_v_bits(float v) {
 #endif
 }
 
+// The MLP's activation, BF16(SiLU(g) * u) with SiLU(g) = g / (1 + exp(-g)) (reference/norms.py), as one
+// function for fb_silu_mul and fast_gemv's SiLU-mul epilogue, so that both give the same bits.
+__device__ __forceinline__ u16 silu_mul_bf16(float g, float u) { return f32_to_bf16_rn(g / (1.f + expf(-g)) * u); }
+
 // Round to BF16 and back: the value a represented point holds, kept in fp32.
 __device__ __forceinline__ float round_bf16(float x) { return bf16_to_f32(f32_to_bf16_rn(x)); }
 

@@ -658,16 +658,15 @@ extern "C" __global__ void fb_silu_mul(const float* __restrict__ gu, int M, int 
             const float4 g = *reinterpret_cast<const float4*>(gr + j);
             const float4 u = *reinterpret_cast<const float4*>(gr + I + j);
             ushort4 o;
-            o.x = dfl::f32_to_bf16_rn(g.x / (1.f + expf(-g.x)) * u.x);
-            o.y = dfl::f32_to_bf16_rn(g.y / (1.f + expf(-g.y)) * u.y);
-            o.z = dfl::f32_to_bf16_rn(g.z / (1.f + expf(-g.z)) * u.z);
-            o.w = dfl::f32_to_bf16_rn(g.w / (1.f + expf(-g.w)) * u.w);
+            o.x = dfl::silu_mul_bf16(g.x, u.x);
+            o.y = dfl::silu_mul_bf16(g.y, u.y);
+            o.z = dfl::silu_mul_bf16(g.z, u.z);
+            o.w = dfl::silu_mul_bf16(g.w, u.w);
             *reinterpret_cast<ushort4*>(ar + j) = o;
         }
         return;
     }
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < I; j += step) {
-        const float g = gr[j];
-        ar[j] = dfl::f32_to_bf16_rn(g / (1.f + expf(-g)) * gr[I + j]);
+        ar[j] = dfl::silu_mul_bf16(gr[j], gr[I + j]);
     }
 }

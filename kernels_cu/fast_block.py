@@ -23,7 +23,8 @@ baseline's, so rounding there is inside the tight bound):
          exact kernel of kernels_cu.ops_attention), BF16 out (named "attn")
     o  = gemm(a, W_o)
     y  = X + o (DFlash2: + BF16(Conv_1(o)), as the exact mode), m = RMSNorm(y): fb_resid_norm
-    gu = gemm(BF16(m) or prepared_m, [W_gate; W_up]);  act = BF16(SiLU(gate) * up) (named "act")
+    gu = gemm(BF16(m) or prepared_m, [W_gate; W_up]);  act = BF16(SiLU(gate) * up) (named "act"; one
+         kernel where fast_gemv runs the GEMM: the SiLU-mul in its epilogue, CudaEngine.mlp_act)
     z  = gemm(act, W_down);  x_next = y + z (+ conv finish), fused into the next layer's norm or
          into the final RMSNorm (masked_block: mask columns only, BF16) / the BF16 x_next.
 
@@ -375,6 +376,17 @@ class CudaEngine:
                 return
         self.gemm(x_bits, w_bits, out)
 
+    def mlp_act(self, x_bits, w_bits, gu, act, M, inter):
+        """act [M, I] = BF16(SiLU(gate) * up) of the MLP's [gate; up] GEMM: one fast_gemv kernel (SiLU-mul in its
+        epilogue, the same bits) where the GEMM runs there, else ``layer_gemm`` into gu then fb_silu_mul."""
+        if gu.ndim == 2 and self.gemv_takes(M, 2 * inter, x_bits.shape[1]):
+            from kernels_cu import fast_gemv
+
+            if fast_gemv.act_into(cp().ascontiguousarray(x_bits), w_bits, act):
+                return
+        self.layer_gemm(x_bits, w_bits, gu)
+        self.silu_mul(gu, M, inter, act)
+
     @staticmethod
     def resid_norm(M, H, W, *, resid_in=None, src_bits=None, tok=None, mask_id=0, branch=None, conv_base=None,
                    fd=None, resid_out=None, resid_bits=None, norm_w=None, eps=0.0, norm_f32=None, norm_hi=None,
@@ -532,8 +544,7 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
         eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X, norm_w=wts["post_norm"][l],
                        eps=eps, **_norm_targets(ws, dm))
-        eng.layer_gemm(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU)
-        eng.silu_mul(ws.GU, M, dm.I, ws.ACT)
+        eng.mlp_act(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU, ws.ACT, M, dm.I)
         eng.layer_gemm(ws.ACT, wts["wdown"][l], ws.Z)
         tail = {"resid_in": ws.X, "branch": ws.Z}
         if dm.conv:

@@ -31,6 +31,14 @@
 // at once; it waits for this grid's completion before it reads `out`. Launched the ordinary way,
 // both instructions are no-ops and the bits are the same.
 //
+// SiLU-mul form (fast_gemv_act_*, session v12). w is the fused [gate; up] projection [2I, K] and the
+// output is act [M, I] = BF16(SiLU(gate) * up), not the fp32 GEMM: block c owns gate rows 8c .. 8c + 7
+// (the mma's rows g) and up rows I + 8c .. I + 8c + 7 (rows g + 8), so the thread that ends up with
+// gate[m, 8c + g] holds up[m, 8c + g] too, and fb_silu_mul's arithmetic (dfl::silu_mul_bf16, the same
+// function) runs in the epilogue. Each sum is the one the plain form computes for that row (a row's
+// products and their order do not depend on where the row sits in the tile), so act has the bits of
+// the plain GEMM followed by fb_silu_mul, with one kernel and one gu round trip less.
+//
 // Needs K % 32 == 0, N % 16 == 0, 16-byte aligned rows (kernels_cu/fast_gemv.py checks).
 // Numerics: BF16 x BF16 products are exact in FP32; each warp adds its chunks' products in the
 // tensor cores' FP32 accumulator, then the warps' sums are added in order: an FP32 summation of
@@ -65,9 +73,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-template <int NT>
+template <int NT, bool ACT>
 __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                                          float* __restrict__ out, int M, int N, int K, int pre) {
+                                          float* __restrict__ out, unsigned short* __restrict__ act, int M, int N,
+                                          int K, int pre) {
     extern __shared__ uint4 stage[];  // [pre][FGV_WARPS][2][32]: thread-private 16-byte slots
     __shared__ float red[FGV_WARPS][NT][32][4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -75,8 +84,10 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
     const int n0 = blockIdx.x * 16;
     const int chunks = K >> 5;
     const int steps = (chunks - warp + FGV_WARPS - 1) / FGV_WARPS;  // this warp's chunks (warp < chunks or 0)
-    const unsigned short* wr0 = w + (long long)(n0 + g) * K + 8 * t;
-    const unsigned short* wr1 = wr0 + 8LL * K;
+    // rows g and g + 8 of the block's tile: w rows n0 + g and n0 + g + 8, or (ACT, N = 2I) gate row 8c + g
+    // and up row N / 2 + 8c + g
+    const unsigned short* wr0 = w + (long long)(ACT ? (int)blockIdx.x * 8 + g : n0 + g) * K + 8 * t;
+    const unsigned short* wr1 = wr0 + (ACT ? (long long)(N / 2) : 8LL) * K;
     uint4* mine = stage + warp * 64 + lane;  // step i's two slots: mine[i * FGV_WARPS * 64] and + 32
 
     dfl::pdl_trigger();  // the kernel after this one may launch; it waits for this grid before reading out
@@ -169,10 +180,19 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 #pragma unroll
             for (int v = 1; v < FGV_WARPS; ++v) s[e] += red[v][j][lane][e];
         }
+        if constexpr (ACT) {  // s0 / s1: gate of rows m, m + 1; s2 / s3: their up (column 8c + g of act)
+            const int I = N / 2;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-            if (m < M) out[(long long)m * N + n] = s[e];
+            for (int e = 0; e < 2; ++e) {
+                const int m = 8 * j + 2 * t + e;
+                if (m < M) act[(long long)m * I + blockIdx.x * 8 + g] = dfl::silu_mul_bf16(s[e], s[e + 2]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+                if (m < M) out[(long long)m * N + n] = s[e];
+            }
         }
     }
 }
@@ -186,11 +206,25 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 3)
 fast_gemv_n1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
-    fgv::gemv_body<1>(x, w, out, M, N, K, pre);
+    fgv::gemv_body<1, false>(x, w, out, nullptr, M, N, K, pre);
 }
 
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32)
 fast_gemv_n2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {
-    fgv::gemv_body<2>(x, w, out, M, N, K, pre);
+    fgv::gemv_body<2, false>(x, w, out, nullptr, M, N, K, pre);
+}
+
+// The SiLU-mul forms: w [2I, K] = [gate; up], act [M, I] BF16 bits; grid (I / 8), the same threads and shared
+// memory as the plain forms (N = 2I).
+extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 3)
+fast_gemv_act_n1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                 unsigned short* __restrict__ act, int M, int N, int K, int pre) {
+    fgv::gemv_body<1, true>(x, w, nullptr, act, M, N, K, pre);
+}
+
+extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32)
+fast_gemv_act_n2(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                 unsigned short* __restrict__ act, int M, int N, int K, int pre) {
+    fgv::gemv_body<2, true>(x, w, nullptr, act, M, N, K, pre);
 }

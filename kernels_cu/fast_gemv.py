@@ -1,7 +1,8 @@
 """The block's layer GEMMs at few rows on kernels_cu/fast_gemv.cu (issue 12, fast mode, session v11).
 
 ``gemv_into(x, w, out)``: out [M, N] fp32 = x [M, K] @ w [N, K]^T, BF16 bits, FP32 accumulation on the
-tensor cores, M <= MAX_M (16). ``takes(M, N, K)`` says whether a shape runs here; fast_block's engine
+tensor cores, M <= MAX_M (16). ``act_into(x, w, act)``: the MLP's [gate; up] GEMM with fb_silu_mul in its
+epilogue (session v12), act = BF16(SiLU(gate) * up), the same bits as the two steps. ``takes(M, N, K)`` says whether a shape runs here; fast_block's engine
 (``CudaEngine.layer_gemm``) sends the layers' GEMMs of such shapes here instead of cuBLAS, whole (no
 K-split partials).
 
@@ -22,6 +23,9 @@ from kernels_cu.loader import allow_dynamic_shared_memory, load_module
 from kernels_cu.pdl import launch
 
 GEMV = True  # False: every layer GEMM on cuBLAS (as before session v11)
+# The MLP's [gate; up] GEMM and fb_silu_mul as one kernel (fast_gemv_act_*: act = BF16(SiLU(gate) * up) in the
+# epilogue, the same bits) wherever the GEMM runs here; False: the plain GEMM, then fb_silu_mul (session v11).
+ACT = True
 PDL = True  # False: launched the ordinary way (the staging then waits for nothing: same bits)
 # Shared memory a block stages before the wait: each warp step (a 32-wide K chunk per warp, 8 warps, 16
 # rows) is 8 KiB. 192 KiB holds a whole block of the 35B layers (K 2048 / 4096 / 6144: 64 / 128 / 192 KiB)
@@ -76,17 +80,17 @@ def _device(dev_id: int) -> tuple[int, int]:
     return int(a["MultiProcessorCount"]), int(a.get("MaxSharedMemoryPerBlockOptin", 227 * 1024)) - 8 * 1024
 
 
-def kernel_name(M: int) -> str:
-    """fast_gemv.cu's kernel for M rows: one n-tile of 8 rows, or two."""
-    return "fast_gemv_n1" if M <= 8 else "fast_gemv_n2"
+def kernel_name(M: int, act: bool = False) -> str:
+    """fast_gemv.cu's kernel for M rows: one n-tile of 8 rows, or two; ``act``: the SiLU-mul form."""
+    return ("fast_gemv_act_" if act else "fast_gemv_") + ("n1" if M <= 8 else "n2")
 
 
-def _plan(M: int, K: int):
+def _plan(M: int, K: int, act: bool = False):
     """(kernel, staged steps, dynamic shared memory) of a launch on the current device, the kernel allowed
     that much shared memory."""
     _, cap = _device(cp().cuda.Device().id)
     pre = staged_steps(K, cap=cap)
-    return allow_dynamic_shared_memory(_fn(kernel_name(M)), pre * STEP_BYTES), pre, pre * STEP_BYTES
+    return allow_dynamic_shared_memory(_fn(kernel_name(M, act)), pre * STEP_BYTES), pre, pre * STEP_BYTES
 
 
 @functools.cache
@@ -128,6 +132,23 @@ def gemv_into(x, w, out) -> bool:
     return True
 
 
+def act_into(x, w, act) -> bool:
+    """act [M, I] = BF16(SiLU(gate) * up) (uint16 bits) of gate/up = x @ w.T, w = [gate; up] [2I, K], on the
+    SiLU-mul form of the kernel: the bits of ``gemv_into`` followed by fb_silu_mul. False (nothing launched)
+    where ACT is off or the arrays do not fit the contract: the caller runs the GEMM and fb_silu_mul."""
+    M, K = x.shape
+    N = w.shape[0]
+    if (not ACT or not takes(M, N, K) or w.shape[1] != K or tuple(act.shape) != (M, N // 2) or x.dtype != np.uint16
+            or w.dtype != np.uint16 or act.dtype != np.uint16
+            or not (x.flags.c_contiguous and w.flags.c_contiguous and act.flags.c_contiguous)
+            or x.data.ptr % 16 or w.data.ptr % 16):
+        return False
+    fn, pre, smem = _plan(M, K, act=True)
+    launch(fn, (N // 16,), (32 * WARPS,), (x, w, act, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
+           pdl=PDL)
+    return True
+
+
 def config_key() -> tuple:
     """The switches that decide, when a block workspace is made, which layer GEMM outputs are whole (this
     kernel) and which are K-split partials (cuBLAS): part of FastBlockMixin's workspace key, so that a
@@ -139,5 +160,6 @@ def config_key() -> tuple:
 def environment() -> str:
     return (f"GEMV={GEMV}: the layer GEMMs with M <= {MAX_M} rows (K % 32, N % 16) on fast_gemv.cu (mma.sync "
             f"m16n8k16, FP32 accumulation, whole: no K split) where the grid is at most MAX_WAVES={MAX_WAVES} "
-            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
+            f"waves and at least MIN_FILL={MIN_FILL} of the multiprocessors; ACT={ACT} (the [gate; up] GEMM with "
+            f"SiLU-mul in its epilogue); PDL={PDL}, STAGE_BYTES={STAGE_BYTES} of weight rows staged per block before "
             "griddepcontrol.wait; other shapes and the heads on cuBLAS")

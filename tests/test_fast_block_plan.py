@@ -90,6 +90,10 @@ class NumpyEngine:
     def layer_gemm(self, x_bits, w_bits, out):
         self.gemm(x_bits, w_bits, out)
 
+    def mlp_act(self, x_bits, w_bits, gu, act, M, inter):
+        self.layer_gemm(x_bits, w_bits, gu)
+        self.silu_mul(gu, M, inter, act)
+
     @staticmethod
     def gemm(x_bits, w_bits, out):
         # FP32 accumulation of BF16 products: within a few FP32 ulps of the float64 sum. out [S, M, N]:
@@ -376,6 +380,16 @@ class GemvEngine(NumpyEngine):
             self.ran.append(("whole", tuple(out.shape)))
         self.gemm(x_bits, w_bits, out)
 
+    def mlp_act(self, x_bits, w_bits, gu, act, M, inter):
+        # CudaEngine's rule: the fused kernel where the [gate; up] shape is taken (the twin of its bits: the whole
+        # GEMM, then SiLU-mul), else layer_gemm and silu_mul
+        if self.gemv_takes(M, 2 * inter, x_bits.shape[1]):
+            self.ran.append(("act", (M, inter)))
+            self.gemm(x_bits, w_bits, gu)
+            self.silu_mul(gu, M, inter, act)
+            return
+        super().mlp_act(x_bits, w_bits, gu, act, M, inter)
+
 
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
 def test_plan_gemv_routing_whole_outputs_inside_the_derived_bound(monkeypatch, variant):
@@ -389,6 +403,21 @@ def test_plan_gemv_routing_whole_outputs_inside_the_derived_bound(monkeypatch, v
     layers = np.shape(case.inputs["input_norm"])[0]  # stacked [L, H]
     assert sorted(set(block._fb_eng.ran)) == [("whole", (48, 256))], block._fb_eng.ran
     assert len(block._fb_eng.ran) == 2 * layers
+    comp, norm = error_ratio(case, out)
+    assert comp <= 4.0 and norm <= 1.5, (comp, norm)  # the bound of the split test above
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_plan_gemv_act_routing(monkeypatch, variant):
+    """Where the engine's small-M kernel takes the [gate; up] shape (2I x H), block_forward's MLP goes through
+    mlp_act's fused path once per layer, and its gate/up GEMM never through layer_gemm; inside the bound."""
+    _split_shapes(monkeypatch)
+    block = NumpyBlock()
+    block._fb_eng = GemvEngine(takes={(1536, 256)})
+    case = larger_case(variant, seed=6)
+    out = block.masked_block(**{**case.inputs, **case.params})["hidden"]
+    layers = np.shape(case.inputs["input_norm"])[0]
+    assert block._fb_eng.ran == [("act", (48, 768))] * layers, block._fb_eng.ran
     comp, norm = error_ratio(case, out)
     assert comp <= 4.0 and norm <= 1.5, (comp, norm)  # the bound of the split test above
 

@@ -9,7 +9,10 @@
 - the staging of the weight rows before the wait changes where w is read from, not the order of
   addition: no staging, part of K staged and all of it give the same bits, with PDL and without;
 - the same bits on every call and inside a captured graph;
-- shapes and arrays outside the kernel's contract are refused (False), so the caller runs cuBLAS.
+- shapes and arrays outside the kernel's contract are refused (False), so the caller runs cuBLAS;
+- the SiLU-mul form (session v12, ``act_into``: block c computes gate rows 8c.. and up rows I + 8c..)
+  gives the bits of the plain kernel followed by fb_silu_mul, at every staging budget, PDL on and off,
+  eager and in a graph.
 The race against a late producer of x (x read only after the wait) is in tests/gpu/test_pdl.py.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 """
@@ -99,6 +102,58 @@ def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
     assert np.array_equal(replayed, eager)
 
 
+def _silu_case(M, inter, K, seed):
+    xh, wh = _case(M, 2 * inter, K)
+    rng = np.random.default_rng(seed)
+    # large gate sums too (|gate| >> 88: exp(-g) overflows to inf or underflows to 0 in SiLU's FP32 arithmetic)
+    big = rng.choice(2 * inter, size=min(4, inter), replace=False)
+    wh[big, :] = 0x4200  # 32.0 in every column: that row's sum is 32 * sum(x), large for most rows of x
+    return xh, wh
+
+
+@pytest.mark.parametrize("M,inter,K", [(8, 6144, 2048), (1, 8, 32), (9, 1024, 2048), (16, 40, 96), (3, 64, 17408)])
+def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, inter, K):
+    """act_into == gemv_into into gu, then fb_silu_mul (CudaEngine.silu_mul), bit for bit: a row's sum does not
+    depend on where the row sits in the block's tile, and the activation is the same device function. A wrong
+    gate/up row pairing, a column index off by one or a skipped SiLU differs in most elements. At every staging
+    budget (K 17408 leaves steps past the budget) and PDL on and off."""
+    from kernels_cu import fast_block, fast_gemv
+
+    xh, wh = _silu_case(M, inter, K, M + inter)
+    x, w = cupy.asarray(xh), cupy.asarray(wh)
+    gu = cupy.full((M, 2 * inter), np.nan, np.float32)
+    assert fast_gemv.gemv_into(x, w, gu)
+    ref = cupy.empty((M, inter), np.uint16)
+    fast_block.CudaEngine.silu_mul(gu, M, inter, ref)
+    ref = cupy.asnumpy(ref)
+    assert len(np.unique(ref)) > min(ref.size // 2, 8)  # not a constant that any wrong kernel could match
+    steps = -(-(K // 32) // fast_gemv.WARPS)
+    for budget in (0, fast_gemv.STEP_BYTES, steps * fast_gemv.STEP_BYTES, fast_gemv.STAGE_BYTES):
+        for use_pdl in (True, False):
+            monkeypatch.setattr(fast_gemv, "STAGE_BYTES", budget)
+            monkeypatch.setattr(fast_gemv, "PDL", use_pdl)
+            act = cupy.full((M, inter), 0x7fc0, np.uint16)
+            assert fast_gemv.act_into(x, w, act)
+            got = cupy.asnumpy(act)
+            assert np.array_equal(got, ref), (
+                f"budget {budget} B, PDL {use_pdl}: {int((got != ref).sum())} of {ref.size} elements differ")
+
+
+def test_act_form_in_a_graph_and_its_refusals(cupy, monkeypatch):
+    from kernels_cu import fast_gemv
+
+    x, w = cupy.asarray(_bits((8, 2048), 3)), cupy.asarray(_bits((12288, 2048), 4))
+    act = cupy.empty((8, 6144), np.uint16)
+    cupy.cuda.Device().synchronize()  # the uploads ran on the legacy stream (see the graph test above)
+    eager, replayed = eager_and_replayed(cupy, lambda: fast_gemv.act_into(x, w, act), act)
+    assert np.array_equal(replayed, eager)
+    assert not fast_gemv.act_into(x, w, cupy.empty((8, 6143), np.uint16))  # act is not [M, N / 2]
+    assert not fast_gemv.act_into(x, w, cupy.empty((8, 6144), np.float32))  # act is not BF16 bits
+    assert not fast_gemv.act_into(x, w[:, :2016].copy(), act)  # K differs from x's
+    monkeypatch.setattr(fast_gemv, "ACT", False)
+    assert not fast_gemv.act_into(x, w, act)  # switched off: the caller runs the GEMM and fb_silu_mul
+
+
 def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
     """CudaEngine sends a layer GEMM here only when its grid fits MAX_WAVES at the staged footprint: the 35B
     qkv (384 blocks of 64 KiB, three a multiprocessor on the H200's 132) and o (128 blocks) do; the 27B
@@ -155,10 +210,19 @@ def test_block_suite_on_fast_gemv_wherever_it_takes_the_shape(cupy, monkeypatch)
         return ok
 
     monkeypatch.setattr(fg, "gemv_into", spy)
+    real_act = fg.act_into
+
+    def spy_act(x, w, act):
+        ok = real_act(x, w, act)
+        ran.append((ok, ("act", *act.shape)))
+        return ok
+
+    monkeypatch.setattr(fg, "act_into", spy_act)
     root = Path(__file__).resolve().parents[2]
     results = run_suite(FastCudaBackend(), root / "vectors", ops_pattern="masked_block,draft_layer")
     counts = Counter(r.result.name for r in results)
     bad = [r for r in results if r.result in (Result.FAIL, Result.ERROR, Result.NOT_IMPLEMENTED)]
     assert any(ok for ok, _ in ran), f"fast_gemv never ran: {ran[:5]}"
+    assert any(ok and shape[0] == "act" for ok, shape in ran), f"the SiLU-mul form never ran: {ran[:5]}"
     assert len(results) == 40 and not bad, f"{counts}: " + "; ".join(
         f"{r.op}/{r.case} {r.result.name}: {r.detail}" for r in bad[:20])

@@ -253,3 +253,28 @@ def test_gemv_reads_x_and_writes_out_only_after_the_wait(cupy, mod, M, N, K):
     _produce(cp, mod, junk, out)
     assert fast_gemv.gemv_into(x, w, out)
     assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "out written before the wait"
+
+
+def test_gemv_act_form_reads_x_and_writes_act_only_after_the_wait(cupy, mod):
+    """fast_gemv's SiLU-mul form (session v12) at the 35B [gate; up] shape: the same race as above, on act."""
+    from kernels_cu import fast_gemv
+
+    cp = cupy
+    rng = np.random.default_rng(12)
+    M, inter, K = 8, 6144, 2048
+
+    def bits(shape):
+        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    w, x = cp.asarray(bits((2 * inter, K))), cp.asarray(bits((M, K)))
+    act = cp.empty((M, inter), np.uint16)
+    assert fast_gemv.act_into(x, w, act)
+    plain = cp.asnumpy(act).copy()
+    xb = cp.asarray(bits((M, K)))
+    _produce(cp, mod, x, xb)
+    assert fast_gemv.act_into(xb, w, act)
+    assert np.array_equal(cp.asnumpy(act), plain), "x read before the wait"
+    junk = cp.full((M, inter), 0x7fc0, np.uint16)
+    _produce(cp, mod, junk, act)
+    assert fast_gemv.act_into(x, w, act)
+    assert np.array_equal(cp.asnumpy(act), plain), "act written before the wait"
