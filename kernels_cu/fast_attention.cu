@@ -42,6 +42,9 @@ using dfl::u16;
 #define FA_NT 64     // keys per tile
 #define FA_WARPS 4   // warps per block
 #define FA_ROWS 64   // query rows (W x G) per block
+#ifndef FA_ALIAS
+#define FA_ALIAS 0  // 1: the aliased shared-memory layout (attn_body's ALIAS)
+#endif
 
 // Phase timing for benchmarks/attn_phases.py (-DFA_TIMING only): thread 0 of each block stamps the SM
 // clock at each phase (fa_clock) and the global timer at entry (fa_start).
@@ -256,7 +259,7 @@ __device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ
     __syncwarp();
 }
 
-template <int DP, int MT, int NS, bool F32>
+template <int DP, int MT, int NS, bool F32, bool ALIAS>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, const long long* __restrict__ frontier,
@@ -278,10 +281,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     u16* sV = sK + NS * FA_NT * ST;                             // [NS stages][FA_NT][ST]
     // q's rows [16 MT][ST] (BF16 bits, read into registers before the loop) share their region with the
     // per-warp P scratch [FA_WARPS][16][NKW] fp32 (the non-finite V path, inside the loop only): the region
-    // is the larger of the two (fast_attention.py smem_bytes), so q costs no occupancy
+    // is the larger of the two (fast_attention.py smem_bytes), so q costs no occupancy.
+    // ALIAS (-DFA_ALIAS=1) drops that region, so that 3 stages leave room for two blocks a multiprocessor at
+    // D 128: q's rows sit in the last stage's K tile (its context tile is issued once every warp holds its q
+    // fragments) and the scratch in the K tile of the tile computed (once every warp is done with its QK)
     constexpr int QROWS = 16 * MT;
-    u16* sQ = sV + NS * FA_NT * ST;
-    float* ps = reinterpret_cast<float*>(sQ);
+    static_assert(!ALIAS || (QROWS <= FA_NT && FA_WARPS * 16 * NKW * 4 <= FA_NT * ST * 2),
+                  "aliased: a K tile holds q's rows and the P scratch");
+    u16* sQ = ALIAS ? sK + (NS - 1) * FA_NT * ST : sV + NS * FA_NT * ST;
+    float* ps = reinterpret_cast<float*>(ALIAS ? sK : sQ);  // aliased: stage st's K tile is ps + st * KTF
+    constexpr int KTF = FA_NT * ST / 2;                      // a K tile in floats
 
 #ifdef FA_TIMING
     {
@@ -332,15 +341,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
 
-    // zero the pad columns D .. DP of every stage row and of sQ once (cp.async and the block loader write d < D
-    // only); sK's stages, sV's and sQ's rows are contiguous
-    if (D < DP) {
+    // zero the pad columns D .. DP of `rows` rows from `base` (the block tile's loaders write d < D only)
+    auto zero_pads = [&](u16* base, int rows) {
         const int pc = (DP - D) >> 3;
-        for (int idx = threadIdx.x; idx < (2 * NS * FA_NT + QROWS) * pc; idx += FA_WARPS * 32) {
+        for (int idx = threadIdx.x; idx < rows * pc; idx += FA_WARPS * 32) {
             const int row = idx / pc, c = idx - (idx / pc) * pc;
-            *reinterpret_cast<uint4*>(sK + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(base + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
         }
-    }
+    };
+    // every stage row and sQ's, once; sK's stages, sV's and sQ's rows are contiguous (aliased: sQ is in a stage)
+    if (D < DP) zero_pads(sK, 2 * NS * FA_NT + (ALIAS ? 0 : QROWS));
 
     float m[2] = {dfl::neg_inf(), dfl::neg_inf()}, l[2] = {0.f, 0.f};
     float o[ND][4];
@@ -381,8 +391,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // The first NS context tiles are issued before the wait: under PDL (kernels_cu/pdl.py) they load while
     // the kernels ahead (fb_qkv_post and, since each of the block's kernels triggers at its top, those
     // before it) still run. The rings, frontier and live are written by none of the block's kernels.
+    // Aliased, the BF16-bits path issues NS - 1 here: the last stage holds sQ until q is in registers.
+    constexpr int NPRE = ALIAS && !F32 ? NS - 1 : NS;
 #pragma unroll
-    for (int j = 0; j < NS; ++j)
+    for (int j = 0; j < NPRE; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
     FA_MARK(1);  // context tiles issued, pad zeroed
     dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
@@ -431,6 +443,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         for (int ks = 0; ks < KS; ++ks)
             ldsm_x4(sQ + (mt * 16 + (lane & 15)) * ST + ks * 16 + ((lane >> 4) << 3), qa[ks][0], qa[ks][1], qa[ks][2],
                     qa[ks][3]);
+        if constexpr (ALIAS) {
+            // every warp holds its q fragments: sQ's stage takes its tile, committed after tiles t_lo .. t_lo +
+            // NS - 2 and before any other group (the loop's accounting sees the default order)
+            __syncthreads();
+            if (t_lo + NS - 1 < t_hi) load_ctx(t_lo + NS - 1, NS - 1);
+        }
     }
 
     // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
@@ -521,8 +539,15 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
             pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
         } else {
-            pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane,
+            // aliased: the scratch goes in this tile's K once every warp is done with its QK, over K's pad columns,
+            // which only load_ctx writes again: zeroed for a block tile that may come into this stage
+            if constexpr (ALIAS) __syncthreads();
+            pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + st * KTF : pw, key0, lane,
                                    [&](int key, int d) { return dfl::f16_to_f32(vt[key * ST + d]); });
+            if (ALIAS && D < DP) {
+                __syncthreads();
+                zero_pads(sK + st * FA_NT * ST, FA_NT);
+            }
         }
         __syncthreads();  // stage st is refilled now
         if (t + NS < t_hi) {
@@ -610,7 +635,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);
             if (F32 && vlo) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
         } else {
-            pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane, [&](int key, int d) {
+            if constexpr (ALIAS) __syncthreads();  // every QK pass is done: the scratch goes in the block tile's K
+            pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + bst * KTF : pw, key0, lane, [&](int key, int d) {
                 float x = dfl::bf16_to_f32(bV[key * ST + d]);
                 if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
                 return x;
@@ -800,8 +826,9 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_s{NS}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
 // fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
-// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=); without FA_SINGLE every variant is built (CI's nvcc):
-// 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a forced STAGES; 3 builds with -DFA_NS=3).
+// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=, and -DFA_ALIAS=1 for the aliased layout at DP 128); without
+// FA_SINGLE every variant is built (CI's nvcc): 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a
+// forced STAGES; 3 builds with -DFA_NS=3).
 #define FA_KERNEL(DPV, MTV, NSV, F32V, SUF)                                                                      \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_s##NSV##_##SUF(     \
         const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \
@@ -810,8 +837,9 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<DPV, MTV, NSV, F32V>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns, \
-                                      part_o, part_ml, out_f32, out_bf16, fa_smem);                              \
+        fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,    \
+                                                       window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
+                                                       fa_smem);                                                \
     }
 
 #define FA_COMBINE_CB(DPV, CBV)                                                                                  \

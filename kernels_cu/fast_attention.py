@@ -67,10 +67,12 @@ def _mt(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
+def smem_bytes(dp: int, mt: int, stages: int = 2, alias: bool = False) -> int:
     """``stages`` stages of K and V tiles [64][dp + 8] (16-bit), then one region shared by the q rows
-    [16 mt][dp + 8] (16-bit) and the per-warp P scratch [4][16][16 mt] fp32: the larger of the two."""
-    return 2 * stages * _NT * (dp + 8) * 2 + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4)
+    [16 mt][dp + 8] (16-bit) and the per-warp P scratch [4][16][16 mt] fp32: the larger of the two.
+    ``alias`` (the aliased layout, ALIAS): no such region, q's rows and the scratch sit in K tiles."""
+    tiles = 2 * stages * _NT * (dp + 8) * 2
+    return tiles if alias else tiles + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4)
 
 
 # K/V pipeline stages (2 to 4): the kernel issues its first `stages` context tiles before it waits for the
@@ -80,35 +82,57 @@ def smem_bytes(dp: int, mt: int, stages: int = 2) -> int:
 # an int forces the count (tests check 2, 3 and 4 give the same bits; round_ab's stages4).
 STAGES: int | None = None
 
+# The aliased shared-memory layout (fast_attention.cu -DFA_ALIAS=1, attn_body's ALIAS): the kernel drops the
+# region after the stages (q's rows, the non-finite V path's P scratch; 17 KB at D 128) by putting q's rows in the
+# last stage's K tile (whose first context tile is then issued after the wait, once q is in registers) and the
+# scratch in the K tile being computed. It exists so that 3 stages fit two blocks a multiprocessor at D 128
+# (2 x (104,448 + 1 KB) <= 228 KB against 2 x (121,856 + 1 KB)); same bits as the default layout. D 128 only
+# (the K tile of a narrower head may not hold the scratch); elsewhere the default layout. None: off, while
+# it is being measured against the default layout.
+ALIAS: bool | None = None
+
 
 def stages_for() -> int:
     """The stage count: STAGES, else 2."""
     return 2 if STAGES is None else int(STAGES)
 
 
+def alias_for(dp: int) -> bool:
+    """Whether the aliased layout is built for a head width padded to dp: ALIAS (None: off), at dp 128 only."""
+    return bool(ALIAS) and dp == _MAX_D
+
+
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
 
 
+def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
+            alias: bool | None = None):
+    """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses. ``alias`` None: alias_for(dp),
+    the layout attention_fast launches."""
+    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp) if alias is None else bool(alias))
+
+
 @functools.cache
-def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2):
-    """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses."""
+def _module_built(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int, alias: bool):
     import cupy
 
+    if alias and dp != _MAX_D:
+        raise ValueError(f"the aliased layout is built at D {_MAX_D} only, not {dp}")
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
     opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}", f"-DFA_NS={stages}",
-            f"-DFA_F32={int(f32_inputs)}", *extra)
+            f"-DFA_F32={int(f32_inputs)}", *(("-DFA_ALIAS=1",) if alias else ()), *extra)
     return cupy.RawModule(code=code, options=opts)
 
 
-def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2):
-    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages)
+def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None):
+    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages, alias_for(dp) if alias is None else bool(alias))
 
 
 @functools.cache
-def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int = 2):
-    mod = _module(dp, mt, f32_inputs, extra, stages)
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int = 2, alias: bool = False):
+    mod = _module(dp, mt, f32_inputs, extra, stages, alias)
     main = mod.get_function(f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}")
-    smem = smem_bytes(dp, mt, stages)
+    smem = smem_bytes(dp, mt, stages, alias)
     allow_dynamic_shared_memory(main, smem)
     combine = {cb: mod.get_function(f"fast_attn_combine_d{dp}_c{cb}") for cb in COMBINE_BATCHES}
     return main, combine, smem
@@ -129,15 +153,17 @@ def _sm_count(dev_id: int) -> int:
     return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
 
 
-def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2) -> int:
+def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None) -> int:
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
-    in units of 256) and its shared memory (plus the per-block reservation) against the device's."""
-    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages)
+    in units of 256) and its shared memory (plus the per-block reservation) against the device's.
+    ``alias`` None: alias_for(dp)."""
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages,
+                            alias_for(dp) if alias is None else bool(alias))
 
 
 @functools.cache
-def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int, stages: int = 2) -> int:
-    main, _, smem = _kernels(dp, mt, f32_inputs, stages)
+def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int, stages: int = 2, alias: bool = False) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs, stages, alias)
     try:  # the driver's occupancy calculator, where CuPy exposes it
         return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
                                                                                         smem)))
@@ -226,9 +252,9 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     m_rows = w * g
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
-    stages = stages_for()
-    main, combine, smem = _kernels(dp, mt, not bits, stages)
-    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages))
+    stages, alias = stages_for(), alias_for(dp)
+    main, combine, smem = _kernels(dp, mt, not bits, stages, alias)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias))
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
@@ -262,8 +288,9 @@ class FastAttentionMixin:
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
                                  f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "
-                                 "(None: 2), the first ones loaded before "
-                                 f"griddepcontrol.wait; PDL in masked_block (kernels_cu/pdl.py, active="
-                                 f"{_pdl_active()}); exact fallback for D % 8 or D > "
+                                 "(None: 2), the first ones loaded before griddepcontrol.wait; aliased shared "
+                                 f"memory ALIAS={ALIAS} (None: off; D 128 only: q rows and P scratch in K tiles, "
+                                 "for 3 stages at two blocks a multiprocessor); PDL in masked_block "
+                                 f"(kernels_cu/pdl.py, active={_pdl_active()}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")
         return rec

@@ -11,10 +11,12 @@
   float64 with a bound derived from the kernel's arithmetic (``derived_bound``); planted keys of
   large score at the window edge, the ring's ends and tile edges make a mask error visible above
   that bound;
-- a non-finite V that a window gives to one row and not the next (context tile and block tile);
+- a non-finite V that a window gives to one row and not the next (context tile and block tile), in the
+  default and the aliased shared-memory layout (fast_attention.ALIAS: the slow path's P scratch in a K tile);
 - masked_block's inputs (FP32 arrays holding BF16 values) give the BF16-bit path's bits, at the proposal
-  round's shapes; 2, 3 and 4 K/V stages give the same bits; split counts 1 .. 64 (more splits than tiles
-  too) within the bound, repeated calls and
+  round's shapes; 2, 3 and 4 K/V stages, in either layout, give the same bits; the aliased layout holds two
+  blocks a multiprocessor at 3 stages (D 128) where shared memory allows; split counts 1 .. 64 (more splits
+  than tiles too) within the bound, repeated calls and
   a captured graph's replays give the eager bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
@@ -276,16 +278,26 @@ def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp
     assert np.array_equal(cupy.asnumpy(ob), _bf16(cupy.asnumpy(of)).view(np.uint16))
 
 
-@pytest.mark.parametrize("stages", [2, 4])
+# (stages, aliased layout): the aliased one at every stage count, the default one at 2 and 4
+STAGES_ALIAS = [(2, False), (4, False), (2, True), (3, True), (4, True)]
+
+
+@pytest.mark.parametrize("stages,alias", STAGES_ALIAS)
 @pytest.mark.parametrize("where", ["ctx_cut", "block_cut"])
 @pytest.mark.parametrize("splits", [None, 2])
-def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages):
+@pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
+@pytest.mark.parametrize("hq,d", [(4, 128), (8, 120)], ids=["mt2_d128", "mt4_d120"])
+def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages, alias, fp32_inputs, hq, d):
     """An inf V allowed for one row and not for the next: the allowed rows are inf there, the others
-    finite and within the bound (a masked 0 * inf on the tensor cores would be NaN)."""
+    finite and within the bound (a masked 0 * inf on the tensor cores would be NaN). Aliased, the slow
+    PV's scratch is the K tile: 4 m-tiles (Hq 8) fill it nearly (16 of 17 KB), and at D 120 the scratch
+    covers K's pad columns, which the block tile loaded into that stage (1 split: right after the slow
+    context tile, into its stage) must find zero again."""
     monkeypatch.setattr(fa, "SPLITS", splits)
     monkeypatch.setattr(fa, "STAGES", stages)
+    monkeypatch.setattr(fa, "ALIAS", alias)
     rng = np.random.default_rng(5)
-    b, w, hq, hk, d, cap, f = 1, 8, 4, 1, 128, 200, 500
+    b, w, hk, cap, f = 1, 8, 1, 200, 500
     window = 70 if where == "ctx_cut" else 3
     case = {"q": _bf16(rng.standard_normal((b, w, hq, d))), "k": _bf16(rng.standard_normal((b, w, hk, d))),
             "v": _bf16(np.exp(0.5 * rng.standard_normal((b, w, hk, d)))),
@@ -302,7 +314,10 @@ def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits,
         hit_rows = [0, 1, 2]
     ref = attend(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"], case["live"],
                  window)
-    of, _ = fa.attention_fast(*_device_args(cupy, case, False), f32_out=True)
+    args = _device_args(cupy, case, False)
+    if fp32_inputs:  # the same values as FP32 arrays: the split path (fast_attn_*_f)
+        args = (*(cupy.asarray(case[n].astype(np.float32)) for n in ("q", "k", "v")), *args[3:])
+    of, _ = fa.attention_fast(*args, f32_out=True)
     out = cupy.asnumpy(of).astype(np.float64)
     fin = np.isfinite(ref)
     assert not fin[0, hit_rows].all() and fin[0, [i for i in range(w) if i not in hit_rows]].all()
@@ -311,7 +326,7 @@ def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits,
     # would be inf), so it weighs 0 there and may be read as 0 for S1 and Vmax
     zero_inf = lambda x: np.where(np.isfinite(np.asarray(x, np.float64)), np.asarray(x, np.float64), 0.0)
     bound, _ = derived_bound(case["q"], case["k"], zero_inf(case["v"]), case["k_cache"], zero_inf(case["v_cache"]),
-                             case["frontier"], case["live"], window, fp32_inputs=False, ns_max=64)
+                             case["frontier"], case["live"], window, fp32_inputs=fp32_inputs, ns_max=64)
     assert np.isfinite(out[fin]).all()
     assert float((np.abs(out[fin] - ref[fin]) / bound[fin]).max()) <= 1.0
 
@@ -355,13 +370,15 @@ def test_fp32_holding_bf16_values_gives_the_bf16_bits(cupy, fa, monkeypatch, sha
     assert np.array_equal(cupy.asnumpy(a16), cupy.asnumpy(b16))
 
 
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages,alias", STAGES_ALIAS)
 @pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
-def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages):
+def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages, alias):
     """Every split count 1 .. 64 (more splits than context tiles too) within the derived bound of the float64
-    attention, with 2 and 4 K/V stages (the block tile loaded in the loop or after it); a call repeated gives
-    the same bits."""
+    attention, with 2 and 4 K/V stages (the block tile loaded in the loop or after it) and the aliased layout
+    at 2, 3 and 4 (the last stage's first tile issued after q is read: splits of fewer tiles than stages, and
+    of none); a call repeated gives the same bits."""
     monkeypatch.setattr(fa, "STAGES", stages)
+    monkeypatch.setattr(fa, "ALIAS", alias)
     _, bits, rest, case = _round_case(cupy, *ROUND_SHAPES[shape])
     ref = attend(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"], case["live"],
                  case["window"])
@@ -382,20 +399,39 @@ def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages):
 @pytest.mark.parametrize("splits", [1, 7, 16])
 @pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
 def test_stage_count_does_not_change_the_bits(cupy, fa, monkeypatch, shape, splits):
-    """2, 3 and 4 K/V stages run the same operations in the same order (only when tiles and the block tile
-    land differs): the same bits, FP32 and BF16 outputs, BF16-bit and FP32 inputs, at a given split count
-    (the heuristic's count follows the occupancy, which the stage count changes)."""
+    """2, 3 and 4 K/V stages, in the default and the aliased shared-memory layout, run the same operations in
+    the same order (only when and where tiles, the block tile and q's rows land differs): the same bits, FP32
+    and BF16 outputs, BF16-bit and FP32 inputs, at a given split count (the heuristic's count follows the
+    occupancy, which the stage count and the layout change)."""
     monkeypatch.setattr(fa, "SPLITS", splits)
     f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
     outs = {}
     for stages in (2, 3, 4):
         monkeypatch.setattr(fa, "STAGES", stages)
-        for name, inputs in (("bits", bits), ("f32", f32)):
-            a32, a16 = fa.attention_fast(*inputs, *rest, f32_out=True, bf16_out=True)
-            outs[(stages, name)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))
-    base = outs[(2, "bits")]
+        for alias in (False, True):
+            monkeypatch.setattr(fa, "ALIAS", alias)
+            for name, inputs in (("bits", bits), ("f32", f32)):
+                a32, a16 = fa.attention_fast(*inputs, *rest, f32_out=True, bf16_out=True)
+                outs[(stages, alias, name)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))
+    base = outs[(2, False, "bits")]
     for key, (a32, a16) in outs.items():
-        assert np.array_equal(a32, base[0]) and np.array_equal(a16, base[1]), f"stages {key[0]}, {key[1]} inputs"
+        assert np.array_equal(a32, base[0]) and np.array_equal(a16, base[1]), \
+            f"stages {key[0]}, aliased {key[1]}, {key[2]} inputs"
+
+
+@pytest.mark.parametrize("f32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
+def test_aliased_layout_fits_two_blocks_at_three_stages(cupy, fa, f32_inputs):
+    """The aliased layout's point: at D 128, 4 m-tiles and 3 stages its shared memory (fast_attention.smem_bytes)
+    lets two blocks share a multiprocessor where the default layout's leaves room for one (the occupancy
+    calculator's count, registers included), on a device with the H200's 228 KB a multiprocessor."""
+    attrs = cupy.cuda.Device().attributes
+    per_sm = int(attrs.get("MaxSharedMemoryPerMultiprocessor", 0))
+    reserved = int(attrs.get("ReservedSharedMemoryPerBlock", 1024))
+    aliased = fa.resident_blocks(128, 4, f32_inputs, 3, alias=True)
+    default = fa.resident_blocks(128, 4, f32_inputs, 3, alias=False)
+    assert aliased >= default
+    if 2 * (fa.smem_bytes(128, 4, 3, alias=True) + reserved) <= per_sm < 2 * (fa.smem_bytes(128, 4, 3) + reserved):
+        assert (aliased, default) == (2, 1)
 
 
 def test_graph_replay_gives_the_eager_bits(cupy, fa):
