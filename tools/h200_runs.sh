@@ -50,6 +50,10 @@
 #                                          # the fast mode (logs.tgz)
 #   bash tools/h200_runs.sh v11-check      # after session v11: the GPU test written once its device time was spent
 #                                          # (the block's vectors on fast_gemv), fast_gemv / PDL tests, the round A/B
+#   bash tools/h200_runs.sh v12-final      # session v12: the round A/B against the v11 tree (.carry/v11tree, a git
+#                                          # archive of ac998e8, when present), the block and round GPU tests, both
+#                                          # CLI suites of the fast mode; V12_PART=geo: the 35B geometry's masked_block
+#                                          # (its B1 cases run the SiLU-mul form), the bench and the 35B B1 trace
 #   bash tools/h200_runs.sh v9-final       # session v9: every GPU test, both CLI suites of the fast mode,
 #                                          # proposal_head at the 35B geometry, the bench of proposal_head, the
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
@@ -277,6 +281,29 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         --json "$OUT/suite_fast.json"
       step suite-fast-round timeout 80 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v12-final)  # session v12 (two device calls: V12_PART unset, then V12_PART=geo)
+      if [ "${V12_PART:-}" = geo ]; then
+        step geo-35b-block timeout 300 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+          --geometry dflash-35b-a3b --ops masked_block --jobs 4 --json "$OUT/geometry_35b_block.json"
+        step bench timeout 200 $PY -m benchmarks.gpu_bench --no-exact --ops masked_block,proposal_round \
+          --json "$OUT/bench.json"
+        step profile timeout 60 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8 \
+          --geometries dflash-35b-a3b --sequence --json "$OUT/profile.json"
+      else
+        if [ -d .carry/v11tree ]; then
+          (cd .carry/v11tree && PYTHONPATH=$PWD step round-ab-v11tree timeout 100 $PY -m benchmarks.round_ab \
+            --shapes 1x8,8x16 --configs default --rounds 3 --json "$OUT/round_ab_v11tree.json")
+        fi
+        step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs default,gemv_noact \
+          --rounds 3 --json "$OUT/round_ab.json"
+        step block-round-tests timeout 200 env FAST_ROUND_REPORT="$OUT/fast_round_suite_pytest.json" $PY -m pytest \
+          -q -p no:cacheprovider tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py
+        step suite-fast timeout 120 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+          --json "$OUT/suite_fast.json"
+        step suite-fast-round timeout 80 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+          --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      fi
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v11-check)  # the first thing to run after session v11 (its last GPU test never ran on a GPU)
       step gemv-pdl-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_gemv.py \
