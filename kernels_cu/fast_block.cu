@@ -1,7 +1,7 @@
 // Fast mode masked block / draft layer (issue 12; reference/draft_layer.py, reference/masked_block.py,
 // reference/grouped_conv.py). The GEMMs are cuBLAS BF16 (kernels_cu/fast.py gemm_bf16, FP32
-// accumulation) through resident weights; these kernels are the glue between them, each one pass
-// over a few rows of activations (M = B * W <= 128 rows):
+// accumulation) through resident weights, or at <= 16 rows kernels_cu/fast_gemv.cu; these kernels are
+// the glue between them, each one pass over a few rows of activations (M = B * W <= 128 rows):
 //
 //   fb_resid_norm    the residual stream update x += branch (with the DFlash2 conv finish on the
 //                    branch, rounded BF16 as the exact mode's conv_finish) fused with the next
@@ -12,7 +12,9 @@
 //                    q / k / v stored as BF16 values (named intermediates q, k, v_proj);
 //   fb_conv_prepare  DFlash2 input side of the grouped conv on the FP32 normalized input, the
 //                    delta from the hi + lo GEMM rows (see fast_block.py);
-//   fb_silu_mul      act = BF16(SiLU(gate) * up) from the fused [gate; up] GEMM output.
+//   fb_silu_mul      act = BF16(SiLU(gate) * up) from the fused [gate; up] GEMM output (not launched
+//                    where fast_gemv_act_* runs that GEMM with the same function in its epilogue:
+//                    CudaEngine.mlp_act).
 //
 // Arithmetic is fp32 (FMA contraction on, the loader's NVRTC options); represented and named BF16
 // points are rounded once with the cvt.rn conversions of common.cuh.

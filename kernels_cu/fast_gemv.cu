@@ -28,7 +28,7 @@
 // 16 x 8 accumulators are added in warp order through shared memory: deterministic, one order per shape.
 //
 // PDL. pdl_trigger comes first, so the kernel after this one may launch (and stage its own constants)
-// at once; it waits for this grid's completion before it reads `out`. Launched the ordinary way,
+// at once; it waits for this grid's completion before it reads `out` (or `act`). Launched the ordinary way,
 // both instructions are no-ops and the bits are the same.
 //
 // SiLU-mul form (fast_gemv_act_*, session v12). w is the fused [gate; up] projection [2I, K] and the

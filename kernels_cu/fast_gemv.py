@@ -2,9 +2,10 @@
 
 ``gemv_into(x, w, out)``: out [M, N] fp32 = x [M, K] @ w [N, K]^T, BF16 bits, FP32 accumulation on the
 tensor cores, M <= MAX_M (16). ``act_into(x, w, act)``: the MLP's [gate; up] GEMM with fb_silu_mul in its
-epilogue (session v12), act = BF16(SiLU(gate) * up), the same bits as the two steps. ``takes(M, N, K)`` says whether a shape runs here; fast_block's engine
-(``CudaEngine.layer_gemm``) sends the layers' GEMMs of such shapes here instead of cuBLAS, whole (no
-K-split partials).
+epilogue (session v12), act = BF16(SiLU(gate) * up), the same bits as the two steps. ``takes(M, N, K)``
+says whether a shape runs here; fast_block's engine sends the layers' GEMMs of such shapes here instead
+of cuBLAS (``CudaEngine.layer_gemm``, whole: no K-split partials; the [gate; up] GEMM through
+``CudaEngine.mlp_act``, which takes ``act_into`` where ``ACT``).
 
 The kernel is launched under programmatic dependent launch (kernels_cu/pdl.py, while ``PDL`` and
 ``pdl.active()``): it issues up to ``STAGE_BYTES`` of its block's weight rows into shared memory before

@@ -12,6 +12,7 @@ element exactly once, so the chunk's result is x_chunk @ w_chunk^T. The staging 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def _emulate_chunk(w16x32, x8x32):
@@ -81,6 +82,50 @@ def test_kernel_by_rows():
     from kernels_cu import fast_gemv
 
     assert [fast_gemv.kernel_name(m) for m in (1, 8, 9, 16)] == ["fast_gemv_n1"] * 2 + ["fast_gemv_n2"] * 2
+    assert [fast_gemv.kernel_name(m, act=True) for m in (8, 9)] == ["fast_gemv_act_n1", "fast_gemv_act_n2"]
+
+
+class _Spy:
+    """Records the engine steps CudaEngine.mlp_act takes (no GPU: the launches are stand-ins)."""
+
+    def __init__(self, takes, act_ok):
+        self.takes, self.act_ok, self.calls = takes, act_ok, []
+
+    def act_into(self, x, w, act):
+        self.calls.append("act_into")
+        return self.act_ok
+
+
+@pytest.mark.parametrize("takes,act_ok,expected", [
+    (True, True, ["gemv_takes", "act_into"]),  # the fused kernel, nothing else
+    (True, False, ["gemv_takes", "act_into", "layer_gemm", "silu_mul"]),  # refused: the two steps
+    (False, True, ["gemv_takes", "layer_gemm", "silu_mul"]),  # not taken: never offered to the fused kernel
+])
+def test_engine_mlp_act_routing(monkeypatch, takes, act_ok, expected):
+    """CudaEngine.mlp_act itself (the twins in test_fast_block_plan.py copy its rule): the fused kernel where
+    gemv_takes the [gate; up] shape (M, 2I, K) and act_into launches; else layer_gemm into gu, then silu_mul."""
+    import kernels_cu.fast_block as fb
+    from kernels_cu import fast_gemv
+
+    spy = _Spy(takes, act_ok)
+    monkeypatch.setattr(fb, "cp", lambda: np)
+    monkeypatch.setattr(fast_gemv, "act_into", spy.act_into)
+    eng = fb.CudaEngine(attention=(None, "none"))
+    shapes = []
+
+    def gemv_takes(M, N, K):
+        spy.calls.append("gemv_takes")
+        shapes.append((M, N, K))
+        return spy.takes
+
+    monkeypatch.setattr(eng, "gemv_takes", gemv_takes)
+    monkeypatch.setattr(eng, "layer_gemm", lambda x, w, out: spy.calls.append("layer_gemm"))
+    monkeypatch.setattr(eng, "silu_mul", lambda gu, M, inter, act: spy.calls.append("silu_mul"))
+    M, inter, K = 8, 48, 64
+    x, w = np.zeros((M, K), np.uint16), np.zeros((2 * inter, K), np.uint16)
+    eng.mlp_act(x, w, np.zeros((M, 2 * inter), np.float32), np.zeros((M, inter), np.uint16), M, inter)
+    assert spy.calls == expected
+    assert shapes == [(M, 2 * inter, K)]
 
 
 def test_dynamic_shared_memory_is_allowed_once_per_kernel_and_size():

@@ -27,6 +27,11 @@ SOURCES = loader.sources()
 # the fallback macro only changes sources that include common.cuh; building the others twice
 # would only double the CI time
 JOBS = [(src, v) for src in SOURCES for v in VARIANTS if v == "headers" or '"common.cuh"' in src.read_text()]
+# fast_attention.cu's aliased layout (fast_attention.ALIAS, off by default) at 3 stages, BF16 and FP32 inputs: the
+# instances the default build (every variant, FA_ALIAS 0) does not contain
+_ALIAS = ("-DFA_SINGLE", "-DFA_DP=128", "-DFA_MT=4", "-DFA_NS=3", "-DFA_ALIAS=1")
+VARIANTS.update({"alias_bits": (*_ALIAS, "-DFA_F32=0"), "alias_f32": (*_ALIAS, "-DFA_F32=1")})
+JOBS += [(src, v) for src in SOURCES if src.name == "fast_attention.cu" for v in ("alias_bits", "alias_f32")]
 
 
 def _build(src: Path, variant: str, out_dir: Path):

@@ -63,6 +63,7 @@
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: some steps run from .carry/<tree>
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=python3
 rc=0

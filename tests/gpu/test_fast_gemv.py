@@ -132,11 +132,12 @@ def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, 
         for use_pdl in (True, False):
             monkeypatch.setattr(fast_gemv, "STAGE_BYTES", budget)
             monkeypatch.setattr(fast_gemv, "PDL", use_pdl)
-            act = cupy.full((M, inter), 0x7fc0, np.uint16)
-            assert fast_gemv.act_into(x, w, act)
-            got = cupy.asnumpy(act)
+            buf = cupy.full((16, inter), 0x7fc0, np.uint16)  # rows M .. 15: sentinels no store may touch
+            assert fast_gemv.act_into(x, w, buf[:M])
+            got, rest = cupy.asnumpy(buf[:M]), cupy.asnumpy(buf[M:])
             assert np.array_equal(got, ref), (
                 f"budget {budget} B, PDL {use_pdl}: {int((got != ref).sum())} of {ref.size} elements differ")
+            assert (rest == 0x7fc0).all(), f"a store past row {M}"
 
 
 def test_act_form_in_a_graph_and_its_refusals(cupy, monkeypatch):
