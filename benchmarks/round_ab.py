@@ -25,8 +25,6 @@ over ``--rounds`` passes, each a set of module attributes:
                  projection, 1.9 waves, on fast_gemv)
   gemv_m8        fast_gemv only up to 8 rows (fast_gemv.MAX_M 8: the DFlash2 conv delta's 16 rows on cuBLAS)
   gemv_nopdl     fast_gemv launched the ordinary way (fast_gemv.PDL False; its staging then overlaps nothing)
-  topk_nopdl     the top-k's partial and merge kernels launched the ordinary way (fast.TOPK_PDL False; default:
-                 under PDL behind the bound kernel, prefetching logits into L2 before the wait)
   gemv_stage128, gemv_stage64  fast_gemv staging at most 128 / 64 KiB a block (fast_gemv.STAGE_BYTES; default 192:
                  the whole K of every 35B layer GEMM; less lets a block share a multiprocessor with the kernel ahead's)
   gemv_noact     the MLP's [gate; up] GEMM on the plain fast_gemv kernel, then fb_silu_mul (fast_gemv.ACT False;
@@ -79,7 +77,6 @@ CONFIGS = {
     "gemv_m8": {"kernels_cu.fast_gemv.MAX_M": 8},
     "gemv_nopdl": {"kernels_cu.fast_gemv.PDL": False},
     "gemv_noact": {"kernels_cu.fast_gemv.ACT": False},
-    "topk_nopdl": {"kernels_cu.fast.TOPK_PDL": False},
     "gemv_stage128": {"kernels_cu.fast_gemv.STAGE_BYTES": 128 * 1024},
     "gemv_stage64": {"kernels_cu.fast_gemv.STAGE_BYTES": 64 * 1024},
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},

@@ -44,7 +44,6 @@ from kernels_cu.fast_gemm import ResidentWeights, _key, cp, data_ptr, gemm_bf16,
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32, inv_freq
 from kernels_cu.ops_select import _sampling_args
-from kernels_cu.pdl import launch as _launch
 
 _NULL = np.uint64(0)
 _TOPK_MAX = 64  # fast_select.cu FT_KMAX
@@ -120,12 +119,6 @@ TOPK_MERGE_MIN_K = 2  # ... and for k at least this (benchmarks/topk_ab.py times
 TOPK_VEC = True  # fast_topk_partial_vec where it applies (k <= 32, no shortlist, 16-byte rows); False: the warp kernel
 TOPK_BOUND = True  # ... with fast_topk_bound's per-row bound (where topk_into is given a bound buffer)
 TOPK_MERGE_WARP = True  # fast_topk_merge_warp for k <= 32; False: fast_topk_merge (per-thread lists)
-# The vector partial kernel after fast_topk_bound, and the merge, under programmatic dependent launch
-# (kernels_cu/pdl.py; session v12): the partial kernel asks its chunk's logits into L2 while the bound kernel
-# runs and reads the bound after its wait; the merge waits before it reads the partial lists. The bound kernel
-# itself stays an ordinary launch, so the GEMM that wrote the logits has completed before either starts.
-# Same bits either way. False: ordinary launches.
-TOPK_PDL = True
 
 
 def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
@@ -158,12 +151,10 @@ def topk_vec_applies(logits, shortlist, k: int) -> bool:
 
 
 def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,
-              bound=None, steps=("bound", "partial", "merge")):
+              bound=None):
     """The split top-k of fp32 logits [M, Vr] into given buffers (no allocation, no host sync):
     partial [M, lists, k] uint64 scratch, scores [M, k] fp32 (or None), ids [M, k] int32, bound [M]
-    uint64 scratch or None (the vector kernel's per-row bound, fast_topk_bound; None: no bound).
-    ``steps``: the launches to make (tests/gpu/test_pdl.py leaves out the ones whose outputs a slow
-    producer writes instead)."""
+    uint64 scratch or None (the vector kernel's per-row bound, fast_topk_bound; None: no bound)."""
     M, Vr = logits.shape
     S, chunk, warp, merged, lists = topk_plan(M, Vr, k)
     if tuple(partial.shape) != (M, lists, k):
@@ -177,24 +168,17 @@ def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, sof
         if bounded:
             if tuple(bound.shape) != (M,) or bound.dtype != np.uint64:
                 raise ValueError(f"topk_into: bound {bound.shape} {bound.dtype}, needs ({M},) uint64")
-            if "bound" in steps:
-                _fn("fast_select", "fast_topk_bound")((M,), (_FT_THREADS,), (logits, *args[2:6], bound))
-        if "partial" in steps:  # under PDL only behind the bound kernel (it prefetches logits before its wait)
-            _launch(_fn("fast_select", "fast_topk_partial_vec"), (S, M), (_FT_THREADS,),
-                    (logits, bound if bounded else _NULL, *args[2:], np.int32(merged), partial), 0,
-                    pdl=bool(TOPK_PDL and bounded))
-    elif "partial" not in steps:
-        pass
+            _fn("fast_select", "fast_topk_bound")((M,), (_FT_THREADS,), (logits, *args[2:6], bound))
+        _fn("fast_select", "fast_topk_partial_vec")(
+            (S, M), (_FT_THREADS,), (logits, bound if bounded else _NULL, *args[2:], np.int32(merged), partial))
     elif warp:
         _fn("fast_select", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
     else:
         _fn("fast_select", "fast_topk_partial")((S, M), (_FT_THREADS,), (*args, partial))
-    if "merge" in steps:
-        _launch(_fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge"),
-                (M,), (_FT_THREADS,),
-                (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k),
-                 np.float32(multiplier), np.float32(softcap), _NULL if scores is None else scores, ids), 0,
-                pdl=bool(TOPK_PDL))
+    _fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge")(
+        (M,), (_FT_THREADS,),
+        (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier),
+         np.float32(softcap), _NULL if scores is None else scores, ids))
 
 
 class FastSelectBackend(CudaBackend):

@@ -12,7 +12,6 @@
 // u = c * tanh(m * z / c) to the selected raw logits (in double, as the exact kernel). Every
 // variant selects the same keys: keys are distinct, so the top k does not depend on the order
 // in which a kernel meets them.
-#include "common.cuh"  // dfl::pdl_trigger / pdl_wait_for (kernels_cu/pdl.py)
 #include "philox.cuh"
 
 using dflash::u32;
@@ -262,7 +261,6 @@ fast_topk_partial_warp(const float* __restrict__ logits, const int* __restrict__
 #define FT_BOUND_SEGS 16
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size, int k, u64* __restrict__ bound) {
-    dfl::pdl_trigger();  // fast_topk_partial_vec (under PDL) may launch; it waits for this grid before reading bound
     __shared__ u64 warp_best[FT_WARPS];
     __shared__ u64 chosen[FT_KMAX];
     const int m = blockIdx.x;
@@ -303,24 +301,15 @@ fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size,
 // Without a shortlist the global id is the column, so columns >= vocab_size are cut by the loop bound.
 // Same keys, same lists (the top k of distinct keys does not depend on the order they are offered in).
 #define FT_VEC 4  // 16-byte loads in flight per lane (the candidate mask below holds 4 FT_VEC bits)
-#define FT_PREFETCH 8192  // columns of a block's chunk asked into L2 before its PDL wait (32 KiB)
 extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_partial_vec(const float* __restrict__ logits, const u64* __restrict__ bound, int M, int Vr, int vocab_size,
                       int k, int chunk, int merged, u64* __restrict__ partial) {
-    dfl::pdl_trigger();  // the merge (under PDL) may launch; it waits for this grid before reading partial
     const int s = blockIdx.x, S = gridDim.x, m = blockIdx.y;
     if (m >= M) return;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float* z = logits + (size_t)m * Vr;
     const int v0 = s * chunk;
     const int v1 = min(min(Vr, vocab_size), v0 + chunk);
-    // Under PDL (kernels_cu/fast.py TOPK_PDL, after fast_topk_bound) this block may start while the bound kernel
-    // runs: the first FT_PREFETCH columns of its chunk are asked into L2 first (at 120 rows the whole logits are
-    // more than L2 holds; what the bound kernel's few microseconds can bring in is about that much). The logits
-    // are final by then: the bound kernel ahead is launched the ordinary way, after the GEMM that wrote them
-    // (and a prefetch is only a hint). bound is that kernel's output: read after the wait.
-    for (int v = v0 + 32 * threadIdx.x; v < min(v1, v0 + FT_PREFETCH); v += 32 * FT_THREADS) dfl::prefetch_l2(z + v);
-    dfl::pdl_wait_for(bound);
     // keys below the row's bound (fast_topk_bound) cannot rank; the bound itself is a key and may
     const u64 floor_key = bound ? bound[m] : 0ull;
     const u64 lo = floor_key ? floor_key - 1 : 0ull;
@@ -391,8 +380,6 @@ extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_merge(const u64* __restrict__ partial, const float* __restrict__ logits, const int* __restrict__ shortlist,
                 int M, int Vr, int S, int k, float multiplier, float softcap, float* __restrict__ scores,
                 int* __restrict__ ids) {
-    dfl::pdl_trigger();
-    dfl::pdl_wait_for(partial);  // under PDL (TOPK_PDL): partial is the kernel ahead's output
     __shared__ u64 warp_best[FT_WARPS];
     __shared__ u64 chosen[FT_KMAX];
     const int m = blockIdx.x;
@@ -414,8 +401,6 @@ extern "C" __global__ void __launch_bounds__(FT_THREADS)
 fast_topk_merge_warp(const u64* __restrict__ partial, const float* __restrict__ logits,
                      const int* __restrict__ shortlist, int M, int Vr, int S, int k, float multiplier, float softcap,
                      float* __restrict__ scores, int* __restrict__ ids) {
-    dfl::pdl_trigger();
-    dfl::pdl_wait_for(partial);  // under PDL (TOPK_PDL): partial is the kernel ahead's output
     __shared__ u64 warp_best[FT_WARPS];
     __shared__ u64 chosen[FT_KMAX];
     const int m = blockIdx.x;
