@@ -95,3 +95,18 @@ def test_cluster_sources_still_build_below_sm90(tmp_path, source):
     cmd = [c if not c.startswith("-arch=") else "-arch=sm_80" for c in loader.nvcc_command(src, tmp_path / "x.cubin")]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"nvcc failed on {source} for sm_80:\n$ {' '.join(cmd)}\n{proc.stderr}"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
+def test_wgmma_probe_builds_for_sm_90a(tmp_path):
+    """benchmarks/wgmma_probe.py's source (NVRTC on the GPU machine, sm_90a: wgmma is not in plain sm_90, hence
+    not in kernels_cu/) builds with nvcc, and ptxas does not serialize its wgmma chain (warning C7515, which
+    would make the probe time the latency instead of the rate)."""
+    from benchmarks.wgmma_probe import SRC
+
+    src = tmp_path / "wgmma_probe.cu"
+    src.write_text(SRC)
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", "-cubin", str(src), "-o", str(tmp_path / "wgmma_probe.cubin")]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
+    assert "C7515" not in proc.stderr, proc.stderr
