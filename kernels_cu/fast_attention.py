@@ -87,9 +87,9 @@ STAGES: int | None = None
 # last stage's K tile (whose first context tile is then issued after the wait, once q is in registers) and the
 # scratch in the K tile being computed. It exists so that 3 stages fit two blocks a multiprocessor at D 128
 # (2 x (104,448 + 1 KB) <= 228 KB against 2 x (121,856 + 1 KB)); same bits as the default layout. D 128 only
-# (the K tile of a narrower head may not hold the scratch); elsewhere the default layout. None: off, while
-# it is being measured against the default layout.
-ALIAS: bool | None = None
+# (the K tile of a narrower head may not hold the scratch); elsewhere the default layout. Off: measured no
+# faster (35B B8 W16 1.039 against 1.040 ms, B1 slower; docs/reports/h200-round-ab-v12-alias.json).
+ALIAS = False
 
 
 def stages_for() -> int:
@@ -97,9 +97,10 @@ def stages_for() -> int:
     return 2 if STAGES is None else int(STAGES)
 
 
-def alias_for(dp: int) -> bool:
-    """Whether the aliased layout is built for a head width padded to dp: ALIAS (None: off), at dp 128 only."""
-    return bool(ALIAS) and dp == _MAX_D
+def alias_for(dp: int, alias: bool | None = None) -> bool:
+    """Whether the aliased layout is built for a head width padded to dp: ``alias`` as given, or (None) the
+    layout attention_fast launches, ALIAS at dp 128 only."""
+    return (bool(ALIAS) and dp == _MAX_D) if alias is None else bool(alias)
 
 
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
@@ -109,7 +110,7 @@ def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), sta
             alias: bool | None = None):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses. ``alias`` None: alias_for(dp),
     the layout attention_fast launches."""
-    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp) if alias is None else bool(alias))
+    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias))
 
 
 @functools.cache
@@ -125,7 +126,7 @@ def _module_built(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], st
 
 
 def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None):
-    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages, alias_for(dp) if alias is None else bool(alias))
+    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages, alias_for(dp, alias))
 
 
 @functools.cache
@@ -157,8 +158,7 @@ def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: 
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
     in units of 256) and its shared memory (plus the per-block reservation) against the device's.
     ``alias`` None: alias_for(dp)."""
-    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages,
-                            alias_for(dp) if alias is None else bool(alias))
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages, alias_for(dp, alias))
 
 
 @functools.cache
@@ -289,7 +289,7 @@ class FastAttentionMixin:
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
                                  f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "
                                  "(None: 2), the first ones loaded before griddepcontrol.wait; aliased shared "
-                                 f"memory ALIAS={ALIAS} (None: off; D 128 only: q rows and P scratch in K tiles, "
+                                 f"memory ALIAS={ALIAS} (D 128 only: q rows and P scratch in K tiles, "
                                  "for 3 stages at two blocks a multiprocessor); PDL in masked_block "
                                  f"(kernels_cu/pdl.py, active={_pdl_active()}); exact fallback for D % 8 or D > "
                                  f"{_MAX_D} or W > {_MAX_W}")

@@ -46,6 +46,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from kernels_cu import fast_gemv
 from kernels_cu.fast_gemm import _key, gemm_bf16, loaded_library
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import attention as _exact_attention
@@ -362,28 +363,22 @@ class CudaEngine:
     @staticmethod
     def gemv_takes(M: int, N: int, K: int) -> bool:
         """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
-        from kernels_cu import fast_gemv
-
         return fast_gemv.chooses(M, N, K)
 
     def layer_gemm(self, x_bits, w_bits, out):
         """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
         its weights before the kernel ahead finishes), else ``gemm``."""
-        if out.ndim == 2 and self.gemv_takes(out.shape[0], out.shape[1], x_bits.shape[1]):
-            from kernels_cu import fast_gemv
-
-            if fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):
-                return
+        if (out.ndim == 2 and self.gemv_takes(out.shape[0], out.shape[1], x_bits.shape[1])
+                and fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out)):
+            return
         self.gemm(x_bits, w_bits, out)
 
     def mlp_act(self, x_bits, w_bits, gu, act, M, inter):
         """act [M, I] = BF16(SiLU(gate) * up) of the MLP's [gate; up] GEMM: one fast_gemv kernel (SiLU-mul in its
         epilogue, the same bits) where the GEMM runs there, else ``layer_gemm`` into gu then fb_silu_mul."""
-        if gu.ndim == 2 and self.gemv_takes(M, 2 * inter, x_bits.shape[1]):
-            from kernels_cu import fast_gemv
-
-            if fast_gemv.act_into(cp().ascontiguousarray(x_bits), w_bits, act):
-                return
+        if (self.gemv_takes(M, 2 * inter, x_bits.shape[1])
+                and fast_gemv.act_into(cp().ascontiguousarray(x_bits), w_bits, act)):
+            return
         self.layer_gemm(x_bits, w_bits, gu)
         self.silu_mul(gu, M, inter, act)
 
@@ -605,8 +600,6 @@ class FastBlockMixin:
         return self._inv_freq(d, theta)
 
     def _fb_workspace(self, dm: Dims) -> Workspace:
-        from kernels_cu import fast_gemv
-
         cache = getattr(self, "_fb_ws", None)
         if cache is None:
             cache = self._fb_ws = OrderedDict()
@@ -670,8 +663,6 @@ class FastBlockMixin:
                                    f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "
                                    f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
                                    f"{cluster_capable()}")
-        from kernels_cu import fast_gemv
-
         rec["fast_block_gemv"] = fast_gemv.environment()
         return rec
 

@@ -117,37 +117,34 @@ def chooses(M: int, N: int, K: int) -> bool:
     return N // 16 >= MIN_FILL * sms and waves(M, N, K) <= MAX_WAVES
 
 
+def _run(x, w, dst, act: bool) -> bool:
+    """Launch the plain (dst = out [M, N] fp32) or SiLU-mul (dst = act [M, N / 2] BF16 bits) form; False, nothing
+    launched, where the arrays do not fit the contract (shape, dtype, C order, 16-byte rows)."""
+    M, K = x.shape
+    N = w.shape[0]
+    shape, dtype = ((M, N // 2), np.uint16) if act else ((M, N), np.float32)
+    if (not takes(M, N, K) or w.shape[1] != K or tuple(dst.shape) != shape or dst.dtype != dtype
+            or x.dtype != np.uint16 or w.dtype != np.uint16
+            or not (x.flags.c_contiguous and w.flags.c_contiguous and dst.flags.c_contiguous)
+            or x.data.ptr % 16 or w.data.ptr % 16):
+        return False
+    fn, pre, smem = _plan(M, K, act)
+    launch(fn, (N // 16,), (32 * WARPS,), (x, w, dst, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
+           pdl=PDL)
+    return True
+
+
 def gemv_into(x, w, out) -> bool:
     """out = x @ w.T on fast_gemv.cu; False (nothing launched) where the arrays do not fit its contract
     (shape, dtype, C order, 16-byte rows): the caller runs its GEMM instead."""
-    M, K = x.shape
-    N = w.shape[0]
-    if (not takes(M, N, K) or w.shape[1] != K or tuple(out.shape) != (M, N) or x.dtype != np.uint16
-            or w.dtype != np.uint16 or out.dtype != np.float32
-            or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous)
-            or x.data.ptr % 16 or w.data.ptr % 16):
-        return False
-    fn, pre, smem = _plan(M, K)
-    launch(fn, (N // 16,), (32 * WARPS,), (x, w, out, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
-           pdl=PDL)
-    return True
+    return _run(x, w, out, act=False)
 
 
 def act_into(x, w, act) -> bool:
     """act [M, I] = BF16(SiLU(gate) * up) (uint16 bits) of gate/up = x @ w.T, w = [gate; up] [2I, K], on the
     SiLU-mul form of the kernel: the bits of ``gemv_into`` followed by fb_silu_mul. False (nothing launched)
     where ACT is off or the arrays do not fit the contract: the caller runs the GEMM and fb_silu_mul."""
-    M, K = x.shape
-    N = w.shape[0]
-    if (not ACT or not takes(M, N, K) or w.shape[1] != K or tuple(act.shape) != (M, N // 2) or x.dtype != np.uint16
-            or w.dtype != np.uint16 or act.dtype != np.uint16
-            or not (x.flags.c_contiguous and w.flags.c_contiguous and act.flags.c_contiguous)
-            or x.data.ptr % 16 or w.data.ptr % 16):
-        return False
-    fn, pre, smem = _plan(M, K, act=True)
-    launch(fn, (N // 16,), (32 * WARPS,), (x, w, act, np.int32(M), np.int32(N), np.int32(K), np.int32(pre)), smem,
-           pdl=PDL)
-    return True
+    return bool(ACT) and _run(x, w, act, act=True)
 
 
 def config_key() -> tuple:

@@ -226,55 +226,35 @@ def test_glue_kernels_read_only_after_the_wait(cupy, mod):
         twice(qkv, {"qkv": cp.asarray(rng.standard_normal((mq, (hq + 2 * hk) * d)).astype(np.float32))})
 
 
-@pytest.mark.parametrize("M,N,K", [(8, 2048, 6144), (16, 1280, 5120)])
-def test_gemv_reads_x_and_writes_out_only_after_the_wait(cupy, mod, M, N, K):
-    """fast_gemv stages its weight rows before the wait (constants); x must be read, and out written,
-    only after it. A producer that triggers at once writes x (or garbage into out) 20 ms later."""
+@pytest.mark.parametrize("form,M,N,K", [("plain", 8, 2048, 6144), ("plain", 16, 1280, 5120), ("act", 8, 12288, 2048)])
+def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form, M, N, K):
+    """fast_gemv stages its weight rows before the wait (constants); x must be read, and the output (out, or act
+    for the SiLU-mul form of session v12 at the 35B [gate; up] shape) written, only after it. A producer that
+    triggers at once writes x (or garbage into the output) 20 ms later."""
     from kernels_cu import fast_gemv
 
     cp = cupy
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(11 if form == "plain" else 12)
+    run = fast_gemv.gemv_into if form == "plain" else fast_gemv.act_into
 
     def bits(shape):
         return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    def raw(a):  # the output's bits
+        return cp.asnumpy(a).view(np.uint32 if a.dtype == np.float32 else np.uint16)
 
     w = cp.asarray(bits((N, K)))
     x = cp.asarray(bits((M, K)))
-    out = cp.empty((M, N), np.float32)
-    assert fast_gemv.gemv_into(x, w, out)
-    plain = cp.asnumpy(out).view(np.uint32).copy()
+    out = cp.empty((M, N), np.float32) if form == "plain" else cp.empty((M, N // 2), np.uint16)
+    assert run(x, w, out)
+    plain = raw(out).copy()
     # x produced late: the old contents are other values
     xb = cp.asarray(bits((M, K)))
     _produce(cp, mod, x, xb)
-    assert fast_gemv.gemv_into(xb, w, out)
-    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "x read before the wait"
-    # out overwritten late by the producer: the kernel's stores must come after it
-    junk = cp.full((M, N), np.nan, np.float32)
+    assert run(xb, w, out)
+    assert np.array_equal(raw(out), plain), "x read before the wait"
+    # the output overwritten late by the producer (NaN patterns): the kernel's stores must come after it
+    junk = cp.full(out.shape, np.nan, np.float32) if form == "plain" else cp.full(out.shape, 0x7fc0, np.uint16)
     _produce(cp, mod, junk, out)
-    assert fast_gemv.gemv_into(x, w, out)
-    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "out written before the wait"
-
-
-def test_gemv_act_form_reads_x_and_writes_act_only_after_the_wait(cupy, mod):
-    """fast_gemv's SiLU-mul form (session v12) at the 35B [gate; up] shape: the same race as above, on act."""
-    from kernels_cu import fast_gemv
-
-    cp = cupy
-    rng = np.random.default_rng(12)
-    M, inter, K = 8, 6144, 2048
-
-    def bits(shape):
-        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-    w, x = cp.asarray(bits((2 * inter, K))), cp.asarray(bits((M, K)))
-    act = cp.empty((M, inter), np.uint16)
-    assert fast_gemv.act_into(x, w, act)
-    plain = cp.asnumpy(act).copy()
-    xb = cp.asarray(bits((M, K)))
-    _produce(cp, mod, x, xb)
-    assert fast_gemv.act_into(xb, w, act)
-    assert np.array_equal(cp.asnumpy(act), plain), "x read before the wait"
-    junk = cp.full((M, inter), 0x7fc0, np.uint16)
-    _produce(cp, mod, junk, act)
-    assert fast_gemv.act_into(x, w, act)
-    assert np.array_equal(cp.asnumpy(act), plain), "act written before the wait"
+    assert run(x, w, out)
+    assert np.array_equal(raw(out), plain), f"{form} output written before the wait"
