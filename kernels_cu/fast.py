@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from kernels_cu import fast_lt
+from kernels_cu import fast_head, fast_lt
 from kernels_cu.backend import CudaBackend
 from kernels_cu.fast_gemm import ResidentWeights, _key, cp, data_ptr, gemm_bf16, gemm_path  # noqa: F401 - re-exported
 from kernels_cu.loader import load_module
@@ -238,6 +238,10 @@ class FastSelectBackend(CudaBackend):
                    fast_topk=(f"TOPK_VEC={TOPK_VEC} (bound + vec partial), TOPK_MERGE_WARP={TOPK_MERGE_WARP}, "
                               f"TOPK_BOUND={TOPK_BOUND}, target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
                               f"{TOPK_TARGET_BLOCKS}, in-block merge up to {TOPK_MERGE_IN_BLOCK_MAX_ROWS} rows"),
+                   fused_head=(f"fast_head.ENABLED={fast_head.ENABLED}: candidate_topk / proposal_head without a "
+                               f"shortlist, k <= {fast_head.KMAX}, rows <= {fast_head.NMAX}, H % {fast_head.KC} == 0 "
+                               f"on a compute-capability 9.0 GPU: one wgmma kernel with the top-k in its epilogue "
+                               f"(kernels_cu/fast_head.cu, NVRTC {' '.join(fast_head.compile_options()[:-1])})"),
                    proposal_head_gemm=(f"proposal_head_lt={self.proposal_head_lt}: heads of >= 256 MiB on the "
                                        "fastest of gemmEx and up to 8 cuBLASLt algorithms (FP32 reductions), timed "
                                        "at each shape's first call (kernels_cu/fast_lt.py); tunings so far: "
@@ -282,8 +286,12 @@ class FastSelectBackend(CudaBackend):
         if n_eligible < k:
             raise ValueError(f"candidate_topk: {n_eligible} eligible rows, top_k = {k}")
         M = int(np.prod(lead)) if lead else 1
-        logits = gemm_bf16(hb.reshape(M, H), head_b)
-        scores, ids = self._topk_rows(logits, sl, int(vocab_size), k, float(output_multiplier), float(softcap))
+        if fast_head.applies(M, Vr, H, k, sl):
+            scores, ids = self._fused_topk(hb.reshape(M, H), head_b, int(vocab_size), k, float(output_multiplier),
+                                           float(softcap))
+        else:
+            logits = gemm_bf16(hb.reshape(M, H), head_b)
+            scores, ids = self._topk_rows(logits, sl, int(vocab_size), k, float(output_multiplier), float(softcap))
         return {"scores": scores.reshape(*lead, k), "ids": ids.reshape(*lead, k)}
 
     def proposal_head(self, *, hidden, head, vocab_size, shortlist=None):
@@ -300,9 +308,36 @@ class FastSelectBackend(CudaBackend):
             if not bool(((sl >= 0) & (sl < int(vocab_size))).any()):
                 raise ValueError("proposal_head: no head row has a global id below vocab_size")
         M = int(np.prod(lead)) if lead else 1
-        logits = self._head_logits(cp().ascontiguousarray(hb.reshape(M, H)), head_b)
-        _, ids = self._topk_rows(logits, sl, int(vocab_size), 1, want_scores=False)
+        if fast_head.applies(M, Vr, H, 1, sl):
+            _, ids = self._fused_topk(hb.reshape(M, H), head_b, int(vocab_size), 1, want_scores=False)
+        else:
+            logits = self._head_logits(cp().ascontiguousarray(hb.reshape(M, H)), head_b)
+            _, ids = self._topk_rows(logits, sl, int(vocab_size), 1, want_scores=False)
         return {"tokens": ids.reshape(*lead)}
+
+    def _fused_topk(self, x, w, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
+        """The head GEMM with the top-k in its epilogue (kernels_cu/fast_head.py: one pass over the head, no
+        logits in memory), then fast_select.cu's merge of the blocks' lists, the scores read from the keys."""
+        c = cp()
+        x = c.ascontiguousarray(x)
+        w = c.ascontiguousarray(w)
+        M, Vr = x.shape[0], w.shape[0]
+        partial = c.empty((M, fast_head.grid(Vr), k), dtype=np.uint64)
+        fast_head.topk_partial_into(x, w, vocab_size, k, partial)
+        return self._merge_partial(partial, Vr, k, multiplier, softcap, want_scores)
+
+    def _merge_partial(self, partial, Vr: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
+        """fast_select.cu's merge of keyed lists partial [M, lists, k] (no logits array: the scores are the keys'
+        logits, multiplier and softcap applied in double) -> (scores [M, k] fp32 or None, ids [M, k] int32)."""
+        c = cp()
+        M = partial.shape[0]
+        scores = c.empty((M, k), dtype=np.float32) if want_scores else None
+        ids = c.empty((M, k), dtype=np.int32)
+        _fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge")(
+            (M,), (_FT_THREADS,),
+            (partial, _NULL, _NULL, np.int32(M), np.int32(Vr), np.int32(partial.shape[1]), np.int32(k),
+             np.float32(multiplier), np.float32(softcap), _NULL if scores is None else scores, ids))
+        return scores, ids
 
     def _head_logits(self, x, w):
         """fp32 logits x @ w^T (BF16 bits): gemmEx, or for a head of fast_lt.MIN_BYTES or more the algorithm

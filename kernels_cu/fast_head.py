@@ -1,0 +1,153 @@
+"""The head GEMM with the per-row top-k in its epilogue (kernels_cu/fast_head.cu), for the fast mode's
+candidate_topk and proposal_head (issue 12: "candidate_topk time independent of B x K").
+
+The cuBLAS path writes fp32 logits for every hidden row (238 MB at B8 K15 on the 27B head) and reads them back
+for the selection, and its GEMM grows with the rows. Here one persistent wgmma kernel streams the head once, keeps
+each block's best k keys per hidden row in shared memory, and fast_select.cu's merge takes the blocks' lists to
+the final k; the logits never reach memory.
+
+Built by NVRTC for sm_90a (wgmma), one module per hidden-row count rounded up to 8 (the wgmma's N), with the
+m64nNk16 wrapper generated here (its register list depends on N). It applies on a compute-capability 9.0 GPU,
+without a shortlist, for 1 <= k <= 16, M <= 128 hidden rows and H a multiple of 64; ``applies`` says so and
+fast.py keeps the cuBLAS path otherwise.
+
+Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``. The
+kernel does no floating-point arithmetic besides the wgmma chain (the epilogue compares and moves bits), so FMA
+contraction and flush-to-zero change none of its results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
+
+ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``applies``; False: the cuBLAS path
+ARCH = "sm_90a"
+THREADS = 256
+VT = 256  # head rows a tile (fast_head.cu HT_VT)
+KC = 64  # K a stage (HT_KC)
+STAGES = 4  # HT_STAGES
+CAP = 32  # HT_CAP
+KMAX = 16  # k the candidate buffers hold (HT_CAP / 2)
+NMAX = 128  # hidden rows (wgmma N up to 256; the accumulators of two m64 blocks, N fp32 a thread, cap it here)
+
+
+def n_for(M: int) -> int:
+    """The wgmma N (HT_N) for M hidden rows: M rounded up to a multiple of 8."""
+    return max(8, -(-M // 8) * 8)
+
+
+def smem_bytes(n: int) -> int:
+    """fast_head.cu HT_SMEM_BYTES: the stages and the per-row candidate buffers, thresholds and counts."""
+    return STAGES * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4)
+
+
+def wgmma_wrapper(n: int) -> str:
+    """CUDA source of ``ht_wgmma``: D (64 x n fp32, n / 2 registers a thread) (+)= A (64 x 16) B (n x 16)^T, both
+    BF16 K-major from shared memory through descriptors; accumulate 0 overwrites D."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma N = {n}: a multiple of 8 in 8..256")
+    r = n // 2
+    regs = ", ".join(f"%{i}" for i in range(r))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    return (
+        f"__device__ __forceinline__ void ht_wgmma(float (&d)[{r}], u64 da, u64 db, int accumulate) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{regs}}}, %{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+        f'                 : {outs}\n'
+        f'                 : "l"(da), "l"(db), "r"(accumulate));\n'
+        "}\n"
+    )
+
+
+def source(n: int) -> str:
+    """The module's full source for N = n: HT_N, the wrapper (inside the sm_90a guard's reach), fast_head.cu."""
+    body = (KERNEL_DIR / "fast_head.cu").read_text()
+    head, sep, rest = body.partition("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n")
+    if not sep:
+        raise RuntimeError("fast_head.cu: the sm_90a guard is missing")
+    return f"#define HT_N {n}\n" + head + sep + wgmma_wrapper(n) + rest
+
+
+def compile_options() -> list[str]:
+    return [f"--gpu-architecture={ARCH}", *NVRTC_OPTIONS, f"-I{KERNEL_DIR}"]
+
+
+@functools.cache
+def _kernel(n: int):
+    """The fast_head_topk kernel of the module built for N = n (NVRTC, sm_90a; CuPy's RawModule picks plain sm_90,
+    which has no wgmma), its dynamic shared memory limit raised."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source(n), f"fast_head_n{n}.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, compile_options())
+        except Exception as exc:  # the log says why
+            raise RuntimeError(f"fast_head.cu (N {n}) for {ARCH}: {exc}\n{nvrtc.getProgramLog(prog)}") from exc
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    mod = cp.cuda.function.Module()
+    mod.load(cubin)
+    fn = mod.get_function("fast_head_topk")
+    cp.cuda.driver.funcSetAttribute(fn.ptr, cp.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    smem_bytes(n))
+    return mod, fn
+
+
+@functools.cache
+def _device_ok() -> bool:
+    """A compute-capability 9.0 GPU (sm_90a code runs there only) with room for the largest module's shared memory."""
+    try:
+        import cupy as cp
+
+        dev = cp.cuda.Device()
+        cc = dev.compute_capability
+        optin = dev.attributes.get("MaxSharedMemoryPerBlockOptin", 0)
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU
+        return False
+    return cc == "90" and optin >= smem_bytes(NMAX)
+
+
+def applies(M: int, Vr: int, H: int, k: int, shortlist=None) -> bool:
+    """Whether candidate_topk / proposal_head take the fused kernel: enabled, an sm_90 GPU, no shortlist,
+    1 <= k <= KMAX, 1 <= M <= NMAX, H a positive multiple of KC, at least one head row."""
+    return (ENABLED and shortlist is None and 1 <= k <= KMAX and 1 <= M <= NMAX and H > 0 and H % KC == 0
+            and Vr > 0 and _device_ok())
+
+
+def grid(Vr: int) -> int:
+    """Blocks: one a multiprocessor, fewer where the head has under a tile a multiprocessor."""
+    import cupy as cp
+
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    return max(1, min(sms, -(-Vr // VT)))
+
+
+def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
+    """The fused kernel: x [M, H] and w [Vr, H] BF16 bits (uint16, C-contiguous, on the device) -> partial
+    [M, G, k] uint64 (each block's best k keys of each hidden row among head rows < n_elig, descending, 0 past
+    them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests). No host sync."""
+    M, H = x.shape
+    Vr = w.shape[0]
+    G = grid(Vr)
+    if w.shape[1] != H or x.dtype != np.uint16 or w.dtype != np.uint16:
+        raise ValueError(f"fast_head: x {x.shape} {x.dtype} and w {w.shape} {w.dtype}: BF16 bits, one H")
+    if not (x.flags.c_contiguous and w.flags.c_contiguous):
+        raise ValueError("fast_head: x and w must be C-contiguous")
+    if not applies(M, Vr, H, k):
+        raise ValueError(f"fast_head: M {M}, Vr {Vr}, H {H}, k {k} outside what the kernel takes")
+    if tuple(partial.shape) != (M, G, k) or partial.dtype != np.uint64:
+        raise ValueError(f"fast_head: partial {partial.shape} {partial.dtype}, needs {(M, G, k)} uint64")
+    if dump is not None and (tuple(dump.shape) != (M, Vr) or dump.dtype != np.float32):
+        raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
+    n = n_for(M)
+    _, fn = _kernel(n)
+    fn((G,), (THREADS,), (x, w, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
+                          np.int32(k), partial, dump if dump is not None else np.uint64(0)),
+       shared_mem=smem_bytes(n))
