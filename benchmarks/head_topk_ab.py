@@ -45,10 +45,10 @@ def main(argv=None) -> int:
         for m in rows_list:
             hid = bits(cp, torch.randn(m, h, dtype=torch.bfloat16, device="cuda"))
             if op == "candidate_topk":
-                def call():
+                def call(hid=hid, hb=hb, vr=vr, k=k):
                     return fast.candidate_topk(hidden=hid, head=hb, vocab_size=vr - 192, top_k=k)["ids"]
             else:
-                def call():
+                def call(hid=hid, hb=hb, vr=vr):
                     return fast.proposal_head(hidden=hid, head=hb, vocab_size=vr)["tokens"]
             res = {"op": name, "rows": m, "k": k, "floor_ms": vr * h * 2 / 4.1e12 * 1e3}
             got = {}
@@ -60,11 +60,12 @@ def main(argv=None) -> int:
                 got[enabled] = cp.asnumpy(call())
             fast_head.ENABLED = True
             partial = cp.empty((m, fast_head.grid(vr), k), dtype=np.uint64)
-            res["kernel_ms"] = timer(lambda: fast_head.topk_partial_into(hid, hb, vr, k, partial), reps=args.reps)
+            res["kernel_ms"] = timer(lambda hid=hid, hb=hb, vr=vr, k=k, partial=partial:
+                                     fast_head.topk_partial_into(hid, hb, vr, k, partial), reps=args.reps)
             res["ids_equal_frac"] = float((got[True] == got[False]).mean())
             out.append(res)
             print(json.dumps(res), flush=True)
-        del head, hb
+        del head
     for name in dict.fromkeys(r["op"] for r in out):
         rs = [r for r in out if r["op"] == name]
         lo, hi = rs[0], rs[-1]

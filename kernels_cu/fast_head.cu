@@ -158,6 +158,7 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
 #pragma unroll
             for (int j = 0; j < HT_NACC; ++j) asm volatile("" : "+f"(acc[mb][j])::"memory");
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#ifndef HT_PROBE_NO_MMA  // probe switch (benchmarks/fast_head_probe.py): the stream without the tensor cores
 #pragma unroll
         for (int s = 0; s < HT_KC / 16; ++s) {
             const u64 db = ht_desc(sx + 256 * s);
@@ -165,6 +166,7 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
             for (int mb = 0; mb < 2; ++mb)
                 ht_wgmma(acc[mb], ht_desc(sw + (16 * wg + 8 * mb) * 1024 + 256 * s), db, (kc | s) != 0);
         }
+#endif
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (kc != KC - 1) continue;
@@ -183,6 +185,9 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
                 if (v < elig && n < M) pend[(mb * HT_NACC + j) >> 5] |= 1u << ((mb * HT_NACC + j) & 31);
                 if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
             }
+#ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
+        continue;
+#endif
         for (;;) {
 #pragma unroll
             for (int i = 0; i < HT_N / 8; ++i) {

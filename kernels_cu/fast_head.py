@@ -63,13 +63,15 @@ def wgmma_wrapper(n: int) -> str:
     )
 
 
-def source(n: int) -> str:
-    """The module's full source for N = n: HT_N, the wrapper (inside the sm_90a guard's reach), fast_head.cu."""
+def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
+    """The module's full source for N = n: HT_N (and any further defines: the probe's), the wrapper (inside the
+    sm_90a guard's reach), fast_head.cu."""
     body = (KERNEL_DIR / "fast_head.cu").read_text()
     head, sep, rest = body.partition("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n")
     if not sep:
         raise RuntimeError("fast_head.cu: the sm_90a guard is missing")
-    return f"#define HT_N {n}\n" + head + sep + wgmma_wrapper(n) + rest
+    lines = "".join(f"#define {k} {v}\n" for k, v in (("HT_N", n), *defines))
+    return lines + head + sep + wgmma_wrapper(n) + rest
 
 
 def compile_options() -> list[str]:
@@ -77,13 +79,13 @@ def compile_options() -> list[str]:
 
 
 @functools.cache
-def _kernel(n: int):
+def _kernel(n: int, defines: tuple[tuple[str, int], ...] = (), smem: int | None = None):
     """The fast_head_topk kernel of the module built for N = n (NVRTC, sm_90a; CuPy's RawModule picks plain sm_90,
-    which has no wgmma), its dynamic shared memory limit raised."""
+    which has no wgmma), its dynamic shared memory limit raised (to smem_bytes(n), or ``smem``)."""
     import cupy as cp
     from cupy_backends.cuda.libs import nvrtc
 
-    prog = nvrtc.createProgram(source(n), f"fast_head_n{n}.cu", (), ())
+    prog = nvrtc.createProgram(source(n, defines), f"fast_head_n{n}.cu", (), ())
     try:
         try:
             nvrtc.compileProgram(prog, compile_options())
@@ -96,7 +98,7 @@ def _kernel(n: int):
     mod.load(cubin)
     fn = mod.get_function("fast_head_topk")
     cp.cuda.driver.funcSetAttribute(fn.ptr, cp.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    smem_bytes(n))
+                                    smem or smem_bytes(n))
     return mod, fn
 
 

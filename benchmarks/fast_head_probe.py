@@ -1,0 +1,84 @@
+"""Where the fused head's time goes (kernels_cu/fast_head.cu; probe, issue 12): the kernel alone over the 27B head
+(248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
+stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection), timed by CUDA events (median).
+
+    python -m benchmarks.fast_head_probe [--json out.json]
+
+Columns: variant, hidden rows, ms, GB/s of head bytes, fraction of 4.1 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+VARIANTS = [  # (label, rows, defines)
+    ("base", 7, ()),
+    ("stages2", 7, (("HT_STAGES", 2),)),
+    ("stages6", 7, (("HT_STAGES", 6),)),
+    ("stream", 7, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
+    ("base", 120, ()),
+    ("stages3", 120, (("HT_STAGES", 3),)),
+    ("no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
+    ("no_mma", 120, (("HT_PROBE_NO_MMA", 1),)),
+    ("stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
+]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import cupy as cp
+    import numpy as np
+
+    from kernels_cu import fast_head as fh
+
+    vr, h = args.vocab, args.hidden
+    rng = cp.random.default_rng(0)
+    w = (rng.standard_normal((vr, h), dtype=cp.float32) * h**-0.5).view(cp.uint32)
+    w = (w >> 16).astype(cp.uint16)
+    out = []
+    for label, m, defines in VARIANTS:
+        n = fh.n_for(m)
+        stages = dict(defines).get("HT_STAGES", fh.STAGES)
+        smem = stages * (fh.VT * fh.KC * 2 + n * fh.KC * 2) + n * (fh.CAP * 8 + 8 + 4)
+        _, fn = fh._kernel(n, tuple(defines), smem)
+        x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
+        G = fh.grid(vr)
+        partial = cp.zeros((m, G, 16), np.uint64)
+        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, m=m, G=G:
+                  fn((G,), (fh.THREADS,), (x, w, np.int32(m), np.int32(vr), np.int32(vr), np.int32(h), np.int32(16),
+                                           partial, np.uint64(0)), shared_mem=smem))
+        launch()
+        cp.cuda.Device().synchronize()
+        times = []
+        for _ in range(args.reps):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            launch()
+            b.record()
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b))
+        ms = statistics.median(times)
+        gbs = vr * h * 2 / ms / 1e6
+        r = {"variant": label, "rows": m, "n": n, "stages": stages, "smem": smem, "ms": ms, "GBps": gbs,
+             "of_4100": gbs / 4100}
+        out.append(r)
+        print(json.dumps(r), flush=True)
+    print(f"\n{'variant':<12} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8}")
+    for r in out:
+        print(f"{r['variant']:<12} {r['rows']:>4} {r['stages']:>3} {r['ms']:>7.3f} {r['GBps']:>7.0f} {r['of_4100']:>8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
