@@ -18,6 +18,7 @@ VARIANTS = [  # (label, rows, defines)
     ("base", 7, ()),
     ("stages2", 7, (("HT_STAGES", 2),)),
     ("stages6", 7, (("HT_STAGES", 6),)),
+    ("stages3", 7, (("HT_STAGES", 3),)),
     ("stream", 7, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("base", 120, ()),
     ("stages3", 120, (("HT_STAGES", 3),)),
@@ -47,14 +48,12 @@ def main(argv=None) -> int:
     for label, m, defines in VARIANTS:
         n = fh.n_for(m)
         stages = dict(defines).get("HT_STAGES", fh.STAGES)
-        smem = stages * (fh.VT * fh.KC * 2 + n * fh.KC * 2) + n * (fh.CAP * 8 + 8 + 4)
+        smem = fh.smem_bytes(n, stages)
         _, fn = fh._kernel(n, tuple(defines), smem)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
-        G = fh.grid(vr)
-        partial = cp.zeros((m, G, 16), np.uint64)
-        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, m=m, G=G:
-                  fn((G,), (fh.THREADS,), (x, w, np.int32(m), np.int32(vr), np.int32(vr), np.int32(h), np.int32(16),
-                                           partial, np.uint64(0)), shared_mem=smem))
+        partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
+        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n:
+                  fh.launch(fn, n, x, w, vr, 16, partial, None, smem))
         launch()
         cp.cuda.Device().synchronize()
         times = []

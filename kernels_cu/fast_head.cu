@@ -48,8 +48,9 @@ typedef unsigned short u16;
 #define HT_STAGE_BYTES (HT_W_BYTES + HT_X_BYTES)
 #define HT_NACC (HT_N / 2)  // fp32 accumulators a thread for one m64 block
 #define HT_PEND ((2 * HT_NACC + 31) / 32)
-// dynamic shared memory: the stages, then per hidden row HT_CAP keys, its threshold and its count
-#define HT_SMEM_BYTES (HT_STAGES * HT_STAGE_BYTES + HT_N * (HT_CAP * 8 + 8 + 4))
+// dynamic shared memory: up to 1 KiB of alignment slack, the stages, per hidden row HT_CAP keys and its threshold,
+// a barrier a stage, a count a hidden row
+#define HT_SMEM_BYTES (1024 + HT_STAGES * HT_STAGE_BYTES + HT_N * (HT_CAP * 8 + 8) + HT_STAGES * 8 + HT_N * 4)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -57,36 +58,39 @@ __device__ __forceinline__ unsigned ht_smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// no-swizzle K-major descriptor: start address, leading offset 128 B (the next 8 K), stride offset 1024 B (the
-// next 8 rows), each >> 4
+// K-major descriptor of a 128-byte-swizzled tile (what the tensor copies write): start address >> 4, leading offset
+// unused for this layout (1), stride offset 1024 B (the next 8 rows) >> 4, layout type 1 (128-byte swizzle) in
+// bits 62-63. The k16 slices of a 64-wide K stage start 32 bytes apart.
 __device__ __forceinline__ u64 ht_desc(unsigned addr) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(1024 >> 4) << 32);
+    return (u64)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-__device__ __forceinline__ void ht_cp16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
+__device__ __forceinline__ void ht_bar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nHT_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra HT_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+        : "memory");
 }
 
-// One stage: head rows [row0, row0 + 256) (those >= r1 zero) and the HT_N hidden rows (those >= M zero), K
-// [k0, k0 + 64). Copy q of a [rows x 64] operand lands at byte 16 q of it: row 8 (q / 64) + q % 8, K
-// chunk (q / 8) % 8, so 8 consecutive copies fill one core matrix.
-__device__ __forceinline__ void ht_load(unsigned sw, const u16* __restrict__ X, const u16* __restrict__ W, int M,
-                                        int H, int r1, int row0, int k0, int tid) {
-#pragma unroll
-    for (int i = 0; i < HT_VT * 8 / HT_THREADS; ++i) {
-        const int q = i * HT_THREADS + tid;
-        const int v = row0 + (((q >> 6) << 3) | (q & 7)), c = (q >> 3) & 7;
-        const bool ok = v < r1;
-        ht_cp16(sw + 16 * q, ok ? W + (size_t)v * H + k0 + 8 * c : W, ok);
-    }
-    const unsigned sx = sw + HT_W_BYTES;
-#pragma unroll
-    for (int q = tid; q < HT_N * 8; q += HT_THREADS) {
-        const int n = ((q >> 6) << 3) | (q & 7), c = (q >> 3) & 7;
-        const bool ok = n < M;
-        ht_cp16(sx + 16 * q, ok ? X + (size_t)n * H + k0 + 8 * c : X, ok);
-    }
+// One tensor copy: the box at (k0, row) of the map (K innermost) into shared memory at dst, counted on bar.
+__device__ __forceinline__ void ht_tma(unsigned dst, const u64* map, int k0, int row, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(map), "r"(k0), "r"(row), "r"(bar)
+        : "memory");
+}
+
+// Issued by one thread: stage `it` (tile it / KC, K stage it % KC) into buffer st. The head rows come as boxes of
+// 64 rows (those starting at or past r1 are skipped: their rows are never selected); the hidden rows as one box of
+// HT_N rows (rows >= M read as zeros: out of the map's bounds). The barrier expects every box's full bytes.
+__device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* wmap, const u64* xmap, int row0, int r1,
+                                         int k0) {
+    const int boxes = min(HT_VT / 64, (r1 - row0 + 63) / 64);
+    const unsigned bytes = boxes * 64 * HT_KC * 2 + HT_X_BYTES;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    for (int j = 0; j < boxes; ++j) ht_tma(sw + j * 64 * HT_KC * 2, wmap, k0, row0 + 64 * j, bar);
+    ht_tma(sw + HT_W_BYTES, xmap, k0, 0, bar);
 }
 
 // Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more
@@ -111,29 +115,43 @@ __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, 
 }
 
 extern "C" __global__ void __launch_bounds__(HT_THREADS, 1)
-fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int Vr, int n_elig, int H, int k,
-               u64* __restrict__ partial, float* __restrict__ dump) {
-    extern __shared__ __align__(1024) unsigned char ht_raw[];
-    u64* buf = reinterpret_cast<u64*>(ht_raw + HT_STAGES * HT_STAGE_BYTES);
+fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
+               float* __restrict__ dump) {
+    extern __shared__ unsigned char ht_raw[];
+    // the stages 1024-byte aligned (the swizzle pattern's period; HT_SMEM_BYTES has the slack)
+    unsigned char* base = ht_raw + ((1024 - (ht_smem_u32(ht_raw) & 1023)) & 1023);
+    u64* buf = reinterpret_cast<u64*>(base + HT_STAGES * HT_STAGE_BYTES);
     u64* thr = buf + HT_N * HT_CAP;
-    int* cnt = reinterpret_cast<int*>(thr + HT_N);
+    u64* bars = thr + HT_N;
+    int* cnt = reinterpret_cast<int*>(bars + HT_STAGES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
-    const int r0 = (int)((long long)b * Vr / G), r1 = (int)((long long)(b + 1) * Vr / G);
+    // block b: head rows [r0, r1), cut on 64-row boxes
+    const int units = (Vr + 63) / 64;
+    const int r0 = (int)((long long)b * units / G) * 64, r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
     const int elig = min(r1, n_elig);
     const int KC = H / HT_KC;
-    const int total = (r1 - r0 + HT_VT - 1) / HT_VT * KC;
+    const int total = r1 > r0 ? (r1 - r0 + HT_VT - 1) / HT_VT * KC : 0;
+    const u64* wmap = maps;
+    const u64* xmap = maps + 16;
     for (int i = tid; i < HT_N; i += HT_THREADS) {
         thr[i] = 0ull;
         cnt[i] = 0;
     }
-    const unsigned s0 = ht_smem_u32(ht_raw);
-#pragma unroll 1
-    for (int p = 0; p < HT_STAGES - 1; ++p) {
-        if (p < total) ht_load(s0 + p * HT_STAGE_BYTES, X, W, M, H, r1, r0 + p / KC * HT_VT, p % KC * HT_KC, tid);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const unsigned s0 = ht_smem_u32(base), b0 = ht_smem_u32(bars);
+    if (tid == 0) {
+        for (int st = 0; st < HT_STAGES; ++st)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(b0 + 8 * st) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        // the maps were written to global memory before the launch: acquired for the tensor-map proxy
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(wmap) : "memory");
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(xmap) : "memory");
+        for (int p = 0; p < HT_STAGES - 1 && p < total; ++p)
+            ht_issue(s0 + p * HT_STAGE_BYTES, b0 + 8 * p, wmap, xmap, r0 + p / KC * HT_VT, r1, p % KC * HT_KC);
     }
+    __syncthreads();
     float acc[2][HT_NACC];
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb)
@@ -141,15 +159,13 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
         for (int j = 0; j < HT_NACC; ++j) acc[mb][j] = 0.f;
 #pragma unroll 1
     for (int it = 0; it < total; ++it) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(HT_STAGES - 2) : "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes, read by wgmma
-        __syncthreads();  // every thread's copies of stage `it` landed; every wgmma of it - 1 retired
-        {
+        ht_bar_wait(b0 + 8 * (it % HT_STAGES), (it / HT_STAGES) & 1);  // stage `it` landed
+        __syncthreads();  // and every wgmma of it - 1 retired: its buffer may be refilled
+        if (tid == 0) {
             const int nx = it + HT_STAGES - 1;
             if (nx < total)
-                ht_load(s0 + nx % HT_STAGES * HT_STAGE_BYTES, X, W, M, H, r1, r0 + nx / KC * HT_VT,
-                        nx % KC * HT_KC, tid);
-            asm volatile("cp.async.commit_group;\n" ::: "memory");
+                ht_issue(s0 + nx % HT_STAGES * HT_STAGE_BYTES, b0 + 8 * (nx % HT_STAGES), wmap, xmap,
+                         r0 + nx / KC * HT_VT, r1, nx % KC * HT_KC);
         }
         const int kc = it % KC;
         const unsigned sw = s0 + it % HT_STAGES * HT_STAGE_BYTES, sx = sw + HT_W_BYTES;
@@ -161,10 +177,10 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
 #ifndef HT_PROBE_NO_MMA  // probe switch (benchmarks/fast_head_probe.py): the stream without the tensor cores
 #pragma unroll
         for (int s = 0; s < HT_KC / 16; ++s) {
-            const u64 db = ht_desc(sx + 256 * s);
+            const u64 db = ht_desc(sx + 32 * s);
 #pragma unroll
             for (int mb = 0; mb < 2; ++mb)
-                ht_wgmma(acc[mb], ht_desc(sw + (16 * wg + 8 * mb) * 1024 + 256 * s), db, (kc | s) != 0);
+                ht_wgmma(acc[mb], ht_desc(sw + (128 * wg + 64 * mb) * 128 + 32 * s), db, (kc | s) != 0);
         }
 #endif
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -220,7 +236,6 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
             if (!again) break;
         }
     }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
     // this block's list for each hidden row: its kept keys (descending once compacted), 0 past them
     for (int i = tid; i < M * k; i += HT_THREADS) {
@@ -231,6 +246,6 @@ fast_head_topk(const u16* __restrict__ X, const u16* __restrict__ W, int M, int 
 
 #else  // not sm_90a: no wgmma; fast_head.py launches this module only when built for sm_90a
 
-extern "C" __global__ void fast_head_topk(const u16*, const u16*, int, int, int, int, int, u64*, float*) { __trap(); }
+extern "C" __global__ void fast_head_topk(const u64*, int, int, int, int, int, u64*, float*) { __trap(); }
 
 #endif

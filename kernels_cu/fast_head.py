@@ -40,9 +40,10 @@ def n_for(M: int) -> int:
     return max(8, -(-M // 8) * 8)
 
 
-def smem_bytes(n: int) -> int:
-    """fast_head.cu HT_SMEM_BYTES: the stages and the per-row candidate buffers, thresholds and counts."""
-    return STAGES * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4)
+def smem_bytes(n: int, stages: int = STAGES) -> int:
+    """fast_head.cu HT_SMEM_BYTES: alignment slack, the stages, the per-row candidate buffers, thresholds and counts,
+    the stages' barriers."""
+    return 1024 + stages * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4) + stages * 8
 
 
 def wgmma_wrapper(n: int) -> str:
@@ -116,6 +117,42 @@ def _device_ok() -> bool:
     return cc == "90" and optin >= smem_bytes(NMAX)
 
 
+# cuTensorMapEncodeTiled's enums (cuda.h): BF16 data, no interleave, 128-byte swizzle, L2 promotion to 256 bytes,
+# out-of-bounds elements read as zeros
+_BF16, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_256B, _OOB_ZERO = 9, 0, 3, 3, 0
+
+
+@functools.cache
+def _encode_fn():
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def tensor_map(a, box_rows: int) -> np.ndarray:
+    """The 128-byte CUtensorMap of a [rows, H] BF16 array on the device, boxes of 64 K x box_rows rows, 128-byte
+    swizzle (the layout fast_head.cu's wgmma descriptors read), as 16 uint64 for the kernel's global-memory copy."""
+    import ctypes
+
+    rows, h = a.shape
+    out = np.zeros(16, dtype=np.uint64)
+    dims = (ctypes.c_uint64 * 2)(h, rows)
+    strides = (ctypes.c_uint64 * 1)(h * 2)
+    box = (ctypes.c_uint32 * 2)(KC, box_rows)
+    estr = (ctypes.c_uint32 * 2)(1, 1)
+    rc = _encode_fn()(out.ctypes.data, _BF16, 2, ctypes.c_void_p(a.data.ptr), dims, strides, box, estr,
+                      _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_256B, _OOB_ZERO)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {a.shape} array, box {box_rows} rows")
+    return out
+
+
 def applies(M: int, Vr: int, H: int, k: int, shortlist=None) -> bool:
     """Whether candidate_topk / proposal_head take the fused kernel: enabled, an sm_90 GPU, no shortlist,
     1 <= k <= KMAX, 1 <= M <= NMAX, H a positive multiple of KC, at least one head row."""
@@ -150,6 +187,16 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
     _, fn = _kernel(n)
-    fn((G,), (THREADS,), (x, w, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
-                          np.int32(k), partial, dump if dump is not None else np.uint64(0)),
-       shared_mem=smem_bytes(n))
+    launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes(n))
+
+
+def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int) -> None:
+    """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
+    the stream before the kernel), then the grid."""
+    import cupy as cp
+
+    M, H = x.shape
+    Vr = w.shape[0]
+    maps = cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n)]))
+    fn((grid(Vr),), (THREADS,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
+                                 np.int32(k), partial, dump if dump is not None else np.uint64(0)), shared_mem=smem)
