@@ -93,14 +93,13 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
     ht_tma(sw + HT_W_BYTES, xmap, k0, 0, bar);
 }
 
-// Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more
-// than k keys, or exactly k with no threshold yet: sorted, the best k kept in slots 0..k-1, the threshold the
-// k-th. Warp-uniform.
-__device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, int k, int warp, int lane) {
+// Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more than
+// `limit` keys (>= k): sorted, the best k kept in slots 0..k-1, the threshold the k-th. Warp-uniform.
+__device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, int k, int limit, int warp,
+                                           int lane) {
     for (int n = warp; n < M; n += HT_THREADS / 32) {
         const int c = cnt[n];
-        const u64 t = thr[n];
-        if (!(c > k || (c == k && t == 0ull))) continue;
+        if (c <= limit) continue;
         const u64 key = lane < min(c, HT_CAP) ? buf[n * HT_CAP + lane] : 0ull;
         const u64 s = warp_sort_desc(key, lane);
         __syncwarp();
@@ -190,6 +189,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         // ---- epilogue of the tile: value (mb, 4 i + e) is head row rowb + 64 mb + 8 (e / 2), hidden row
         // 8 i + 2 t + e % 2 (the m64nN accumulator layout)
         const int rowb = r0 + it / KC * HT_VT + 128 * wg + 16 * (warp & 3) + g;
+        // pending bits: value (mb, 4 i + e) is bit 4 mb + e of byte i, so a chunk's 8 values are one byte
         u32 pend[HT_PEND];
 #pragma unroll
         for (int w = 0; w < HT_PEND; ++w) pend[w] = 0u;
@@ -198,46 +198,93 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #pragma unroll
             for (int j = 0; j < HT_NACC; ++j) {
                 const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
-                if (v < elig && n < M) pend[(mb * HT_NACC + j) >> 5] |= 1u << ((mb * HT_NACC + j) & 31);
+                const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
+                if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
                 if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
             }
 #ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
         continue;
 #endif
+#ifndef HT_NO_SEED
+        if (it < KC) {
+            // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
+            // pass). Seed them: per hidden row, the largest logit of each of the 16 groups (warp, m64 block) of 16
+            // head rows (NaN for a group with none: fmaxf skips NaNs) goes to slots 16.. of its still empty buffer.
+            // If the k-th largest of those, f, is a number, k logits are >= f, so every key below the smallest key
+            // of value f (its row word 0) can be dropped: threshold = that key - 1 (k <= 16).
+#pragma unroll
+            for (int i = 0; i < HT_N / 8; ++i)
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int bl = 8 * i + 4 * mb + c, bh = bl + 2;
+                        const float nan = __int_as_float(0x7fc00000);
+                        float best = fmaxf((pend[bl >> 5] >> (bl & 31)) & 1u ? acc[mb][4 * i + c] : nan,
+                                           (pend[bh >> 5] >> (bh & 31)) & 1u ? acc[mb][4 * i + 2 + c] : nan);
+#pragma unroll
+                        for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+                        if (g == 0)
+                            buf[(8 * i + 2 * t + c) * HT_CAP + 16 + 2 * warp + mb] = best == best ? fk_key(best, -1) : 0ull;
+                    }
+            __syncthreads();
+            for (int n = warp; n < M; n += HT_THREADS / 32) {
+                const u64 key = lane >= 16 ? buf[n * HT_CAP + lane] : 0ull;
+                const u64 kth = __shfl_sync(0xffffffffu, warp_sort_desc(key, lane), k - 1);
+                if (lane == 0 && kth) thr[n] = kth - 1;
+            }
+            __syncthreads();
+        }
+#endif
         for (;;) {
 #pragma unroll
             for (int i = 0; i < HT_N / 8; ++i) {
-                // the 8 values of chunk i: bits 4 i .. 4 i + 3 of each m64 block
                 const int n0 = 8 * i + 2 * t;
+                const u32 mine = (pend[i >> 2] >> (8 * (i & 3))) & 0xffu;
+                if (!mine) continue;
+                // the chunk's filter as predicates first (most values fail once the thresholds are up); only
+                // the values that pass take the branch to a slot
                 const KeyFilter f0(thr[n0]), f1(thr[n0 + 1]);
+                u32 pass = 0u;
 #pragma unroll
                 for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int bit = mb * HT_NACC + 4 * i + e;
-                        const u32 mask = 1u << (bit & 31);
-                        if (!(pend[bit >> 5] & mask)) continue;
                         const float z = acc[mb][4 * i + e];
-                        const int v = rowb + 64 * mb + 8 * (e >> 1), n = n0 + (e & 1);
-                        if ((e & 1) ? f1.passes(z, v) : f0.passes(z, v)) {
+                        const int v = rowb + 64 * mb + 8 * (e >> 1);
+                        pass |= (u32)((e & 1) ? f1.passes(z, v) : f0.passes(z, v)) << (4 * mb + e);
+                    }
+                pass &= mine;
+                u32 done = mine & ~pass;  // failed the filter: dropped (k kept keys beat them)
+                if (pass) {
+#pragma unroll
+                    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            if (!((pass >> (4 * mb + e)) & 1u)) continue;
+                            const int n = n0 + (e & 1);
                             const int pos = atomicAdd(&cnt[n], 1);
                             if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
-                            buf[n * HT_CAP + pos] = fk_key(z, v);
+                            buf[n * HT_CAP + pos] = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                            done |= 1u << (4 * mb + e);
                         }
-                        pend[bit >> 5] &= ~mask;
-                    }
+                }
+                pend[i >> 2] &= ~(done << (8 * (i & 3)));
             }
             u32 left = 0u;
 #pragma unroll
             for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
             const int again = __syncthreads_or(left != 0u);
-            ht_compact(buf, thr, cnt, M, k, warp, lane);
+            // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
+            ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, warp, lane);
             __syncthreads();
             if (!again) break;
         }
     }
     __syncthreads();
-    // this block's list for each hidden row: its kept keys (descending once compacted), 0 past them
+    ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k
+    __syncthreads();
+    // this block's list for each hidden row: its kept keys (descending where compacted), 0 past them
     for (int i = tid; i < M * k; i += HT_THREADS) {
         const int n = i / k, j = i - n * k;
         partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
