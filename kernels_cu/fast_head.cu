@@ -210,8 +210,10 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
             // pass). Seed them: per hidden row, the largest logit of each of the 16 groups (warp, m64 block) of 16
             // head rows (NaN for a group with none: fmaxf skips NaNs) goes to slots 16.. of its still empty buffer.
-            // If the k-th largest of those, f, is a number, k logits are >= f, so every key below the smallest key
-            // of value f (its row word 0) can be dropped: threshold = that key - 1 (k <= 16).
+            // If the k-th largest of those, f, is a number, k logits are >= f, so every key of a lower value can be
+            // dropped: threshold = the smallest key of value f (row word 0, below every real row's key of value f,
+            // which all pass it; k <= 16). No key - 1: below +0's ordered word sits -0's, which fk_key never makes
+            // and which reads back as a float equal to +0.
 #pragma unroll
             for (int i = 0; i < HT_N / 8; ++i)
 #pragma unroll
@@ -231,7 +233,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             for (int n = warp; n < M; n += HT_THREADS / 32) {
                 const u64 key = lane >= 16 ? buf[n * HT_CAP + lane] : 0ull;
                 const u64 kth = __shfl_sync(0xffffffffu, warp_sort_desc(key, lane), k - 1);
-                if (lane == 0 && kth) thr[n] = kth - 1;
+                if (lane == 0 && kth) thr[n] = kth;
             }
             __syncthreads();
         }
@@ -242,30 +244,36 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                 const int n0 = 8 * i + 2 * t;
                 const u32 mine = (pend[i >> 2] >> (8 * (i & 3))) & 0xffu;
                 if (!mine) continue;
-                // the chunk's filter as predicates first (most values fail once the thresholds are up); only
-                // the values that pass take the branch to a slot
-                const KeyFilter f0(thr[n0]), f1(thr[n0 + 1]);
+                // A float pre-filter first, one compare a value: !(z < f) with f the threshold key's float (-inf
+                // for an empty list, NaN for a NaN key) keeps every value the exact filter could pass (z >= f,
+                // and NaNs); once the thresholds are up most values fail it, and only the rest meet the exact
+                // filter on the branch to a slot: the key itself against the threshold key (integer compares; a
+                // float compare of equal values would see -ftz's flushed denormals as ties).
+                const u64 t0 = thr[n0], t1 = thr[n0 + 1];
+                const float f0 = key_float(t0), f1 = key_float(t1);
                 u32 pass = 0u;
 #pragma unroll
                 for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float z = acc[mb][4 * i + e];
-                        const int v = rowb + 64 * mb + 8 * (e >> 1);
-                        pass |= (u32)((e & 1) ? f1.passes(z, v) : f0.passes(z, v)) << (4 * mb + e);
-                    }
+                    for (int e = 0; e < 4; ++e)
+                        pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
                 pass &= mine;
-                u32 done = mine & ~pass;  // failed the filter: dropped (k kept keys beat them)
+                u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
                 if (pass) {
 #pragma unroll
                     for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
                             if (!((pass >> (4 * mb + e)) & 1u)) continue;
+                            const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                            if (key <= ((e & 1) ? t1 : t0)) {
+                                done |= 1u << (4 * mb + e);
+                                continue;
+                            }
                             const int n = n0 + (e & 1);
                             const int pos = atomicAdd(&cnt[n], 1);
                             if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
-                            buf[n * HT_CAP + pos] = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                            buf[n * HT_CAP + pos] = key;
                             done |= 1u << (4 * mb + e);
                         }
                 }
