@@ -332,20 +332,20 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v6-attn)
       step attn-sweep timeout 200 $PY -m benchmarks.bench_fast_attention --sweep --cupti --json "$OUT/attn.json" ;;
-    v13-head)  # session v13: the fused head (kernels_cu/fast_head.py): its GPU tests, the probe, the A/B, the
-      # geometries whose Ops it serves (27B candidate_topk at B1 and B8 W16, 35B proposal_head: three processes at
-      # once), the fast suite
+    v13-head)  # session v13: the fused head (kernels_cu/fast_head.py): its GPU tests, the probe, the A/B (alone on the
+      # GPU), then the geometries whose Ops it serves (27B candidate_topk at B1 and B8 W16, 35B proposal_head: three
+      # processes at once) beside the fast suite
       geo() {
         OMP_NUM_THREADS=5 OPENBLAS_NUM_THREADS=5 timeout 330 $PY -m conformance.cli geometry \
           --impl kernels_cu.fast:FastCudaBackend "$@" >"$OUT/geo_$name.log" 2>&1 &
       }
+      step head-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step head-probe timeout 90 $PY -m benchmarks.fast_head_probe --json "$OUT/probe.json"
+      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
       name=35b; geo --geometry dflash-35b-a3b --ops proposal_head --json "$OUT/geo_35b.json"
       name=27b-b1; geo --geometry dflash2-27b --batch 1 --ops candidate_topk --json "$OUT/geo_27b_b1.json"
       name=27b-b8w16; geo --geometry dflash2-27b --batch 8 --width 16 --ops candidate_topk \
         --json "$OUT/geo_27b_b8w16.json"
-      step head-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
-      step head-probe timeout 90 $PY -m benchmarks.fast_head_probe --json "$OUT/probe.json"
-      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
       step fast-suite env FAST_SUITE_REPORT="$OUT/fast_suite.json" timeout 150 $PY -m pytest -q -p no:cacheprovider \
         tests/gpu/test_fast_backend.py
       wait
