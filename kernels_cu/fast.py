@@ -239,7 +239,7 @@ class FastSelectBackend(CudaBackend):
                               f"TOPK_BOUND={TOPK_BOUND}, target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
                               f"{TOPK_TARGET_BLOCKS}, in-block merge up to {TOPK_MERGE_IN_BLOCK_MAX_ROWS} rows"),
                    fused_head=(f"fast_head.ENABLED={fast_head.ENABLED}: candidate_topk / proposal_head without a "
-                               f"shortlist, k <= {fast_head.KMAX}, rows <= {fast_head.NMAX}, H % {fast_head.KC} == 0 "
+                               f"shortlist, k <= {fast_head.KMAX}, rows <= {fast_head.MAX_ROWS}, H % {fast_head.KC} == 0 "
                                f"on a compute-capability 9.0 GPU: one wgmma kernel with the top-k in its epilogue "
                                f"(kernels_cu/fast_head.cu, NVRTC {' '.join(fast_head.compile_options()[:-1])})"),
                    proposal_head_gemm=(f"proposal_head_lt={self.proposal_head_lt}: heads of >= 256 MiB on the "
@@ -286,7 +286,7 @@ class FastSelectBackend(CudaBackend):
         if n_eligible < k:
             raise ValueError(f"candidate_topk: {n_eligible} eligible rows, top_k = {k}")
         M = int(np.prod(lead)) if lead else 1
-        if fast_head.applies(M, Vr, H, k, sl):
+        if fast_head.applies(M, Vr, H, k, sl, "candidate_topk"):
             scores, ids = self._fused_topk(hb.reshape(M, H), head_b, int(vocab_size), k, float(output_multiplier),
                                            float(softcap))
         else:
@@ -308,7 +308,7 @@ class FastSelectBackend(CudaBackend):
             if not bool(((sl >= 0) & (sl < int(vocab_size))).any()):
                 raise ValueError("proposal_head: no head row has a global id below vocab_size")
         M = int(np.prod(lead)) if lead else 1
-        if fast_head.applies(M, Vr, H, 1, sl):
+        if fast_head.applies(M, Vr, H, 1, sl, "proposal_head"):
             _, ids = self._fused_topk(hb.reshape(M, H), head_b, int(vocab_size), 1, want_scores=False)
         else:
             logits = self._head_logits(cp().ascontiguousarray(hb.reshape(M, H)), head_b)

@@ -18,14 +18,16 @@
 // 1024 bytes on; benchmarks/wgmma_probe.py measured which descriptor offset is which). FP32
 // accumulation over K in order, 16 at a time, as the tensor cores do for cuBLAS.
 //
-// Stages: HT_STAGES buffers of [256 head rows x 64 K | HT_N hidden rows x 64 K], filled by cp.async
-// (16 bytes a copy; rows past the block's range and hidden rows past M zero-filled) HT_STAGES - 1
-// ahead, so the next tile's first stages are in flight while a tile's epilogue runs.
+// Stages: HT_STAGES buffers of [256 head rows x 64 K | HT_N hidden rows x 64 K], filled by the tensor copy
+// engine (cp.async.bulk.tensor; maps from fast_head.py: boxes of 64 K x 64 head rows and 64 K x HT_N hidden rows,
+// 128-byte swizzle, hidden rows past M read as zeros), HT_STAGES - 1 ahead, each completing on an mbarrier; one
+// thread issues them. The H200 streamed the 27B head at 3.85-3.92 TB/s this way, against 2.1 TB/s with 16-byte
+// cp.async copies by every thread (benchmarks/fast_head_probe.py, docs/PERFORMANCE.md "Session v13").
 //
 // Epilogue (after a tile's last stage): every logit of a valid (hidden row, head row) is offered to its
 // hidden row's candidate buffer in shared memory (HT_CAP slots) if its key beats the row's threshold
-// (the k-th best key the block has kept, 0 while fewer than k: KeyFilter); a slot is claimed by
-// atomicAdd. A row whose buffer fills is compacted (one warp: its keys sorted, the best k kept, the
+// (the k-th best key the block has kept, 0 while fewer than k; the first tile's seeded from group maxima);
+// a float pre-filter first, the key compare on the rest; a slot is claimed by atomicAdd. A row whose buffer fills is compacted (one warp: its keys sorted, the best k kept, the
 // threshold raised), and the logits that found no slot are offered again, until none is left. A key
 // is dropped only when k kept keys beat it, so each block's list is its range's exact top k (keys are
 // distinct); the order of the atomics changes nothing.
@@ -113,32 +115,6 @@ __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, 
     }
 }
 
-// The exact filter and the slot claim for the values of one chunk that passed the float pre-filter (bit 4 mb + e:
-// value z_(4 mb + e), head row rowb + 64 mb + 8 (e / 2), hidden row n0 + e % 2); returns the bits settled (kept
-// or below the threshold key; a value that found its row's buffer full stays pending). Out of line: most chunks
-// never call it, and inlined into every chunk of the unrolled epilogue its code outgrew the instruction cache
-// (an epilogue of 12 000 instructions cost 27 us a tile at 120 hidden rows on the H200).
-__device__ __noinline__ u32 ht_offer(float z0, float z1, float z2, float z3, float z4, float z5, float z6, float z7,
-                                     u32 pass, int rowb, int n0, u64 t0, u64 t1, u64* buf, int* cnt) {
-    const float z[8] = {z0, z1, z2, z3, z4, z5, z6, z7};
-    u32 done = 0u;
-    for (int b = 0; b < 8; ++b) {
-        if (!((pass >> b) & 1u)) continue;
-        const int e = b & 3, mb = b >> 2;
-        const u64 key = fk_key(z[b], rowb + 64 * mb + 8 * (e >> 1));
-        if (key <= ((e & 1) ? t1 : t0)) {
-            done |= 1u << b;
-            continue;
-        }
-        const int n = n0 + (e & 1);
-        const int pos = atomicAdd(&cnt[n], 1);
-        if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
-        buf[n * HT_CAP + pos] = key;
-        done |= 1u << b;
-    }
-    return done;
-}
-
 extern "C" __global__ void __launch_bounds__(HT_THREADS, 1)
 fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
                float* __restrict__ dump) {
@@ -216,31 +192,18 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         // 8 i + 2 t + e % 2 (the m64nN accumulator layout)
         const int rowb = r0 + it / KC * HT_VT + 128 * wg + 16 * (warp & 3) + g;
         // pending bits: value (mb, 4 i + e) is bit 4 mb + e of byte i, so a chunk's 8 values are one byte
-        // a value is live if its head row is eligible (the same 4 rows in every chunk: bits 4 mb + 2 h + c) and its
-        // hidden row is below M (bits with c = e % 2 of chunk i: rows 8 i + 2 t + c)
-        u32 rows = 0u;
-#pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) rows |= (rowb + 64 * mb + 8 * h < elig ? 3u : 0u) << (4 * mb + 2 * h);
         u32 pend[HT_PEND];
 #pragma unroll
         for (int w = 0; w < HT_PEND; ++w) pend[w] = 0u;
 #pragma unroll
-        for (int i = 0; i < HT_N / 8; ++i) {
-            const int n0 = 8 * i + 2 * t;
-            const u32 cols = (n0 < M ? 0x55u : 0u) | (n0 + 1 < M ? 0xaau : 0u);
-            pend[i >> 2] |= (rows & cols) << (8 * (i & 3));
-        }
-        if (dump) {
+        for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-            for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                for (int j = 0; j < HT_NACC; ++j) {
-                    const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
-                    if (v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
-                }
-        }
+            for (int j = 0; j < HT_NACC; ++j) {
+                const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
+                const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
+                if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
+                if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
+            }
 #ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
         continue;
 #endif
@@ -298,10 +261,24 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                         pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
                 pass &= mine;
                 u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
-                if (pass)
-                    done |= ht_offer(acc[0][4 * i], acc[0][4 * i + 1], acc[0][4 * i + 2], acc[0][4 * i + 3],
-                                     acc[1][4 * i], acc[1][4 * i + 1], acc[1][4 * i + 2], acc[1][4 * i + 3], pass,
-                                     rowb, n0, t0, t1, buf, cnt);
+                if (pass) {
+#pragma unroll
+                    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            if (!((pass >> (4 * mb + e)) & 1u)) continue;
+                            const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                            if (key <= ((e & 1) ? t1 : t0)) {
+                                done |= 1u << (4 * mb + e);
+                                continue;
+                            }
+                            const int n = n0 + (e & 1);
+                            const int pos = atomicAdd(&cnt[n], 1);
+                            if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
+                            buf[n * HT_CAP + pos] = key;
+                            done |= 1u << (4 * mb + e);
+                        }
+                }
                 pend[i >> 2] &= ~(done << (8 * (i & 3)));
             }
             u32 left = 0u;

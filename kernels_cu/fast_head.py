@@ -25,6 +25,11 @@ import numpy as np
 from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
 
 ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``applies``; False: the cuBLAS path
+# Hidden rows up to which each Op takes the kernel: where the H200 measured it faster than the cuBLAS path
+# (benchmarks/head_topk_ab.py, docs/PERFORMANCE.md "Session v13"; 27B candidate_topk: 0.647 / 0.655 ms against
+# 0.669 / 0.677 at 7 / 15 rows, 0.727 / 0.899 against 0.688 / 0.748 at 56 / 120; 35B proposal_head: never faster
+# than its tuned cuBLASLt GEMM, 0.268 against 0.263 ms at 7 rows).
+MAX_ROWS = {"candidate_topk": 16, "proposal_head": 0}
 ARCH = "sm_90a"
 THREADS = 256
 VT = 256  # head rows a tile (fast_head.cu HT_VT)
@@ -153,10 +158,11 @@ def tensor_map(a, box_rows: int) -> np.ndarray:
     return out
 
 
-def applies(M: int, Vr: int, H: int, k: int, shortlist=None) -> bool:
-    """Whether candidate_topk / proposal_head take the fused kernel: enabled, an sm_90 GPU, no shortlist,
-    1 <= k <= KMAX, 1 <= M <= NMAX, H a positive multiple of KC, at least one head row."""
-    return (ENABLED and shortlist is None and 1 <= k <= KMAX and 1 <= M <= NMAX and H > 0 and H % KC == 0
+def applies(M: int, Vr: int, H: int, k: int, shortlist=None, op: str | None = None) -> bool:
+    """Whether the kernel takes this head: enabled, an sm_90 GPU, no shortlist, 1 <= k <= KMAX, 1 <= M <= NMAX
+    (and, for an Op, M <= MAX_ROWS[op]), H a positive multiple of KC, at least one head row."""
+    rows = NMAX if op is None else min(NMAX, MAX_ROWS.get(op, 0))
+    return (ENABLED and shortlist is None and 1 <= k <= KMAX and 1 <= M <= rows and H > 0 and H % KC == 0
             and Vr > 0 and _device_ok())
 
 

@@ -110,3 +110,25 @@ def test_wgmma_probe_builds_for_sm_90a(tmp_path):
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
     assert "C7515" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
+@pytest.mark.parametrize("n", [8, 120, 128])
+def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
+    """kernels_cu/fast_head.cu as fast_head.py hands it to NVRTC for N hidden rows (the generated m64nNk16 wrapper
+    prepended, sm_90a, the loader's options), built by nvcc: it compiles, it really holds the wgmma (HGMMA in the
+    SASS is not checkable here without cuobjdump, so: ptxas names no C7515 serialization), and at the largest N
+    (254 registers: 2 x 60 accumulators and the epilogue) ptxas reports no spill and no stack frame, which would
+    put accumulators in local memory."""
+    from kernels_cu import fast_head
+
+    src = tmp_path / f"fast_head_n{n}.cu"
+    src.write_text(fast_head.source(n))
+    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"]
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
+           str(loader.KERNEL_DIR), "-o", str(tmp_path / "h.cubin"), str(src)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
+    assert "C7515" not in proc.stderr, proc.stderr
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in proc.stderr, proc.stderr
+    assert "bytes spill" not in proc.stderr.replace("0 bytes spill", ""), proc.stderr

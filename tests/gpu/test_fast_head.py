@@ -130,12 +130,14 @@ def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, kind, m, vr, h):
 
 
 def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, monkeypatch):
-    """The Ops take the fused kernel where it applies (a spy counts the launches) and return what its logits
-    give under C4, the multiplier and softcap applied to the selected logits in double as the merge does."""
+    """The Ops take the fused kernel where it applies (a spy counts the launches; MAX_ROWS opened to both Ops here,
+    fast_head.py's defaults route by measured speed) and return what its logits give under C4, the multiplier and
+    softcap applied to the selected logits in double as the merge does."""
     from kernels_cu import fast_head
     from kernels_cu.fast import FastCudaBackend
 
     cp = cupy
+    monkeypatch.setattr(fast_head, "MAX_ROWS", {"candidate_topk": 128, "proposal_head": 128})
     calls = []
     real = fast_head.topk_partial_into
     monkeypatch.setattr(fast_head, "topk_partial_into", lambda *a, **kw: (calls.append(a[0].shape), real(*a, **kw)))
@@ -160,7 +162,7 @@ def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, mon
         assert int(cp.asnumpy(tok).reshape(15)[n]) == ref_ids[0]
 
 
-def test_shortlist_and_large_k_keep_the_gemm_path(cupy, fh, monkeypatch):
+def test_shortlist_large_k_and_many_rows_keep_the_gemm_path(cupy, fh, monkeypatch):
     from kernels_cu import fast_head
     from kernels_cu.fast import FastCudaBackend
 
@@ -170,6 +172,10 @@ def test_shortlist_and_large_k_keep_the_gemm_path(cupy, fh, monkeypatch):
     xb, wb = _inputs("gauss", 4, 3000, 128, seed=5)
     hid, head = cp.asarray(xb), cp.asarray(wb)
     fast.candidate_topk(hidden=hid, head=head, vocab_size=3000, top_k=17)
+    many = cp.asarray(_inputs("gauss", fast_head.MAX_ROWS["candidate_topk"] + 1, 3000, 128, seed=6)[0])
+    fast.candidate_topk(hidden=many, head=head, vocab_size=3000, top_k=4)
+    if not fast_head.MAX_ROWS["proposal_head"]:
+        fast.proposal_head(hidden=hid, head=head, vocab_size=3000)
     sl = cp.arange(3000, dtype=cp.int32)[::-1].copy()
     fast.candidate_topk(hidden=hid, head=head, vocab_size=3000, top_k=4, shortlist=sl)
     fast.proposal_head(hidden=hid, head=head, vocab_size=3000, shortlist=sl)

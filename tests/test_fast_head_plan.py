@@ -1,0 +1,67 @@
+"""CPU checks of kernels_cu/fast_head.py (the fused head's host side; the kernel itself: tests/gpu/test_fast_head.py
+and tests/test_nvcc_compile.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kernels_cu import fast_head
+
+# An H200 (and H100) block may opt in to 227 KiB of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin 232448).
+H200_SMEM_OPTIN = 232448
+
+
+def test_n_rounds_rows_up_to_the_wgmma_n():
+    assert [fast_head.n_for(m) for m in (1, 7, 8, 9, 15, 120, 128)] == [8, 8, 8, 16, 16, 120, 128]
+
+
+def test_shared_memory_fits_one_block_at_every_n():
+    """Every N the Ops can ask for fits an H200 block; the count matches fast_head.cu's HT_SMEM_BYTES by its terms."""
+    for n in range(8, fast_head.NMAX + 1, 8):
+        assert fast_head.smem_bytes(n) <= H200_SMEM_OPTIN, n
+    n = 128
+    stage = 256 * 64 * 2 + n * 64 * 2
+    assert fast_head.smem_bytes(n) == 1024 + 4 * stage + n * (32 * 8 + 8) + 4 * 8 + n * 4
+
+
+@pytest.mark.parametrize("n", [8, 64, 120, 256])
+def test_wgmma_wrapper_names_n_over_2_accumulators(n):
+    src = fast_head.wgmma_wrapper(n)
+    assert f"m64n{n}k16" in src
+    assert f"float (&d)[{n // 2}]" in src
+    regs = re.search(r"\{(%0[^}]*)\}", src).group(1).split(", ")
+    assert regs == [f"%{i}" for i in range(n // 2)]
+    assert f"%{n // 2}, %{n // 2 + 1}, p" in src  # the two descriptors follow the accumulators
+    assert f"setp.ne.b32 p, %{n // 2 + 2}" in src
+
+
+@pytest.mark.parametrize("n", [0, 4, 12, 264])
+def test_wgmma_wrapper_refuses_an_n_wgmma_has_not(n):
+    with pytest.raises(ValueError, match="multiple of 8"):
+        fast_head.wgmma_wrapper(n)
+
+
+def test_source_defines_n_and_puts_the_wrapper_inside_the_sm90a_guard():
+    src = fast_head.source(24, (("HT_STAGES", 3),))
+    assert src.startswith("#define HT_N 24\n#define HT_STAGES 3\n")
+    guard = src.index("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)")
+    assert guard < src.index("void ht_wgmma(") < src.index("fast_head_topk(")
+
+
+def test_routing_rules_without_a_gpu(monkeypatch):
+    """applies() is False without a compute-capability 9.0 GPU; with one (stood in), the Op's row limit, k, H and a
+    shortlist decide."""
+    assert fast_head.applies(7, 1000, 128, 16, op="candidate_topk") is False or fast_head._device_ok()
+    monkeypatch.setattr(fast_head, "_device_ok", lambda: True)
+    monkeypatch.setattr(fast_head, "MAX_ROWS", {"candidate_topk": 16, "proposal_head": 0})
+    assert fast_head.applies(16, 1000, 128, 16, op="candidate_topk")
+    assert not fast_head.applies(17, 1000, 128, 16, op="candidate_topk")
+    assert not fast_head.applies(7, 1000, 128, 1, op="proposal_head")
+    assert not fast_head.applies(7, 1000, 128, 17, op="candidate_topk")  # k past the buffers
+    assert not fast_head.applies(7, 1000, 96, 16, op="candidate_topk")  # H not a multiple of 64
+    assert not fast_head.applies(7, 1000, 128, 16, shortlist=object(), op="candidate_topk")
+    assert fast_head.applies(128, 1000, 128, 16) and not fast_head.applies(129, 1000, 128, 16)
+    monkeypatch.setattr(fast_head, "ENABLED", False)
+    assert not fast_head.applies(7, 1000, 128, 16, op="candidate_topk")
