@@ -10,7 +10,9 @@ mode's, inherited):
   fused glue kernels (kernels_cu/fast_block.py); capture-safe for a CUDA graph after one warm-up.
 - draft_attention: a one-pass flash-decoding kernel over ring + block, GQA-aware, split over keys
   (kernels_cu/fast_attention.py); masked_block uses it too.
-- candidate_topk: one BF16 GEMM over the whole head for all B*K hidden rows (cuBLAS gemmEx,
+- candidate_topk: up to 16 hidden rows on an sm_90 GPU (k <= 16, no shortlist), one wgmma kernel with the
+  top-k in its epilogue (kernels_cu/fast_head.py: the head read once, no logits in memory); otherwise
+  one BF16 GEMM over the whole head for all B*K hidden rows (cuBLAS gemmEx,
   BF16 inputs, FP32 output, CUBLAS_COMPUTE_32F: FP32 accumulation on the tensor cores), then a
   split stable top-k per row (kernels_cu/fast_select.cu; C4 order, exact on the fp32 logits).
   The exact mode re-reads the 2.5 GB head once per hidden row with a double-precision dot.
