@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 VARIANTS = [  # (label, rows, defines)
@@ -40,7 +39,10 @@ def main(argv=None) -> int:
     import cupy as cp
     import numpy as np
 
+    from benchmarks.gpu_bench import Timer
     from kernels_cu import fast_head as fh
+
+    timer = Timer(cp, None)  # CUDA events, L2 flushed before each call, median
 
     vr, h = args.vocab, args.hidden
     rng = cp.random.default_rng(0)
@@ -56,17 +58,7 @@ def main(argv=None) -> int:
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
         launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n:
                   fh.launch(fn, n, x, w, vr, 16, partial, None, smem))
-        launch()
-        cp.cuda.Device().synchronize()
-        times = []
-        for _ in range(args.reps):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            launch()
-            b.record()
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b))
-        ms = statistics.median(times)
+        ms = timer(launch, warmup=1, reps=args.reps)
         gbs = vr * h * 2 / ms / 1e6
         r = {"variant": label, "rows": m, "n": n, "stages": stages, "smem": smem, "ms": ms, "GBps": gbs,
              "of_4100": gbs / 4100}

@@ -131,20 +131,9 @@ FLOP_PER_ITER_WG = 64 * 64 * 16 * 2
 
 def nvrtc_module(cp, src: str, arch: str = "sm_90a"):
     """The source compiled by NVRTC for ``arch`` (CuPy's RawModule picks plain sm_90 itself)."""
-    from cupy_backends.cuda.libs import nvrtc
+    from kernels_cu.loader import nvrtc_arch_module
 
-    prog = nvrtc.createProgram(src, "wgmma_probe.cu", (), ())
-    try:
-        try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
-        except Exception as exc:  # the log says why
-            raise RuntimeError(f"NVRTC for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from exc
-        cubin = nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    mod = cp.cuda.function.Module()
-    mod.load(cubin)
-    return mod
+    return nvrtc_arch_module(src, "wgmma_probe.cu", [f"--gpu-architecture={arch}", "-std=c++17"])
 
 
 def main(argv=None) -> int:

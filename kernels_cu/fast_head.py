@@ -22,7 +22,7 @@ import functools
 
 import numpy as np
 
-from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
+from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, nvrtc_arch_module
 
 ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``applies``; False: the cuBLAS path
 # Hidden rows up to which each Op takes the kernel: where the H200 measured it faster than the cuBLAS path
@@ -89,19 +89,8 @@ def _kernel(n: int, defines: tuple[tuple[str, int], ...] = (), smem: int | None 
     """The fast_head_topk kernel of the module built for N = n (NVRTC, sm_90a; CuPy's RawModule picks plain sm_90,
     which has no wgmma), its dynamic shared memory limit raised (to smem_bytes(n), or ``smem``)."""
     import cupy as cp
-    from cupy_backends.cuda.libs import nvrtc
 
-    prog = nvrtc.createProgram(source(n, defines), f"fast_head_n{n}.cu", (), ())
-    try:
-        try:
-            nvrtc.compileProgram(prog, compile_options())
-        except Exception as exc:  # the log says why
-            raise RuntimeError(f"fast_head.cu (N {n}) for {ARCH}: {exc}\n{nvrtc.getProgramLog(prog)}") from exc
-        cubin = nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    mod = cp.cuda.function.Module()
-    mod.load(cubin)
+    mod = nvrtc_arch_module(source(n, defines), f"fast_head_n{n}.cu", compile_options())
     fn = mod.get_function("fast_head_topk")
     cp.cuda.driver.funcSetAttribute(fn.ptr, cp.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     smem or smem_bytes(n))

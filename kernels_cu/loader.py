@@ -44,6 +44,27 @@ def load_module(name: str):
     return cupy.RawModule(code=code, options=(*NVRTC_OPTIONS, f"-I{KERNEL_DIR}"), name_expressions=None)
 
 
+def nvrtc_arch_module(src: str, name: str, options: list[str]):
+    """A cupy.cuda.function.Module of ``src`` compiled by NVRTC with exactly ``options`` (which name the
+    architecture: CuPy's RawModule picks plain sm_90 on an H200, which has no wgmma; sm_90a needs this). A compile
+    error raises RuntimeError with NVRTC's log."""
+    import cupy
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(src, name, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except Exception as exc:  # the log says why
+            raise RuntimeError(f"NVRTC {name} ({' '.join(options)}): {exc}\n{nvrtc.getProgramLog(prog)}") from exc
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    mod = cupy.cuda.function.Module()
+    mod.load(cubin)
+    return mod
+
+
 _SMEM_ALLOWED: dict[int, tuple] = {}  # id(kernel) -> (kernel, dynamic shared memory it may launch with)
 
 
