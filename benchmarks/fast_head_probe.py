@@ -26,7 +26,11 @@ VARIANTS = [  # (label, rows, defines)
     ("no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("no_mma", 120, (("HT_PROBE_NO_MMA", 1),)),
     ("stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
+    ("with_dump", 120, (("HT_DUMP", 1),)),
+    ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
+    ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]
+CLOCKS = ("total", "epilogue", "seed", "passes", "slow_values", "unused", "tiles")
 
 
 def main(argv=None) -> int:
@@ -56,12 +60,17 @@ def main(argv=None) -> int:
         _, fn = fh._kernel(n, tuple(defines), smem)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
-        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n:
-                  fh.launch(fn, n, x, w, vr, 16, partial, None, smem))
+        clocks = cp.zeros((fh.grid(vr), 8), np.uint64) if label == "clocks" else None
+        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks:
+                  fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem))
         ms = timer(launch, warmup=1, reps=args.reps)
         gbs = vr * h * 2 / ms / 1e6
         r = {"variant": label, "rows": m, "n": n, "stages": stages, "smem": smem, "ms": ms, "GBps": gbs,
              "of_4100": gbs / 4100}
+        if clocks is not None:  # per-block means of thread 0's counts (HT_PROBE_CLOCKS), cycles or counts
+            mean = cp.asnumpy(clocks).astype(np.float64).mean(axis=0)
+            r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean)}
+            r["epilogue_fraction"] = float(mean[1] / mean[0])
         out.append(r)
         print(json.dumps(r), flush=True)
     print(f"\n{'variant':<12} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8}")

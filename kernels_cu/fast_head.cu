@@ -154,6 +154,12 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     }
     __syncthreads();
     float acc[2][HT_NACC];
+#ifdef HT_PROBE_CLOCKS  // probe switch: thread 0's cycle counts a block into dump (as 8 u64: total, epilogue, seed,
+                        // passes, slow-path values, compactions, tiles, 0)
+    unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_seed = 0, pc_passes = 0, pc_slow = 0, pc_tiles = 0;
+    float* const pc_out = dump;  // the counts' buffer; no logits dump in this build
+    dump = nullptr;
+#endif
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -187,6 +193,10 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (kc != KC - 1) continue;
+#ifdef HT_PROBE_CLOCKS
+        const unsigned long long pc_e0 = clock64();
+        ++pc_tiles;
+#endif
 
         // ---- epilogue of the tile: value (mb, 4 i + e) is head row rowb + 64 mb + 8 (e / 2), hidden row
         // 8 i + 2 t + e % 2 (the m64nN accumulator layout)
@@ -202,12 +212,17 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                 const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
                 const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
                 if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
+#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
                 if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
+#endif
             }
 #ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
         continue;
 #endif
 #ifndef HT_NO_SEED
+#ifdef HT_PROBE_CLOCKS
+        const unsigned long long pc_s0 = clock64();
+#endif
         if (it < KC) {
             // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
             // pass). Seed them: per hidden row, the largest logit of each of the 16 groups (warp, m64 block) of 16
@@ -240,7 +255,13 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             __syncthreads();
         }
 #endif
+#ifdef HT_PROBE_CLOCKS
+        pc_seed += clock64() - pc_s0;
+#endif
         for (;;) {
+#ifdef HT_PROBE_CLOCKS
+            ++pc_passes;
+#endif
 #pragma unroll
             for (int i = 0; i < HT_N / 8; ++i) {
                 const int n0 = 8 * i + 2 * t;
@@ -261,6 +282,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                         pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
                 pass &= mine;
                 u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
+#ifdef HT_PROBE_CLOCKS
+                pc_slow += __popc(pass);
+#endif
                 if (pass) {
 #pragma unroll
                     for (int mb = 0; mb < 2; ++mb)
@@ -290,9 +314,25 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             __syncthreads();
             if (!again) break;
         }
+#ifdef HT_PROBE_CLOCKS
+        pc_epi += clock64() - pc_e0;
+#endif
     }
     __syncthreads();
     ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k
+#ifdef HT_PROBE_CLOCKS
+    if (tid == 0) {
+        unsigned long long* pc = reinterpret_cast<unsigned long long*>(pc_out) + 8 * b;
+        pc[0] = clock64() - pc_t0;
+        pc[1] = pc_epi;
+        pc[2] = pc_seed;
+        pc[3] = pc_passes;
+        pc[4] = pc_slow;
+        pc[5] = 0;
+        pc[6] = pc_tiles;
+        pc[7] = 0;
+    }
+#endif
     __syncthreads();
     // this block's list for each hidden row: its kept keys (descending where compacted), 0 past them
     for (int i = tid; i < M * k; i += HT_THREADS) {

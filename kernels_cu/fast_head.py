@@ -166,7 +166,8 @@ def grid(Vr: int) -> int:
 def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
     """The fused kernel: x [M, H] and w [Vr, H] BF16 bits (uint16, C-contiguous, on the device) -> partial
     [M, G, k] uint64 (each block's best k keys of each hidden row among head rows < n_elig, descending, 0 past
-    them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests). No host sync."""
+    them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests: a build with the stores,
+    HT_DUMP; the Ops' build has none). No host sync."""
     M, H = x.shape
     Vr = w.shape[0]
     G = grid(Vr)
@@ -181,7 +182,7 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
     if dump is not None and (tuple(dump.shape) != (M, Vr) or dump.dtype != np.float32):
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
-    _, fn = _kernel(n)
+    _, fn = _kernel(n, () if dump is None else (("HT_DUMP", 1),))  # the dump stores only in the tests' build
     launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes(n))
 
 
