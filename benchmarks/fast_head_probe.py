@@ -30,7 +30,7 @@ VARIANTS = [  # (label, rows, defines)
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]
-CLOCKS = ("total", "epilogue", "seed", "passes", "slow_values", "unused", "tiles")
+CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 
 
 def main(argv=None) -> int:
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--only", default=None, help="run only the variants of this label (e.g. clocks)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -54,6 +55,8 @@ def main(argv=None) -> int:
     w = (w >> 16).astype(cp.uint16)
     out = []
     for label, m, defines in VARIANTS:
+        if args.only and label != args.only:
+            continue
         n = fh.n_for(m)
         stages = dict(defines).get("HT_STAGES", fh.STAGES)
         smem = fh.smem_bytes(n, stages)

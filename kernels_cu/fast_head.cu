@@ -155,8 +155,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     __syncthreads();
     float acc[2][HT_NACC];
 #ifdef HT_PROBE_CLOCKS  // probe switch: thread 0's cycle counts a block into dump (as 8 u64: total, epilogue, seed,
-                        // passes, slow-path values, compactions, tiles, 0)
+                        // passes, values past the pre-filter, the scans' cycles, tiles, compaction's cycles)
     unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_seed = 0, pc_passes = 0, pc_slow = 0, pc_tiles = 0;
+    unsigned long long pc_scan = 0, pc_comp = 0;
     float* const pc_out = dump;  // the counts' buffer; no logits dump in this build
     dump = nullptr;
 #endif
@@ -261,6 +262,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         for (;;) {
 #ifdef HT_PROBE_CLOCKS
             ++pc_passes;
+            const unsigned long long pc_p0 = clock64();
 #endif
 #pragma unroll
             for (int i = 0; i < HT_N / 8; ++i) {
@@ -308,10 +310,19 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             u32 left = 0u;
 #pragma unroll
             for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
+#ifdef HT_PROBE_CLOCKS
+            pc_scan += clock64() - pc_p0;
+#endif
             const int again = __syncthreads_or(left != 0u);
+#ifdef HT_PROBE_CLOCKS
+            const unsigned long long pc_c0 = clock64();
+#endif
             // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
             ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, warp, lane);
             __syncthreads();
+#ifdef HT_PROBE_CLOCKS
+            pc_comp += clock64() - pc_c0;
+#endif
             if (!again) break;
         }
 #ifdef HT_PROBE_CLOCKS
@@ -328,9 +339,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         pc[2] = pc_seed;
         pc[3] = pc_passes;
         pc[4] = pc_slow;
-        pc[5] = 0;
+        pc[5] = pc_scan;
         pc[6] = pc_tiles;
-        pc[7] = 0;
+        pc[7] = pc_comp;
     }
 #endif
     __syncthreads();
