@@ -194,6 +194,10 @@ class FastSelectBackend(CudaBackend):
     # head is at least fast_lt.MIN_BYTES, kept where faster by fast_lt.MARGIN (kernels_cu/fast_lt.py); False:
     # gemmEx always. (candidate_topk stays on gemmEx: at 120 rows no algorithm beat it, session v7's probe.)
     proposal_head_lt = True
+    # candidate_topk / proposal_head may take the head GEMM with the top-k in its epilogue (kernels_cu/fast_head.py)
+    # where fast_head.applies; False: always the GEMM and the split top-k (FastRound sets it: its graph round runs
+    # those, and its per-Op composition must give the graph's bits)
+    fused_head = True
 
     def __init__(self, max_resident_bytes: int = 48 << 30):
         self.resident = ResidentWeights(max_resident_bytes)
@@ -288,7 +292,7 @@ class FastSelectBackend(CudaBackend):
         if n_eligible < k:
             raise ValueError(f"candidate_topk: {n_eligible} eligible rows, top_k = {k}")
         M = int(np.prod(lead)) if lead else 1
-        if fast_head.applies(M, Vr, H, k, sl, "candidate_topk"):
+        if self._head_route(M, Vr, H, k, sl, "candidate_topk"):
             scores, ids = self._fused_topk(hb.reshape(M, H), head_b, int(vocab_size), k, float(output_multiplier),
                                            float(softcap))
         else:
@@ -310,12 +314,16 @@ class FastSelectBackend(CudaBackend):
             if not bool(((sl >= 0) & (sl < int(vocab_size))).any()):
                 raise ValueError("proposal_head: no head row has a global id below vocab_size")
         M = int(np.prod(lead)) if lead else 1
-        if fast_head.applies(M, Vr, H, 1, sl, "proposal_head"):
+        if self._head_route(M, Vr, H, 1, sl, "proposal_head"):
             _, ids = self._fused_topk(hb.reshape(M, H), head_b, int(vocab_size), 1, want_scores=False)
         else:
             logits = self._head_logits(cp().ascontiguousarray(hb.reshape(M, H)), head_b)
             _, ids = self._topk_rows(logits, sl, int(vocab_size), 1, want_scores=False)
         return {"tokens": ids.reshape(*lead)}
+
+    def _head_route(self, M: int, Vr: int, H: int, k: int, shortlist, op: str) -> bool:
+        """Whether ``op`` takes the fused head for this shape (fused_head and fast_head.applies)."""
+        return self.fused_head and fast_head.applies(M, Vr, H, k, shortlist, op)
 
     def _fused_topk(self, x, w, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
         """The head GEMM with the top-k in its epilogue (kernels_cu/fast_head.py: one pass over the head, no

@@ -242,6 +242,9 @@ class FastRound(ComposedRounds, FastCudaBackend):
     (module docstring). ``graph=False``: the per-Op composition with the host between Ops."""
 
     name = "kernels_cu-fast (proposal_round as one CUDA graph per (B, W))"
+    # the graph round runs the head GEMM and the split top-k (topk_into); the Op methods, which the per-Op
+    # composition (graph=False, speculative_step) calls, must run the same kernels to give the same bits
+    fused_head = False
 
     def __init__(self, graph: bool = True, gemm: str = "capture", max_workspaces: int = 16, **kw):
         super().__init__(**kw)

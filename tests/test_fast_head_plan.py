@@ -65,3 +65,17 @@ def test_routing_rules_without_a_gpu(monkeypatch):
     assert fast_head.applies(128, 1000, 128, 16) and not fast_head.applies(129, 1000, 128, 16)
     monkeypatch.setattr(fast_head, "ENABLED", False)
     assert not fast_head.applies(7, 1000, 128, 16, op="candidate_topk")
+
+
+def test_fast_round_keeps_the_gemm_path_so_its_composition_matches_its_graph(monkeypatch):
+    """FastRound's graph round runs the head GEMM and the split top-k; its per-Op composition (graph=False,
+    speculative_step) calls the Op methods, which must then run the same kernels (tests/gpu/test_fast_round.py
+    compares the two bit for bit). FastCudaBackend takes the fused head where it applies."""
+    from kernels_cu.fast import FastCudaBackend
+    from kernels_cu.fast_round import FastRound
+
+    monkeypatch.setattr(fast_head, "_device_ok", lambda: True)
+    assert FastCudaBackend()._head_route(7, 248320, 5120, 16, None, "candidate_topk")
+    assert not FastCudaBackend()._head_route(120, 248320, 5120, 16, None, "candidate_topk")
+    assert not FastRound()._head_route(7, 248320, 5120, 16, None, "candidate_topk")
+    assert not FastRound()._head_route(7, 248320, 2048, 1, None, "proposal_head")
