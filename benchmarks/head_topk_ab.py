@@ -8,8 +8,10 @@ logits are within the two GEMMs' rounding of each other).
 
     python -m benchmarks.head_topk_ab [--rows 7,120] [--json out.json]
 
-Columns: ms of the cuBLAS path (gemmEx + split top-k) and of the fused path; growth = time at the largest row
-count over time at the smallest, per path; floor = the head's bytes at 4.1 TB/s.
+Columns: ms of the cuBLAS path (fast_head.ENABLED off: gemmEx or the tuned cuBLASLt GEMM + split top-k), of the Op
+with it on (routed by fast_head.MAX_ROWS: above an Op's limit this is the cuBLAS path again), and of the fused
+kernel alone at every row count (without the merge); growth = time at the largest row count over time at the
+smallest, per column; floor = the head's bytes at 4.1 TB/s.
 """
 
 from __future__ import annotations

@@ -11,9 +11,14 @@ m64nNk16 wrapper generated here (its register list depends on N). It applies on 
 without a shortlist, for 1 <= k <= 16, M <= 128 hidden rows and H a multiple of 64; ``applies`` says so and
 fast.py keeps the cuBLAS path otherwise.
 
+Where the Ops take it is ``MAX_ROWS`` (measured: candidate_topk up to 16 rows; proposal_head not at all), and
+``FastSelectBackend.fused_head`` (FastRound turns it off: its graph round runs the GEMM path). The two tensor maps
+reach the device by a host copy at each launch, so this path is not one to capture into a CUDA graph.
+
 Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``. The
-kernel does no floating-point arithmetic besides the wgmma chain (the epilogue compares and moves bits), so FMA
-contraction and flush-to-zero change none of its results.
+kernel does no floating-point arithmetic besides the wgmma chain; its epilogue compares floats and forms keys.
+Under -ftz a denormal logit compares equal to 0, so fk_key files it with +-0 (as fast_select.cu's kernels, built
+with the same option, do); the float pre-filter only lets more values through to the key compare.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, nvrtc_arch_module
 
 ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``applies``; False: the cuBLAS path
 # Hidden rows up to which each Op takes the kernel: where the H200 measured it faster than the cuBLAS path
-# (benchmarks/head_topk_ab.py, docs/PERFORMANCE.md "Session v13"; 27B candidate_topk: 0.647 / 0.655 ms against
-# 0.669 / 0.677 at 7 / 15 rows, 0.727 / 0.899 against 0.688 / 0.748 at 56 / 120; 35B proposal_head: never faster
-# than its tuned cuBLASLt GEMM, 0.268 against 0.263 ms at 7 rows).
+# (benchmarks/head_topk_ab.py, docs/PERFORMANCE.md "Session v13"; 27B candidate_topk: 0.643 / 0.653 ms against
+# 0.669 / 0.673 at 7 / 15 rows, 0.727 against 0.688 at 56 and 0.879 against 0.750 at 120; 35B proposal_head: never
+# faster than its tuned cuBLASLt GEMM, 0.263 against 0.262 ms at 7 rows, 0.358 against 0.332 at 120).
 MAX_ROWS = {"candidate_topk": 16, "proposal_head": 0}
 ARCH = "sm_90a"
 THREADS = 256
