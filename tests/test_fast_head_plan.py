@@ -21,7 +21,6 @@ def test_shared_memory_fits_one_block_at_every_n():
     """Every N the Ops can ask for fits an H200 block; the count matches fast_head.cu's HT_SMEM_BYTES by its terms."""
     for n in range(8, fast_head.NMAX + 1, 8):
         assert fast_head.smem_bytes(n) <= H200_SMEM_OPTIN, n
-        assert fast_head.smem_bytes_pp(n) <= H200_SMEM_OPTIN, n  # the ping-pong kernel's 6 stages of 128 rows
     n = 128
     stage = 256 * 64 * 2 + n * 64 * 2
     assert fast_head.smem_bytes(n) == 1024 + 4 * stage + n * (32 * 8 + 8) + 4 * 8 + n * 4
