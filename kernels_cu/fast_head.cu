@@ -5,7 +5,7 @@
 //
 // then the best k (C4 order: value descending, ties to the lower head row, docs/contracts.md) of
 // each hidden row among the head rows v < n_elig. One block per multiprocessor (persistent): block b
-// owns head rows [b Vr / G, (b + 1) Vr / G) and walks them in tiles of 256 rows, each tile over the
+// owns head rows [b Vr / G, (b + 1) Vr / G) (cut on 64-row boxes) and walks them in tiles of 256 rows, each tile over the
 // whole K in stages of 64; it writes the best k keys of its rows per hidden row, and
 // fast_topk_merge_warp (fast_select.cu) merges the G lists of a row as it merges any partial lists,
 // the score read back from the key (fk_key holds the logit's bits).
@@ -13,9 +13,8 @@
 // The GEMM runs on wgmma (sm_90a only: __CUDA_ARCH_FEAT_SM90_ALL; the plain sm_90 build of this file,
 // which CI makes of every kernels_cu/*.cu, leaves a kernel that traps, and fast_head.py never launches
 // it). Two warpgroups a block; warpgroup w computes head rows [128 w, 128 w + 128) of the tile as two
-// m64nNk16 wgmma chains (A = head rows, B = the hidden rows, N = HT_N, both K-major from shared memory,
-// no swizzle: 8 x 8 core matrices of 128 contiguous bytes, the next 8 K 128 bytes on, the next 8 rows
-// 1024 bytes on; benchmarks/wgmma_probe.py measured which descriptor offset is which). FP32
+// m64nNk16 wgmma chains (A = head rows, B = the hidden rows, N = HT_N, both K-major from shared memory in the
+// tensor copies' 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart, ht_desc). FP32
 // accumulation over K in order, 16 at a time, as the tensor cores do for cuBLAS.
 //
 // Stages: HT_STAGES buffers of [256 head rows x 64 K | HT_N hidden rows x 64 K], filled by the tensor copy
@@ -27,8 +26,9 @@
 // Epilogue (after a tile's last stage): every logit of a valid (hidden row, head row) is offered to its
 // hidden row's candidate buffer in shared memory (HT_CAP slots) if its key beats the row's threshold
 // (the k-th best key the block has kept, 0 while fewer than k; the first tile's seeded from group maxima);
-// a float pre-filter first, the key compare on the rest; a slot is claimed by atomicAdd. A row whose buffer fills is compacted (one warp: its keys sorted, the best k kept, the
-// threshold raised), and the logits that found no slot are offered again, until none is left. A key
+// a float pre-filter first, the key compare on the rest; a slot is claimed by atomicAdd. A row whose buffer
+// nears full is compacted (one warp: its keys sorted, the best k kept, the threshold raised), and the logits
+// that found no slot are offered again, until none is left. A key
 // is dropped only when k kept keys beat it, so each block's list is its range's exact top k (keys are
 // distinct); the order of the atomics changes nothing.
 #include "topk_keys.cuh"
