@@ -129,7 +129,7 @@ extern "C" __global__ void mma_rate(int iters, float* out) {
 FLOP_PER_ITER_WG = 64 * 64 * 16 * 2
 
 
-def nvrtc_module(cp, src: str, arch: str = "sm_90a"):
+def nvrtc_module(src: str, arch: str = "sm_90a"):
     """The source compiled by NVRTC for ``arch`` (CuPy's RawModule picks plain sm_90 itself)."""
     from kernels_cu.loader import nvrtc_arch_module
 
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
 
     report: dict = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
                     "sms": cp.cuda.Device().attributes["MultiProcessorCount"]}
-    mod = nvrtc_module(cp, SRC)
+    mod = nvrtc_module(SRC)
     rng = np.random.default_rng(0)
     a = (rng.standard_normal((64, 16)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     b = (rng.standard_normal((64, 16)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)

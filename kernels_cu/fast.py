@@ -177,10 +177,19 @@ def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, sof
         _fn("fast_select", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
     else:
         _fn("fast_select", "fast_topk_partial")((S, M), (_FT_THREADS,), (*args, partial))
+    merge_into(partial, logits, shortlist, Vr, k, multiplier, softcap, scores, ids)
+
+
+def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, softcap: float, scores, ids):
+    """fast_select.cu's merge of keyed lists partial [M, lists, k] into scores [M, k] fp32 (or None) and ids [M, k]
+    int32: global ids through the shortlist (or None), u = c tanh(m z / c) of the selected logits in double. logits
+    [M, Vr] fp32, or None: each logit read back from its key (fast_head.cu's lists, whose logits never reach memory)."""
+    M, lists = partial.shape[0], partial.shape[1]
     _fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge")(
         (M,), (_FT_THREADS,),
-        (partial, logits, sl, np.int32(M), np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier),
-         np.float32(softcap), _NULL if scores is None else scores, ids))
+        (partial, _NULL if logits is None else logits, _NULL if shortlist is None else shortlist, np.int32(M),
+         np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier), np.float32(softcap),
+         _NULL if scores is None else scores, ids))
 
 
 class FastSelectBackend(CudaBackend):
@@ -343,10 +352,7 @@ class FastSelectBackend(CudaBackend):
         M = partial.shape[0]
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
-        _fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge")(
-            (M,), (_FT_THREADS,),
-            (partial, _NULL, _NULL, np.int32(M), np.int32(Vr), np.int32(partial.shape[1]), np.int32(k),
-             np.float32(multiplier), np.float32(softcap), _NULL if scores is None else scores, ids))
+        merge_into(partial, None, None, Vr, k, multiplier, softcap, scores, ids)
         return scores, ids
 
     def _head_logits(self, x, w):

@@ -42,8 +42,8 @@ def key_float(key: int) -> np.float32:
 
 
 def group_of(r: int) -> int:
-    """The seed's group of tile row r (warp w = 4 wg + (r % 128) // 16, m64 block mb = (r % 128) // 64... as the
-    kernel: rows 128 wg + 64 mb + 16 w' + g + 8 h belong to group (4 wg + w', mb))."""
+    """The seed's group of tile row r, as the kernel forms them: row 128 wg + 64 mb + 16 w' + g + 8 h (warpgroup wg,
+    m64 block mb, warp w' of the warpgroup, lane row g, half h) is in group 2 (4 wg + w') + mb."""
     wg, rem = divmod(r, 128)
     mb, rem = divmod(rem, 64)
     return 2 * (4 * wg + rem // 16) + mb
@@ -84,7 +84,7 @@ def model_block(z: np.ndarray, k: int, rng, limit: int = CAP - 8, seed_minus_one
                 for r in tile:
                     g = group_of(r - t0)
                     best[g] = np.fmax(best[g], z[r, n])
-                keys = sorted((fk_key(b, -1 & 0xFFFFFFFF) if not np.isnan(b) else 0) for b in best)[::-1]
+                keys = sorted((fk_key(b, 0xFFFFFFFF) if not np.isnan(b) else 0) for b in best)[::-1]  # row word 0
                 kth = keys[k - 1]
                 if kth:
                     thr[n] = kth - 1 if seed_minus_one else kth

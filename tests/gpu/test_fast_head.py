@@ -15,6 +15,7 @@ compute-capability 9.0 GPU (wgmma): elsewhere these tests skip, saying so.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -31,13 +32,12 @@ def fh(cupy):
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> BF16 bits, round to nearest even (values here are exact in BF16 or Inf)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    """float32 -> BF16 bits (ml_dtypes: round to nearest even)."""
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
 def _f64(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bits.view(ml_dtypes.bfloat16).astype(np.float64)
 
 
 def _inputs(kind: str, m: int, vr: int, h: int, seed: int):
