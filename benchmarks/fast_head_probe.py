@@ -27,6 +27,9 @@ VARIANTS = [  # (label, rows, defines)
     ("no_mma", 120, (("HT_PROBE_NO_MMA", 1),)),
     ("stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("with_dump", 120, (("HT_DUMP", 1),)),
+    ("pingpong", 7, ()),
+    ("pingpong", 120, ()),
+    ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]
@@ -38,7 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--hidden", type=int, default=5120)
-    ap.add_argument("--only", default=None, help="run only the variants of this label (e.g. clocks)")
+    ap.add_argument("--only", default=None, help="run only the variants whose label is in this comma list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -55,17 +58,18 @@ def main(argv=None) -> int:
     w = (w >> 16).astype(cp.uint16)
     out = []
     for label, m, defines in VARIANTS:
-        if args.only and label != args.only:
+        if args.only and label not in args.only.split(","):
             continue
         n = fh.n_for(m)
         stages = dict(defines).get("HT_STAGES", fh.STAGES)
-        smem = fh.smem_bytes(n, stages)
-        _, fn = fh._kernel(n, tuple(defines), smem)
+        pp = label.startswith(("pingpong", "pp_"))
+        smem = fh.smem_bytes_pp(n) if pp else fh.smem_bytes(n, stages)
+        _, fn = fh._kernel(n, tuple(defines), smem, pp)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
         clocks = cp.zeros((fh.grid(vr), 8), np.uint64) if label == "clocks" else None
-        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks:
-                  fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem))
+        launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks, pp=pp:
+                  fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem, fh.PP_THREADS if pp else fh.THREADS))
         ms = timer(launch, warmup=1, reps=args.reps)
         gbs = vr * h * 2 / ms / 1e6
         r = {"variant": label, "rows": m, "n": n, "stages": stages, "smem": smem, "ms": ms, "GBps": gbs,

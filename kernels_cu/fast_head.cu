@@ -98,8 +98,8 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
 // Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more than
 // `limit` keys (>= k): sorted, the best k kept in slots 0..k-1, the threshold the k-th. Warp-uniform.
 __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, int k, int limit, int warp,
-                                           int lane) {
-    for (int n = warp; n < M; n += HT_THREADS / 32) {
+                                           int lane, int nwarps = HT_THREADS / 32) {
+    for (int n = warp; n < M; n += nwarps) {
         const int c = cnt[n];
         if (c <= limit) continue;
         const u64 key = lane < min(c, HT_CAP) ? buf[n * HT_CAP + lane] : 0ull;
@@ -115,6 +115,184 @@ __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, 
     }
 }
 
+template <bool WG>
+__device__ __forceinline__ void ht_sync(int wg) {
+    if (WG)
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    else
+        __syncthreads();
+}
+
+template <bool WG>
+__device__ __forceinline__ int ht_sync_or(int wg, int pred) {
+    if (!WG) return __syncthreads_or(pred);
+    int out;
+    asm volatile(
+        "{\n.reg .pred pi, po;\nsetp.ne.s32 pi, %1, 0;\nbar.red.or.pred po, %2, 128, pi;\nselp.s32 %0, 1, 0, po;\n}\n"
+        : "=r"(out)
+        : "r"(pred), "r"(1 + wg)
+        : "memory");
+    return out;
+}
+
+#ifdef HT_PROBE_CLOCKS
+struct HtClocks {
+    unsigned long long seed = 0, passes = 0, slow = 0, scan = 0, comp = 0;
+};
+#endif
+
+// Selection of one tile's logits (acc: head rows rowb + 64 mb + 8 (e / 2), hidden rows 8 i + 2 t + e % 2): offer
+// them to the hidden rows' candidate buffers (header comment). WG = false: the block's 8 warps hold the 256-row tile
+// and synchronize as a block; WG = true: one warpgroup (wg) holds a 128-row tile and synchronizes on named barrier
+// 1 + wg (the ping-pong kernel; its two warpgroups' selections never overlap, fast_head_topk_pp orders them).
+template <bool WG>
+__device__ __forceinline__ void ht_select(float (&acc)[2][HT_NACC], int rowb, bool first, int elig, int r1, int M,
+                                          int Vr, int k, u64* buf, u64* thr, int* cnt, float* dump, int warp,
+                                          int lane, int wg
+#ifdef HT_PROBE_CLOCKS
+                                          , HtClocks* pcs
+#endif
+) {
+    const int g = lane >> 2, t = lane & 3;
+    const int cw = WG ? (warp & 3) : warp, cws = WG ? 4 : HT_THREADS / 32;  // the compacting warps: first, stride
+    // pending bits: value (mb, 4 i + e) is bit 4 mb + e of byte i, so a chunk's 8 values are one byte
+    u32 pend[HT_PEND];
+#pragma unroll
+    for (int w = 0; w < HT_PEND; ++w) pend[w] = 0u;
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int j = 0; j < HT_NACC; ++j) {
+            const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
+            const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
+            if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
+#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
+            if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
+#endif
+        }
+#ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
+    return;
+#endif
+#ifndef HT_NO_SEED
+#ifdef HT_PROBE_CLOCKS
+    const unsigned long long pc_s0 = clock64();
+#endif
+    if (first) {
+        // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
+        // pass). Seed them: per hidden row, the largest logit of each of 16 groups of head rows (NaN for a group
+        // with none: fmaxf skips NaNs) goes to slots 16.. of its still empty buffer. The groups: (warp, m64 block)
+        // of 16 rows over the block's 8 warps; (warp, m64 block, row half) of 8 rows over a warpgroup's 4.
+        // If the k-th largest of those, f, is a number, k logits are >= f, so every key of a lower value can be
+        // dropped: threshold = the smallest key of value f (row word 0, below every real row's key of value f,
+        // which all pass it; k <= 16). No key - 1: below +0's ordered word sits -0's, which fk_key never makes
+        // and which reads back as a float equal to +0.
+#pragma unroll
+        for (int i = 0; i < HT_N / 8; ++i)
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int bl = 8 * i + 4 * mb + c, bh = bl + 2;
+                    const float nan = __int_as_float(0x7fc00000);
+                    const float lo = (pend[bl >> 5] >> (bl & 31)) & 1u ? acc[mb][4 * i + c] : nan;
+                    const float hi = (pend[bh >> 5] >> (bh & 31)) & 1u ? acc[mb][4 * i + 2 + c] : nan;
+                    const int n = 8 * i + 2 * t + c;
+                    if (WG) {
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            float best = h ? hi : lo;
+#pragma unroll
+                            for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+                            if (g == 0)
+                                buf[n * HT_CAP + 16 + 4 * (warp & 3) + 2 * mb + h] = best == best ? fk_key(best, -1) : 0ull;
+                        }
+                    } else {
+                        float best = fmaxf(lo, hi);
+#pragma unroll
+                        for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+                        if (g == 0) buf[n * HT_CAP + 16 + 2 * warp + mb] = best == best ? fk_key(best, -1) : 0ull;
+                    }
+                }
+        ht_sync<WG>(wg);
+        for (int n = cw; n < M; n += cws) {
+            const u64 key = lane >= 16 ? buf[n * HT_CAP + lane] : 0ull;
+            const u64 kth = __shfl_sync(0xffffffffu, warp_sort_desc(key, lane), k - 1);
+            if (lane == 0 && kth) thr[n] = kth;
+        }
+        ht_sync<WG>(wg);
+    }
+#endif
+#ifdef HT_PROBE_CLOCKS
+    pcs->seed += clock64() - pc_s0;
+#endif
+    for (;;) {
+#ifdef HT_PROBE_CLOCKS
+        ++pcs->passes;
+        const unsigned long long pc_p0 = clock64();
+#endif
+#pragma unroll
+        for (int i = 0; i < HT_N / 8; ++i) {
+            const int n0 = 8 * i + 2 * t;
+            const u32 mine = (pend[i >> 2] >> (8 * (i & 3))) & 0xffu;
+            if (!mine) continue;
+            // A float pre-filter first, one compare a value: !(z < f) with f the threshold key's float (-inf
+            // for an empty list, NaN for a NaN key) keeps every value the exact filter could pass (z >= f,
+            // and NaNs); once the thresholds are up most values fail it, and only the rest meet the exact
+            // filter on the branch to a slot: the key itself against the threshold key (integer compares; a
+            // float compare of equal values would see -ftz's flushed denormals as ties).
+            const u64 t0 = thr[n0], t1 = thr[n0 + 1];
+            const float f0 = key_float(t0), f1 = key_float(t1);
+            u32 pass = 0u;
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
+            pass &= mine;
+            u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
+#ifdef HT_PROBE_CLOCKS
+            pcs->slow += __popc(pass);
+#endif
+            if (pass) {
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (!((pass >> (4 * mb + e)) & 1u)) continue;
+                        const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                        if (key <= ((e & 1) ? t1 : t0)) {
+                            done |= 1u << (4 * mb + e);
+                            continue;
+                        }
+                        const int n = n0 + (e & 1);
+                        const int pos = atomicAdd(&cnt[n], 1);
+                        if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
+                        buf[n * HT_CAP + pos] = key;
+                        done |= 1u << (4 * mb + e);
+                    }
+            }
+            pend[i >> 2] &= ~(done << (8 * (i & 3)));
+        }
+        u32 left = 0u;
+#pragma unroll
+        for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
+#ifdef HT_PROBE_CLOCKS
+        pcs->scan += clock64() - pc_p0;
+#endif
+        const int again = ht_sync_or<WG>(wg, left != 0u);
+#ifdef HT_PROBE_CLOCKS
+        const unsigned long long pc_c0 = clock64();
+#endif
+        // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
+        ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, cw, lane, cws);
+        ht_sync<WG>(wg);
+#ifdef HT_PROBE_CLOCKS
+        pcs->comp += clock64() - pc_c0;
+#endif
+        if (!again) break;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(HT_THREADS, 1)
 fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
                float* __restrict__ dump) {
@@ -126,7 +304,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     u64* bars = thr + HT_N;
     int* cnt = reinterpret_cast<int*>(bars + HT_STAGES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-    const int g = lane >> 2, t = lane & 3;
+    const int g = lane >> 2;
     const int G = gridDim.x, b = blockIdx.x;
     // block b: head rows [r0, r1), cut on 64-row boxes
     const int units = (Vr + 63) / 64;
@@ -156,8 +334,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     float acc[2][HT_NACC];
 #ifdef HT_PROBE_CLOCKS  // probe switch: thread 0's cycle counts a block into dump (as 8 u64: total, epilogue, seed,
                         // passes, values past the pre-filter, the scans' cycles, tiles, compaction's cycles)
-    unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_seed = 0, pc_passes = 0, pc_slow = 0, pc_tiles = 0;
-    unsigned long long pc_scan = 0, pc_comp = 0;
+    unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_tiles = 0;
+    HtClocks pcs_v;
+    HtClocks* pcs = &pcs_v;
     float* const pc_out = dump;  // the counts' buffer; no logits dump in this build
     dump = nullptr;
 #endif
@@ -202,129 +381,11 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         // ---- epilogue of the tile: value (mb, 4 i + e) is head row rowb + 64 mb + 8 (e / 2), hidden row
         // 8 i + 2 t + e % 2 (the m64nN accumulator layout)
         const int rowb = r0 + it / KC * HT_VT + 128 * wg + 16 * (warp & 3) + g;
-        // pending bits: value (mb, 4 i + e) is bit 4 mb + e of byte i, so a chunk's 8 values are one byte
-        u32 pend[HT_PEND];
-#pragma unroll
-        for (int w = 0; w < HT_PEND; ++w) pend[w] = 0u;
-#pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-            for (int j = 0; j < HT_NACC; ++j) {
-                const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
-                const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
-                if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
-#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
-                if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
-#endif
-            }
-#ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
-        continue;
-#endif
-#ifndef HT_NO_SEED
+        ht_select<false>(acc, rowb, it < KC, elig, r1, M, Vr, k, buf, thr, cnt, dump, warp, lane, 0
 #ifdef HT_PROBE_CLOCKS
-        const unsigned long long pc_s0 = clock64();
+                         , pcs
 #endif
-        if (it < KC) {
-            // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
-            // pass). Seed them: per hidden row, the largest logit of each of the 16 groups (warp, m64 block) of 16
-            // head rows (NaN for a group with none: fmaxf skips NaNs) goes to slots 16.. of its still empty buffer.
-            // If the k-th largest of those, f, is a number, k logits are >= f, so every key of a lower value can be
-            // dropped: threshold = the smallest key of value f (row word 0, below every real row's key of value f,
-            // which all pass it; k <= 16). No key - 1: below +0's ordered word sits -0's, which fk_key never makes
-            // and which reads back as a float equal to +0.
-#pragma unroll
-            for (int i = 0; i < HT_N / 8; ++i)
-#pragma unroll
-                for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        const int bl = 8 * i + 4 * mb + c, bh = bl + 2;
-                        const float nan = __int_as_float(0x7fc00000);
-                        float best = fmaxf((pend[bl >> 5] >> (bl & 31)) & 1u ? acc[mb][4 * i + c] : nan,
-                                           (pend[bh >> 5] >> (bh & 31)) & 1u ? acc[mb][4 * i + 2 + c] : nan);
-#pragma unroll
-                        for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
-                        if (g == 0)
-                            buf[(8 * i + 2 * t + c) * HT_CAP + 16 + 2 * warp + mb] = best == best ? fk_key(best, -1) : 0ull;
-                    }
-            __syncthreads();
-            for (int n = warp; n < M; n += HT_THREADS / 32) {
-                const u64 key = lane >= 16 ? buf[n * HT_CAP + lane] : 0ull;
-                const u64 kth = __shfl_sync(0xffffffffu, warp_sort_desc(key, lane), k - 1);
-                if (lane == 0 && kth) thr[n] = kth;
-            }
-            __syncthreads();
-        }
-#endif
-#ifdef HT_PROBE_CLOCKS
-        pc_seed += clock64() - pc_s0;
-#endif
-        for (;;) {
-#ifdef HT_PROBE_CLOCKS
-            ++pc_passes;
-            const unsigned long long pc_p0 = clock64();
-#endif
-#pragma unroll
-            for (int i = 0; i < HT_N / 8; ++i) {
-                const int n0 = 8 * i + 2 * t;
-                const u32 mine = (pend[i >> 2] >> (8 * (i & 3))) & 0xffu;
-                if (!mine) continue;
-                // A float pre-filter first, one compare a value: !(z < f) with f the threshold key's float (-inf
-                // for an empty list, NaN for a NaN key) keeps every value the exact filter could pass (z >= f,
-                // and NaNs); once the thresholds are up most values fail it, and only the rest meet the exact
-                // filter on the branch to a slot: the key itself against the threshold key (integer compares; a
-                // float compare of equal values would see -ftz's flushed denormals as ties).
-                const u64 t0 = thr[n0], t1 = thr[n0 + 1];
-                const float f0 = key_float(t0), f1 = key_float(t1);
-                u32 pass = 0u;
-#pragma unroll
-                for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
-                pass &= mine;
-                u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
-#ifdef HT_PROBE_CLOCKS
-                pc_slow += __popc(pass);
-#endif
-                if (pass) {
-#pragma unroll
-                    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            if (!((pass >> (4 * mb + e)) & 1u)) continue;
-                            const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
-                            if (key <= ((e & 1) ? t1 : t0)) {
-                                done |= 1u << (4 * mb + e);
-                                continue;
-                            }
-                            const int n = n0 + (e & 1);
-                            const int pos = atomicAdd(&cnt[n], 1);
-                            if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
-                            buf[n * HT_CAP + pos] = key;
-                            done |= 1u << (4 * mb + e);
-                        }
-                }
-                pend[i >> 2] &= ~(done << (8 * (i & 3)));
-            }
-            u32 left = 0u;
-#pragma unroll
-            for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
-#ifdef HT_PROBE_CLOCKS
-            pc_scan += clock64() - pc_p0;
-#endif
-            const int again = __syncthreads_or(left != 0u);
-#ifdef HT_PROBE_CLOCKS
-            const unsigned long long pc_c0 = clock64();
-#endif
-            // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
-            ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, warp, lane);
-            __syncthreads();
-#ifdef HT_PROBE_CLOCKS
-            pc_comp += clock64() - pc_c0;
-#endif
-            if (!again) break;
-        }
+        );
 #ifdef HT_PROBE_CLOCKS
         pc_epi += clock64() - pc_e0;
 #endif
@@ -336,12 +397,12 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         unsigned long long* pc = reinterpret_cast<unsigned long long*>(pc_out) + 8 * b;
         pc[0] = clock64() - pc_t0;
         pc[1] = pc_epi;
-        pc[2] = pc_seed;
-        pc[3] = pc_passes;
-        pc[4] = pc_slow;
-        pc[5] = pc_scan;
+        pc[2] = pcs->seed;
+        pc[3] = pcs->passes;
+        pc[4] = pcs->slow;
+        pc[5] = pcs->scan;
         pc[6] = pc_tiles;
-        pc[7] = pc_comp;
+        pc[7] = pcs->comp;
     }
 #endif
     __syncthreads();
@@ -352,8 +413,143 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     }
 }
 
+// ---- Ping-pong variant (fast_head.PINGPONG). The kernel above runs each tile's selection while the stream waits
+// (3 stages in flight cover about 3 us of a 26 us selection at 120 rows on the H200). Here the two warpgroups take
+// turns over tiles of 128 head rows: warpgroup w computes tiles w, w + 2, ... so one computes on the stream while
+// the other selects from its last tile. A producer warpgroup (one lane of warp 8; setmaxnreg moves its registers to
+// the consumers, 232 each, as 384 threads start with 168) issues the tensor copies of every stage
+// in order, each stage waiting on its empty barrier (the consuming warpgroup's 128 threads arrive after their wgmma
+// retired); the consumers wait on the stage's full barrier. The selections take turns in tile order on a shared
+// token, so only one touches the candidate buffers at a time, in the order the single-tile kernel would (seed on
+// tile 0, thresholds carried). Each warpgroup's selection synchronizes on its own named barrier (ht_select<true>).
+#define HP_THREADS 384  // two consumer warpgroups and a producer warpgroup (one lane of it issues)
+#define HP_VT 128       // head rows a tile (one warpgroup's two m64 blocks)
+#ifndef HP_STAGES
+#define HP_STAGES 6
+#endif
+#define HP_W_BYTES (HP_VT * HT_KC * 2)
+#define HP_STAGE_BYTES (HP_W_BYTES + HT_X_BYTES)
+
+extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
+fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
+                  float* __restrict__ dump) {
+    extern __shared__ unsigned char ht_raw[];
+    unsigned char* base = ht_raw + ((1024 - (ht_smem_u32(ht_raw) & 1023)) & 1023);
+    u64* buf = reinterpret_cast<u64*>(base + HP_STAGES * HP_STAGE_BYTES);
+    u64* thr = buf + HT_N * HT_CAP;
+    u64* bars = thr + HT_N;  // full[HP_STAGES], then empty[HP_STAGES]
+    int* cnt = reinterpret_cast<int*>(bars + 2 * HP_STAGES);
+    volatile int* turn = cnt + HT_N;  // the tile whose selection may run next
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int G = gridDim.x, b = blockIdx.x;
+    const int units = (Vr + 63) / 64;
+    const int r0 = (int)((long long)b * units / G) * 64, r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
+    const int elig = min(r1, n_elig);
+    const int KC = H / HT_KC;
+    const int tiles = r1 > r0 ? (r1 - r0 + HP_VT - 1) / HP_VT : 0;
+    const int total = tiles * KC;
+    const u64* wmap = maps;
+    const u64* xmap = maps + 16;
+    for (int i = tid; i < HT_N; i += HP_THREADS) {
+        thr[i] = 0ull;
+        cnt[i] = 0;
+    }
+    if (tid == 0) *turn = 0;
+    const unsigned s0 = ht_smem_u32(base), full0 = ht_smem_u32(bars), empty0 = full0 + 8 * HP_STAGES;
+    if (tid == 0) {
+        for (int st = 0; st < HP_STAGES; ++st) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * st) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(empty0 + 8 * st) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 2) {  // the producer warpgroup: it gives registers to the consumers (384 threads start capped at 168)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp == 8 && lane == 0) {
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(wmap) : "memory");
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(xmap) : "memory");
+            for (int q = 0; q < total; ++q) {
+                const int st = q % HP_STAGES, use = q / HP_STAGES;
+                if (use > 0) ht_bar_wait(empty0 + 8 * st, (use - 1) & 1);  // its last consumer retired
+                const int row0 = r0 + q / KC * HP_VT, k0 = q % KC * HT_KC;
+                const unsigned sw = s0 + st * HP_STAGE_BYTES, bar = full0 + 8 * st;
+                const int boxes = min(HP_VT / 64, (r1 - row0 + 63) / 64);
+                const unsigned bytes = boxes * 64 * HT_KC * 2 + HT_X_BYTES;
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                             : "memory");
+                for (int j = 0; j < boxes; ++j) ht_tma(sw + j * 64 * HT_KC * 2, wmap, k0, row0 + 64 * j, bar);
+                ht_tma(sw + HP_W_BYTES, xmap, k0, 0, bar);
+            }
+        }
+        __syncwarp();
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n" ::: "memory");  // back to the entry cap for the tail
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        const int g = lane >> 2;
+        float acc[2][HT_NACC];
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int j = 0; j < HT_NACC; ++j) acc[mb][j] = 0.f;
+#pragma unroll 1
+        for (int j = wg; j < tiles; j += 2) {
+#pragma unroll 1
+            for (int kc = 0; kc < KC; ++kc) {
+                const int q = j * KC + kc, st = q % HP_STAGES;
+                ht_bar_wait(full0 + 8 * st, (q / HP_STAGES) & 1);
+                const unsigned sw = s0 + st * HP_STAGE_BYTES, sx = sw + HP_W_BYTES;
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                    for (int jj = 0; jj < HT_NACC; ++jj) asm volatile("" : "+f"(acc[mb][jj])::"memory");
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int s = 0; s < HT_KC / 16; ++s) {
+                    const u64 db = ht_desc(sx + 32 * s);
+#pragma unroll
+                    for (int mb = 0; mb < 2; ++mb)
+                        ht_wgmma(acc[mb], ht_desc(sw + 64 * mb * 128 + 32 * s), db, (kc | s) != 0);
+                }
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
+            }
+            // this tile's selection, after tile j - 1's (the other warpgroup's)
+            if ((tid & 127) == 0) {
+                while (*turn != j) __nanosleep(64);
+                __threadfence_block();
+            }
+            ht_sync<true>(wg);
+            const int rowb = r0 + j * HP_VT + 16 * (warp & 3) + g;
+#ifdef HT_PROBE_CLOCKS
+            HtClocks unused;  // the probe counts the single-tile kernel only
+#endif
+            ht_select<true>(acc, rowb, j == 0, elig, r1, M, Vr, k, buf, thr, cnt, dump, warp, lane, wg
+#ifdef HT_PROBE_CLOCKS
+                            , &unused
+#endif
+            );
+            if ((tid & 127) == 0) {  // ht_select ended on the warpgroup's barrier: its writes are done
+                __threadfence_block();
+                *turn = j + 1;
+            }
+        }
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 168;\n" ::: "memory");  // the tail runs on every warp
+    }
+    __syncthreads();
+    ht_compact(buf, thr, cnt, M, k, k, warp, lane, HP_THREADS / 32);  // every row down to its best k
+    __syncthreads();
+    for (int i = tid; i < M * k; i += HP_THREADS) {
+        const int n = i / k, j = i - n * k;
+        partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
+    }
+}
+
 #else  // not sm_90a: no wgmma; fast_head.py launches this module only when built for sm_90a
 
 extern "C" __global__ void fast_head_topk(const u64*, int, int, int, int, int, u64*, float*) { __trap(); }
+extern "C" __global__ void fast_head_topk_pp(const u64*, int, int, int, int, int, u64*, float*) { __trap(); }
 
 #endif

@@ -56,6 +56,19 @@ def smem_bytes(n: int, stages: int = STAGES) -> int:
     return 1024 + stages * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4) + stages * 8
 
 
+PINGPONG = False  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
+# tiles, the selection of one under the other's stream) instead of fast_head_topk
+PP_THREADS = 384  # fast_head.cu HP_THREADS
+PP_VT = 128  # HP_VT
+PP_STAGES = 6  # HP_STAGES
+
+
+def smem_bytes_pp(n: int, stages: int = PP_STAGES) -> int:
+    """The ping-pong kernel's dynamic shared memory: alignment slack, the stages, the per-row buffers and thresholds,
+    a full and an empty barrier a stage, the counts, the turn token (and 4 bytes of padding)."""
+    return 1024 + stages * (PP_VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8) + 2 * stages * 8 + n * 4 + 8
+
+
 def wgmma_wrapper(n: int) -> str:
     """CUDA source of ``ht_wgmma``: D (64 x n fp32, n / 2 registers a thread) (+)= A (64 x 16) B (n x 16)^T, both
     BF16 K-major from shared memory through descriptors; accumulate 0 overwrites D."""
@@ -90,15 +103,16 @@ def compile_options() -> list[str]:
 
 
 @functools.cache
-def _kernel(n: int, defines: tuple[tuple[str, int], ...] = (), smem: int | None = None):
-    """The fast_head_topk kernel of the module built for N = n (NVRTC, sm_90a; CuPy's RawModule picks plain sm_90,
-    which has no wgmma), its dynamic shared memory limit raised (to smem_bytes(n), or ``smem``)."""
+def _kernel(n: int, defines: tuple[tuple[str, int], ...] = (), smem: int | None = None, pingpong: bool = False):
+    """The fast_head_topk (or, pingpong, fast_head_topk_pp) kernel of the module built for N = n (NVRTC, sm_90a;
+    CuPy's RawModule picks plain sm_90, which has no wgmma), its dynamic shared memory limit raised (to
+    smem_bytes(n) / smem_bytes_pp(n), or ``smem``)."""
     import cupy as cp
 
     mod = nvrtc_arch_module(source(n, defines), f"fast_head_n{n}.cu", compile_options())
-    fn = mod.get_function("fast_head_topk")
+    fn = mod.get_function("fast_head_topk_pp" if pingpong else "fast_head_topk")
     cp.cuda.driver.funcSetAttribute(fn.ptr, cp.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    smem or smem_bytes(n))
+                                    smem or (smem_bytes_pp(n) if pingpong else smem_bytes(n)))
     return mod, fn
 
 
@@ -187,11 +201,13 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
     if dump is not None and (tuple(dump.shape) != (M, Vr) or dump.dtype != np.float32):
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
-    _, fn = _kernel(n, () if dump is None else (("HT_DUMP", 1),))  # the dump stores only in the tests' build
-    launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes(n))
+    defines = () if dump is None else (("HT_DUMP", 1),)  # the dump stores only in the tests' build
+    _, fn = _kernel(n, defines, None, PINGPONG)
+    launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if PINGPONG else smem_bytes(n),
+           PP_THREADS if PINGPONG else THREADS)
 
 
-def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int) -> None:
+def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
     the stream before the kernel), then the grid."""
     import cupy as cp
@@ -199,5 +215,5 @@ def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int) -> N
     M, H = x.shape
     Vr = w.shape[0]
     maps = cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n)]))
-    fn((grid(Vr),), (THREADS,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
+    fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0)), shared_mem=smem)

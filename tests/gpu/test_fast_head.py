@@ -97,8 +97,11 @@ CASES = [  # (kind, M, Vr, H, k, n_elig)
 ]
 
 
+@pytest.mark.parametrize("pingpong", [False, True], ids=["single", "pingpong"])
 @pytest.mark.parametrize(("kind", "m", "vr", "h", "k", "n_elig"), CASES)
-def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, kind, m, vr, h, k, n_elig):
+def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, monkeypatch, kind, m, vr, h, k, n_elig, pingpong):
+    """Both kernels: fast_head_topk and the ping-pong fast_head_topk_pp (fast_head.PINGPONG)."""
+    monkeypatch.setattr(fh, "PINGPONG", pingpong)
     xb, wb = _inputs(kind, m, vr, h, seed=m * 7919 + vr)
     ids, scores, z = _fused(cupy, fh, xb, wb, n_elig, k)
     assert not np.isnan(z).all(axis=1).any(), "the dump missed whole rows"
@@ -110,13 +113,16 @@ def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, kind, m, vr, h, k, n_
         assert np.array_equal(scores[n], ref_scores, equal_nan=True), f"row {n}: {scores[n]} vs {ref_scores}"
 
 
+@pytest.mark.parametrize("pingpong", [False, True], ids=["single", "pingpong"])
 @pytest.mark.parametrize(("kind", "m", "vr", "h"), [("gauss", 120, 60_000, 512), ("gauss", 7, 20_000, 2048),
                                                      ("grid", 128, 30_000, 256)])
-def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, kind, m, vr, h):
+def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, monkeypatch, kind, m, vr, h, pingpong):
     """Each logit sums h exact products (BF16 x BF16 fits FP32) in FP32. Whatever the order and grouping, and
     with every addition rounded toward zero (NVIDIA tensor cores have been measured to truncate when they align
     and add: Fasi, Higham, Mikaitis, Pranesh 2021), |fl - exact| <= gamma_h sum |x||w| with unit 2^-23,
-    gamma_h = h u / (1 - h u). Integer grids are exact (every partial sum an integer below 2^24)."""
+    gamma_h = h u / (1 - h u). Integer grids are exact (every partial sum an integer below 2^24). The two kernels
+    run the same wgmma chain per logit, so their logits are the same bits."""
+    monkeypatch.setattr(fh, "PINGPONG", pingpong)
     xb, wb = _inputs(kind, m, vr, h, seed=3)
     _, _, z = _fused(cupy, fh, xb, wb, vr, 1)
     xf, wf = _f64(xb), _f64(wb)
@@ -127,6 +133,8 @@ def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, kind, m, vr, h):
     assert (err <= bound).all(), f"max err / bound {float((err / np.maximum(bound, 1e-300)).max()):.3g}"
     if kind == "grid":
         assert np.array_equal(z, exact)
+    monkeypatch.setattr(fh, "PINGPONG", not pingpong)
+    assert np.array_equal(_fused(cupy, fh, xb, wb, vr, 1)[2], z, equal_nan=True)
 
 
 def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, monkeypatch):
