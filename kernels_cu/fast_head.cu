@@ -517,10 +517,11 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
             }
             // this tile's selection, after tile j - 1's (the other warpgroup's)
-            if ((tid & 127) == 0) {
+            if ((warp & 3) == 0) {  // the warpgroup's first warp waits, all its lanes (bar.sync wants whole warps)
                 while (*turn != j) __nanosleep(64);
                 __threadfence_block();
             }
+            __syncwarp();
             ht_sync<true>(wg);
             const int rowb = r0 + j * HP_VT + 16 * (warp & 3) + g;
 #ifdef HT_PROBE_CLOCKS
