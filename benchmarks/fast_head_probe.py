@@ -28,8 +28,10 @@ VARIANTS = [  # (label, rows, defines)
     ("stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("with_dump", 120, (("HT_DUMP", 1),)),
     ("pingpong", 7, ()),
+    ("pingpong", 56, ()),
     ("pingpong", 120, ()),
     ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
+    ("pp_stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]

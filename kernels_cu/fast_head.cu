@@ -422,6 +422,11 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 // retired); the consumers wait on the stage's full barrier. The selections take turns in tile order on a shared
 // token, so only one touches the candidate buffers at a time, in the order the single-tile kernel would (seed on
 // tile 0, thresholds carried). Each warpgroup's selection synchronizes on its own named barrier (ht_select<true>).
+// The main loops take turns too (token `mturn`): warpgroup w starts tile j only once tile j - 1's owner has waited on
+// every stage of it. A full barrier tells phases apart by parity alone, so a warpgroup that ran ahead (tile j's
+// stage q waited on while the buffer's previous use, q - HP_STAGES of tile j - 1, had not landed) would read that
+// earlier phase's completion as its own and compute on the other tile's data. With the turn, the previous use of
+// every buffer it waits on has completed, and the parity names the phase it wants.
 #define HP_THREADS 384  // two consumer warpgroups and a producer warpgroup (one lane of it issues)
 #define HP_VT 128       // head rows a tile (one warpgroup's two m64 blocks)
 #ifndef HP_STAGES
@@ -429,6 +434,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #endif
 #define HP_W_BYTES (HP_VT * HT_KC * 2)
 #define HP_STAGE_BYTES (HP_W_BYTES + HT_X_BYTES)
+// dynamic shared memory: the slack, the stages, per hidden row HT_CAP keys and its threshold, a full and an empty
+// barrier a stage, a count a hidden row, the two turn tokens
+#define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * (HT_CAP * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
 
 extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
 fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
@@ -440,6 +448,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     u64* bars = thr + HT_N;  // full[HP_STAGES], then empty[HP_STAGES]
     int* cnt = reinterpret_cast<int*>(bars + 2 * HP_STAGES);
     volatile int* turn = cnt + HT_N;  // the tile whose selection may run next
+    volatile int* mturn = turn + 1;   // the tile whose main loop may start
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int G = gridDim.x, b = blockIdx.x;
     const int units = (Vr + 63) / 64;
@@ -454,7 +463,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         thr[i] = 0ull;
         cnt[i] = 0;
     }
-    if (tid == 0) *turn = 0;
+    if (tid == 0) *turn = *mturn = 0;
     const unsigned s0 = ht_smem_u32(base), full0 = ht_smem_u32(bars), empty0 = full0 + 8 * HP_STAGES;
     if (tid == 0) {
         for (int st = 0; st < HP_STAGES; ++st) {
@@ -483,8 +492,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 ht_tma(sw + HP_W_BYTES, xmap, k0, 0, bar);
             }
         }
-        __syncwarp();
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n" ::: "memory");  // back to the entry cap for the tail
+        __syncwarp();  // the producer warpgroup is done: the tail below runs on the consumers' 8 warps
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         const int g = lane >> 2;
@@ -495,10 +503,16 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             for (int j = 0; j < HT_NACC; ++j) acc[mb][j] = 0.f;
 #pragma unroll 1
         for (int j = wg; j < tiles; j += 2) {
+            if ((warp & 3) == 0) {  // tile j - 1's owner has waited on all its stages (header: parity aliasing)
+                while (*mturn != j) __nanosleep(32);
+            }
+            __syncwarp();
+            ht_sync<true>(wg);
 #pragma unroll 1
             for (int kc = 0; kc < KC; ++kc) {
                 const int q = j * KC + kc, st = q % HP_STAGES;
                 ht_bar_wait(full0 + 8 * st, (q / HP_STAGES) & 1);
+                if (kc == KC - 1 && (tid & 127) == 0) *mturn = j + 1;  // this thread saw the tile's last stage land
                 const unsigned sw = s0 + st * HP_STAGE_BYTES, sx = sw + HP_W_BYTES;
 #pragma unroll
                 for (int mb = 0; mb < 2; ++mb)
@@ -537,12 +551,12 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 *turn = j + 1;
             }
         }
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 168;\n" ::: "memory");  // the tail runs on every warp
     }
     __syncthreads();
-    ht_compact(buf, thr, cnt, M, k, k, warp, lane, HP_THREADS / 32);  // every row down to its best k
-    __syncthreads();
-    for (int i = tid; i < M * k; i += HP_THREADS) {
+    if (wg == 2) return;  // the producer warpgroup keeps its 40 registers: the tail is the consumers' (tid < 256)
+    ht_compact(buf, thr, cnt, M, k, k, warp, lane, 8);  // every row down to its best k
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+    for (int i = tid; i < M * k; i += 256) {
         const int n = i / k, j = i - n * k;
         partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
     }

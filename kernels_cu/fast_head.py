@@ -65,7 +65,7 @@ PP_STAGES = 6  # HP_STAGES
 
 def smem_bytes_pp(n: int, stages: int = PP_STAGES) -> int:
     """The ping-pong kernel's dynamic shared memory: alignment slack, the stages, the per-row buffers and thresholds,
-    a full and an empty barrier a stage, the counts, the turn token (and 4 bytes of padding)."""
+    a full and an empty barrier a stage, the counts, the two turn tokens (fast_head.cu HP_SMEM_BYTES)."""
     return 1024 + stages * (PP_VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8) + 2 * stages * 8 + n * 4 + 8
 
 

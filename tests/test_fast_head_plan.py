@@ -17,16 +17,17 @@ def test_n_rounds_rows_up_to_the_wgmma_n():
     assert [fast_head.n_for(m) for m in (1, 7, 8, 9, 15, 120, 128)] == [8, 8, 8, 16, 16, 120, 128]
 
 
-def _cu_smem_bytes(n: int) -> int:
-    """fast_head.cu's own HT_SMEM_BYTES for HT_N = n: its #defines read from the source and evaluated."""
+def _cu_smem_bytes(n: int, name: str = "HT_SMEM_BYTES") -> int:
+    """fast_head.cu's own HT_SMEM_BYTES (or HP_SMEM_BYTES, the ping-pong kernel's) for HT_N = n: its #defines read
+    from the source and evaluated."""
     defines = {"HT_N": str(n)}
     for line in (fast_head.KERNEL_DIR / "fast_head.cu").read_text().splitlines():
-        m = re.match(r"#define (HT_\w+) (.+?)\s*(//.*)?$", line)
+        m = re.match(r"#define (H[TP]_\w+) (.+?)\s*(//.*)?$", line)
         if m and m.group(1) not in defines:
             defines[m.group(1)] = m.group(2)
-    expr = defines["HT_SMEM_BYTES"]
-    while re.search(r"HT_\w+", expr):
-        expr = re.sub(r"HT_\w+", lambda m: f"({defines[m.group(0)]})", expr)
+    expr = defines[name]
+    while re.search(r"H[TP]_\w+", expr):
+        expr = re.sub(r"H[TP]_\w+", lambda m: f"({defines[m.group(0)]})", expr)
     return int(eval(expr, {"__builtins__": {}}))  # integer arithmetic of the source's own constants
 
 
@@ -37,6 +38,7 @@ def test_shared_memory_fits_one_block_at_every_n():
         assert fast_head.smem_bytes(n) <= H200_SMEM_OPTIN, n
         assert fast_head.smem_bytes(n) == _cu_smem_bytes(n), n
         assert fast_head.smem_bytes_pp(n) <= H200_SMEM_OPTIN, n  # the ping-pong kernel's 6 stages of 128 rows
+        assert fast_head.smem_bytes_pp(n) == _cu_smem_bytes(n, "HP_SMEM_BYTES"), n
 
 
 @pytest.mark.parametrize("n", [8, 64, 120, 256])

@@ -59,6 +59,7 @@
 #                                          # block and the rounds, the trace (logs.tgz); V9_PART=tests stops after
 #                                          # the suites, v9-bench runs the rest (one device call each)
 #   bash tools/h200_runs.sh v13-head       # session v13: the fused head's tests, probe, A/B, geometries, fast suite
+#   bash tools/h200_runs.sh v14-a          # session v14: the ping-pong fused head (probe, tests, A/B), v13 unrun edits
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -351,6 +352,17 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       wait
       for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
         $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v14-a)  # session v14: the ping-pong fused head (probe first, under timeouts: v13's version hung), its GPU tests
+      # (both kernels; the single-tile kernel's only if the ping-pong probe failed), the A/B, and the GPU tests of
+      # v13's last unrun edits (fast.merge_into, FastRound's fused_head off)
+      step pp-probe timeout 60 $PY -m benchmarks.fast_head_probe --only base,stream,pingpong,pp_no_epilogue,pp_stream \
+        --json "$OUT/probe.json"
+      sel=""; grep -q pingpong "$OUT/probe.json" 2>/dev/null || sel="-k single"
+      step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py $sel
+      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
+      step sel-tests timeout 200 $PY -m pytest -q -p no:cacheprovider -x tests/gpu/test_fast_topk.py \
+        tests/gpu/test_fast_round.py tests/gpu/test_fast_backend.py
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
