@@ -32,10 +32,13 @@ VARIANTS = [  # (label, rows, defines)
     ("pingpong", 120, ()),
     ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("pp_stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
+    ("pp_clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
+# the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)
+PP_CLOCKS = ("total", "main_turn_wait", "main_loop", "select_turn_wait", "select", "tiles", "passes", "compaction")
 
 
 def main(argv=None) -> int:
@@ -69,7 +72,7 @@ def main(argv=None) -> int:
         _, fn = fh._kernel(n, tuple(defines), smem, pp)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
-        clocks = cp.zeros((fh.grid(vr), 8), np.uint64) if label == "clocks" else None
+        clocks = cp.zeros((fh.grid(vr), 2 if pp else 1, 8), np.uint64) if label.endswith("clocks") else None
         launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks, pp=pp:
                   fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem, fh.PP_THREADS if pp else fh.THREADS))
         ms = timer(launch, warmup=1, reps=args.reps)
@@ -78,8 +81,11 @@ def main(argv=None) -> int:
              "of_4100": gbs / 4100}
         if clocks is not None:  # per-block means of thread 0's counts (HT_PROBE_CLOCKS), cycles or counts
             mean = cp.asnumpy(clocks).astype(np.float64).mean(axis=0)
-            r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean)}
-            r["epilogue_fraction"] = float(mean[1] / mean[0])
+            if pp:  # per warpgroup
+                r["clocks_mean"] = [{name: float(v) for name, v in zip(PP_CLOCKS, m)} for m in mean]
+            else:
+                r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean[0])}
+                r["epilogue_fraction"] = float(mean[0, 1] / mean[0, 0])
         out.append(r)
         print(json.dumps(r), flush=True)
     print(f"\n{'variant':<12} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8}")

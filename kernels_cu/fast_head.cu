@@ -26,9 +26,9 @@
 // Epilogue (after a tile's last stage): every logit of a valid (hidden row, head row) is offered to its
 // hidden row's candidate buffer in shared memory (HT_CAP slots) if its key beats the row's threshold
 // (the k-th best key the block has kept, 0 while fewer than k; the first tile's seeded from group maxima);
-// a float pre-filter first, the key compare on the rest; a slot is claimed by atomicAdd. A row whose buffer
-// nears full is compacted (one warp: its keys sorted, the best k kept, the threshold raised), and the logits
-// that found no slot are offered again, until none is left. A key
+// a float pre-filter first, the key compare on the rest; a thread claims the slots of its passing values of a
+// hidden row with one atomicAdd. A row whose buffer nears full is compacted (one warp: its keys sorted, the best
+// k kept, the threshold raised), and the logits that found no slot are offered again, until none is left. A key
 // is dropped only when k kept keys beat it, so each block's list is its range's exact top k (keys are
 // distinct); the order of the atomics changes nothing.
 #include "topk_keys.cuh"
@@ -254,21 +254,36 @@ __device__ __forceinline__ void ht_select(float (&acc)[2][HT_NACC], int rowb, bo
             pcs->slow += __popc(pass);
 #endif
             if (pass) {
+                // The exact filter on each value, then one claim a hidden row for this thread's values that passed
+                // it (c slots from pos: two atomics issued together; a claim a value made each chunk wait c
+                // atomic round trips in turn). Values whose slot is past HT_CAP (the row's buffer is full) stay
+                // pending, offered again after compaction.
+                u32 ok = 0u;
 #pragma unroll
                 for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         if (!((pass >> (4 * mb + e)) & 1u)) continue;
                         const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
-                        if (key <= ((e & 1) ? t1 : t0)) {
+                        if (key <= ((e & 1) ? t1 : t0))
                             done |= 1u << (4 * mb + e);
-                            continue;
+                        else
+                            ok |= 1u << (4 * mb + e);
+                    }
+                const int c0 = __popc(ok & 0x55u), c1 = __popc(ok & 0xAAu);  // bits of e even / odd: n0 / n0 + 1
+                int p0 = c0 ? atomicAdd(&cnt[n0], c0) : HT_CAP, p1 = c1 ? atomicAdd(&cnt[n0 + 1], c1) : HT_CAP;
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (!((ok >> (4 * mb + e)) & 1u)) continue;
+                        int& pos = (e & 1) ? p1 : p0;
+                        if (pos < HT_CAP) {
+                            buf[(n0 + (e & 1)) * HT_CAP + pos] =
+                                fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                            done |= 1u << (4 * mb + e);
                         }
-                        const int n = n0 + (e & 1);
-                        const int pos = atomicAdd(&cnt[n], 1);
-                        if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
-                        buf[n * HT_CAP + pos] = key;
-                        done |= 1u << (4 * mb + e);
+                        ++pos;
                     }
             }
             pend[i >> 2] &= ~(done << (8 * (i & 3)));
@@ -497,17 +512,33 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         const int g = lane >> 2;
         float acc[2][HT_NACC];
+#ifdef HT_PROBE_CLOCKS  // probe switch: each consumer warpgroup's first thread's cycles into dump, 8 u64 at
+                        // (block, warpgroup): total, main-turn waits, main loops, selection-turn waits, selections,
+                        // tiles, selection passes, compaction's cycles
+        unsigned long long pc_t0 = clock64(), pc_mw = 0, pc_main = 0, pc_tw = 0, pc_sel = 0, pc_tiles = 0, pc_x;
+        HtClocks pcs_v;
+        unsigned long long* const pc_out = reinterpret_cast<unsigned long long*>(dump) + 8 * (2 * b + wg);
+        dump = nullptr;
+#endif
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
             for (int j = 0; j < HT_NACC; ++j) acc[mb][j] = 0.f;
 #pragma unroll 1
         for (int j = wg; j < tiles; j += 2) {
+#ifdef HT_PROBE_CLOCKS
+            pc_x = clock64();
+            ++pc_tiles;
+#endif
             if ((warp & 3) == 0) {  // tile j - 1's owner has waited on all its stages (header: parity aliasing)
                 while (*mturn != j) __nanosleep(32);
             }
             __syncwarp();
             ht_sync<true>(wg);
+#ifdef HT_PROBE_CLOCKS
+            pc_mw += clock64() - pc_x;
+            pc_x = clock64();
+#endif
 #pragma unroll 1
             for (int kc = 0; kc < KC; ++kc) {
                 const int q = j * KC + kc, st = q % HP_STAGES;
@@ -531,6 +562,10 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
             }
             // this tile's selection, after tile j - 1's (the other warpgroup's)
+#ifdef HT_PROBE_CLOCKS
+            pc_main += clock64() - pc_x;
+            pc_x = clock64();
+#endif
             if ((warp & 3) == 0) {  // the warpgroup's first warp waits, all its lanes (bar.sync wants whole warps)
                 while (*turn != j) __nanosleep(64);
                 __threadfence_block();
@@ -539,18 +574,34 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             ht_sync<true>(wg);
             const int rowb = r0 + j * HP_VT + 16 * (warp & 3) + g;
 #ifdef HT_PROBE_CLOCKS
-            HtClocks unused;  // the probe counts the single-tile kernel only
+            pc_tw += clock64() - pc_x;
+            pc_x = clock64();
 #endif
             ht_select<true>(acc, rowb, j == 0, elig, r1, M, Vr, k, buf, thr, cnt, dump, warp, lane, wg
 #ifdef HT_PROBE_CLOCKS
-                            , &unused
+                            , &pcs_v
 #endif
             );
+#ifdef HT_PROBE_CLOCKS
+            pc_sel += clock64() - pc_x;
+#endif
             if ((tid & 127) == 0) {  // ht_select ended on the warpgroup's barrier: its writes are done
                 __threadfence_block();
                 *turn = j + 1;
             }
         }
+#ifdef HT_PROBE_CLOCKS
+        if ((tid & 127) == 0) {
+            pc_out[0] = clock64() - pc_t0;
+            pc_out[1] = pc_mw;
+            pc_out[2] = pc_main;
+            pc_out[3] = pc_tw;
+            pc_out[4] = pc_sel;
+            pc_out[5] = pc_tiles;
+            pc_out[6] = pcs_v.passes;
+            pc_out[7] = pcs_v.comp;
+        }
+#endif
     }
     __syncthreads();
     if (wg == 2) return;  // the producer warpgroup keeps its 40 registers: the tail is the consumers' (tid < 256)
