@@ -28,8 +28,11 @@ VARIANTS = [  # (label, rows, defines)
     ("stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("with_dump", 120, (("HT_DUMP", 1),)),
     ("pingpong", 7, ()),
+    ("pingpong", 15, ()),
     ("pingpong", 56, ()),
     ("pingpong", 120, ()),
+    ("pingpong", 128, ()),
+    ("pp_stages3", 120, (("HP_STAGES", 3),)),
     ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("pp_stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("pp_clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
@@ -38,7 +41,7 @@ VARIANTS = [  # (label, rows, defines)
 ]
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 # the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)
-PP_CLOCKS = ("total", "main_turn_wait", "main_loop", "select_turn_wait", "select", "tiles", "passes", "compaction")
+PP_CLOCKS = ("total", "main_turn_wait", "main_loop", "select_turn_wait", "staging", "select", "tiles", "compactions")
 
 
 def main(argv=None) -> int:
@@ -66,9 +69,9 @@ def main(argv=None) -> int:
         if args.only and label not in args.only.split(","):
             continue
         n = fh.n_for(m)
-        stages = dict(defines).get("HT_STAGES", fh.STAGES)
         pp = label.startswith(("pingpong", "pp_"))
-        smem = fh.smem_bytes_pp(n) if pp else fh.smem_bytes(n, stages)
+        stages = dict(defines).get("HP_STAGES", fh.pp_stages(n)) if pp else dict(defines).get("HT_STAGES", fh.STAGES)
+        smem = fh.smem_bytes_pp(n, stages) if pp else fh.smem_bytes(n, stages)
         _, fn = fh._kernel(n, tuple(defines), smem, pp)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)

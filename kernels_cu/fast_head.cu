@@ -26,9 +26,9 @@
 // Epilogue (after a tile's last stage): every logit of a valid (hidden row, head row) is offered to its
 // hidden row's candidate buffer in shared memory (HT_CAP slots) if its key beats the row's threshold
 // (the k-th best key the block has kept, 0 while fewer than k; the first tile's seeded from group maxima);
-// a float pre-filter first, the key compare on the rest; a thread claims the slots of its passing values of a
-// hidden row with one atomicAdd. A row whose buffer nears full is compacted (one warp: its keys sorted, the best
-// k kept, the threshold raised), and the logits that found no slot are offered again, until none is left. A key
+// a float pre-filter first, the key compare on the rest; a slot is claimed by atomicAdd. A row whose buffer
+// nears full is compacted (one warp: its keys sorted, the best k kept, the threshold raised), and the logits
+// that found no slot are offered again, until none is left. A key
 // is dropped only when k kept keys beat it, so each block's list is its range's exact top k (keys are
 // distinct); the order of the atomics changes nothing.
 #include "topk_keys.cuh"
@@ -98,8 +98,8 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
 // Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more than
 // `limit` keys (>= k): sorted, the best k kept in slots 0..k-1, the threshold the k-th. Warp-uniform.
 __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, int k, int limit, int warp,
-                                           int lane, int nwarps = HT_THREADS / 32) {
-    for (int n = warp; n < M; n += nwarps) {
+                                           int lane) {
+    for (int n = warp; n < M; n += HT_THREADS / 32) {
         const int c = cnt[n];
         if (c <= limit) continue;
         const u64 key = lane < min(c, HT_CAP) ? buf[n * HT_CAP + lane] : 0ull;
@@ -115,199 +115,6 @@ __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, 
     }
 }
 
-template <bool WG>
-__device__ __forceinline__ void ht_sync(int wg) {
-    if (WG)
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-    else
-        __syncthreads();
-}
-
-template <bool WG>
-__device__ __forceinline__ int ht_sync_or(int wg, int pred) {
-    if (!WG) return __syncthreads_or(pred);
-    int out;
-    asm volatile(
-        "{\n.reg .pred pi, po;\nsetp.ne.s32 pi, %1, 0;\nbar.red.or.pred po, %2, 128, pi;\nselp.s32 %0, 1, 0, po;\n}\n"
-        : "=r"(out)
-        : "r"(pred), "r"(1 + wg)
-        : "memory");
-    return out;
-}
-
-#ifdef HT_PROBE_CLOCKS
-struct HtClocks {
-    unsigned long long seed = 0, passes = 0, slow = 0, scan = 0, comp = 0;
-};
-#endif
-
-// Selection of one tile's logits (acc: head rows rowb + 64 mb + 8 (e / 2), hidden rows 8 i + 2 t + e % 2): offer
-// them to the hidden rows' candidate buffers (header comment). WG = false: the block's 8 warps hold the 256-row tile
-// and synchronize as a block; WG = true: one warpgroup (wg) holds a 128-row tile and synchronizes on named barrier
-// 1 + wg (the ping-pong kernel; its two warpgroups' selections never overlap, fast_head_topk_pp orders them).
-template <bool WG>
-__device__ __forceinline__ void ht_select(float (&acc)[2][HT_NACC], int rowb, bool first, int elig, int r1, int M,
-                                          int Vr, int k, u64* buf, u64* thr, int* cnt, float* dump, int warp,
-                                          int lane, int wg
-#ifdef HT_PROBE_CLOCKS
-                                          , HtClocks* pcs
-#endif
-) {
-    const int g = lane >> 2, t = lane & 3;
-    const int cw = WG ? (warp & 3) : warp, cws = WG ? 4 : HT_THREADS / 32;  // the compacting warps: first, stride
-    // pending bits: value (mb, 4 i + e) is bit 4 mb + e of byte i, so a chunk's 8 values are one byte
-    u32 pend[HT_PEND];
-#pragma unroll
-    for (int w = 0; w < HT_PEND; ++w) pend[w] = 0u;
-#pragma unroll
-    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-        for (int j = 0; j < HT_NACC; ++j) {
-            const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
-            const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
-            if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
-#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
-            if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
-#endif
-        }
-#ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
-    return;
-#endif
-#ifndef HT_NO_SEED
-#ifdef HT_PROBE_CLOCKS
-    const unsigned long long pc_s0 = clock64();
-#endif
-    if (first) {
-        // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
-        // pass). Seed them: per hidden row, the largest logit of each of 16 groups of head rows (NaN for a group
-        // with none: fmaxf skips NaNs) goes to slots 16.. of its still empty buffer. The groups: (warp, m64 block)
-        // of 16 rows over the block's 8 warps; (warp, m64 block, row half) of 8 rows over a warpgroup's 4.
-        // If the k-th largest of those, f, is a number, k logits are >= f, so every key of a lower value can be
-        // dropped: threshold = the smallest key of value f (row word 0, below every real row's key of value f,
-        // which all pass it; k <= 16). No key - 1: below +0's ordered word sits -0's, which fk_key never makes
-        // and which reads back as a float equal to +0.
-#pragma unroll
-        for (int i = 0; i < HT_N / 8; ++i)
-#pragma unroll
-            for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int bl = 8 * i + 4 * mb + c, bh = bl + 2;
-                    const float nan = __int_as_float(0x7fc00000);
-                    const float lo = (pend[bl >> 5] >> (bl & 31)) & 1u ? acc[mb][4 * i + c] : nan;
-                    const float hi = (pend[bh >> 5] >> (bh & 31)) & 1u ? acc[mb][4 * i + 2 + c] : nan;
-                    const int n = 8 * i + 2 * t + c;
-                    if (WG) {
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            float best = h ? hi : lo;
-#pragma unroll
-                            for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
-                            if (g == 0)
-                                buf[n * HT_CAP + 16 + 4 * (warp & 3) + 2 * mb + h] = best == best ? fk_key(best, -1) : 0ull;
-                        }
-                    } else {
-                        float best = fmaxf(lo, hi);
-#pragma unroll
-                        for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
-                        if (g == 0) buf[n * HT_CAP + 16 + 2 * warp + mb] = best == best ? fk_key(best, -1) : 0ull;
-                    }
-                }
-        ht_sync<WG>(wg);
-        for (int n = cw; n < M; n += cws) {
-            const u64 key = lane >= 16 ? buf[n * HT_CAP + lane] : 0ull;
-            const u64 kth = __shfl_sync(0xffffffffu, warp_sort_desc(key, lane), k - 1);
-            if (lane == 0 && kth) thr[n] = kth;
-        }
-        ht_sync<WG>(wg);
-    }
-#endif
-#ifdef HT_PROBE_CLOCKS
-    pcs->seed += clock64() - pc_s0;
-#endif
-    for (;;) {
-#ifdef HT_PROBE_CLOCKS
-        ++pcs->passes;
-        const unsigned long long pc_p0 = clock64();
-#endif
-#pragma unroll
-        for (int i = 0; i < HT_N / 8; ++i) {
-            const int n0 = 8 * i + 2 * t;
-            const u32 mine = (pend[i >> 2] >> (8 * (i & 3))) & 0xffu;
-            if (!mine) continue;
-            // A float pre-filter first, one compare a value: !(z < f) with f the threshold key's float (-inf
-            // for an empty list, NaN for a NaN key) keeps every value the exact filter could pass (z >= f,
-            // and NaNs); once the thresholds are up most values fail it, and only the rest meet the exact
-            // filter on the branch to a slot: the key itself against the threshold key (integer compares; a
-            // float compare of equal values would see -ftz's flushed denormals as ties).
-            const u64 t0 = thr[n0], t1 = thr[n0 + 1];
-            const float f0 = key_float(t0), f1 = key_float(t1);
-            u32 pass = 0u;
-#pragma unroll
-            for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
-            pass &= mine;
-            u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
-#ifdef HT_PROBE_CLOCKS
-            pcs->slow += __popc(pass);
-#endif
-            if (pass) {
-                // The exact filter on each value, then one claim a hidden row for this thread's values that passed
-                // it (c slots from pos: two atomics issued together; a claim a value made each chunk wait c
-                // atomic round trips in turn). Values whose slot is past HT_CAP (the row's buffer is full) stay
-                // pending, offered again after compaction.
-                u32 ok = 0u;
-#pragma unroll
-                for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if (!((pass >> (4 * mb + e)) & 1u)) continue;
-                        const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
-                        if (key <= ((e & 1) ? t1 : t0))
-                            done |= 1u << (4 * mb + e);
-                        else
-                            ok |= 1u << (4 * mb + e);
-                    }
-                const int c0 = __popc(ok & 0x55u), c1 = __popc(ok & 0xAAu);  // bits of e even / odd: n0 / n0 + 1
-                int p0 = c0 ? atomicAdd(&cnt[n0], c0) : HT_CAP, p1 = c1 ? atomicAdd(&cnt[n0 + 1], c1) : HT_CAP;
-#pragma unroll
-                for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if (!((ok >> (4 * mb + e)) & 1u)) continue;
-                        int& pos = (e & 1) ? p1 : p0;
-                        if (pos < HT_CAP) {
-                            buf[(n0 + (e & 1)) * HT_CAP + pos] =
-                                fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
-                            done |= 1u << (4 * mb + e);
-                        }
-                        ++pos;
-                    }
-            }
-            pend[i >> 2] &= ~(done << (8 * (i & 3)));
-        }
-        u32 left = 0u;
-#pragma unroll
-        for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
-#ifdef HT_PROBE_CLOCKS
-        pcs->scan += clock64() - pc_p0;
-#endif
-        const int again = ht_sync_or<WG>(wg, left != 0u);
-#ifdef HT_PROBE_CLOCKS
-        const unsigned long long pc_c0 = clock64();
-#endif
-        // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
-        ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, cw, lane, cws);
-        ht_sync<WG>(wg);
-#ifdef HT_PROBE_CLOCKS
-        pcs->comp += clock64() - pc_c0;
-#endif
-        if (!again) break;
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(HT_THREADS, 1)
 fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
                float* __restrict__ dump) {
@@ -319,7 +126,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     u64* bars = thr + HT_N;
     int* cnt = reinterpret_cast<int*>(bars + HT_STAGES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-    const int g = lane >> 2;
+    const int g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
     // block b: head rows [r0, r1), cut on 64-row boxes
     const int units = (Vr + 63) / 64;
@@ -349,9 +156,8 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     float acc[2][HT_NACC];
 #ifdef HT_PROBE_CLOCKS  // probe switch: thread 0's cycle counts a block into dump (as 8 u64: total, epilogue, seed,
                         // passes, values past the pre-filter, the scans' cycles, tiles, compaction's cycles)
-    unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_tiles = 0;
-    HtClocks pcs_v;
-    HtClocks* pcs = &pcs_v;
+    unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_seed = 0, pc_passes = 0, pc_slow = 0, pc_tiles = 0;
+    unsigned long long pc_scan = 0, pc_comp = 0;
     float* const pc_out = dump;  // the counts' buffer; no logits dump in this build
     dump = nullptr;
 #endif
@@ -396,11 +202,129 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         // ---- epilogue of the tile: value (mb, 4 i + e) is head row rowb + 64 mb + 8 (e / 2), hidden row
         // 8 i + 2 t + e % 2 (the m64nN accumulator layout)
         const int rowb = r0 + it / KC * HT_VT + 128 * wg + 16 * (warp & 3) + g;
-        ht_select<false>(acc, rowb, it < KC, elig, r1, M, Vr, k, buf, thr, cnt, dump, warp, lane, 0
-#ifdef HT_PROBE_CLOCKS
-                         , pcs
+        // pending bits: value (mb, 4 i + e) is bit 4 mb + e of byte i, so a chunk's 8 values are one byte
+        u32 pend[HT_PEND];
+#pragma unroll
+        for (int w = 0; w < HT_PEND; ++w) pend[w] = 0u;
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int j = 0; j < HT_NACC; ++j) {
+                const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
+                const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
+                if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
+#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
+                if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
 #endif
-        );
+            }
+#ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
+        continue;
+#endif
+#ifndef HT_NO_SEED
+#ifdef HT_PROBE_CLOCKS
+        const unsigned long long pc_s0 = clock64();
+#endif
+        if (it < KC) {
+            // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
+            // pass). Seed them: per hidden row, the largest logit of each of the 16 groups (warp, m64 block) of 16
+            // head rows (NaN for a group with none: fmaxf skips NaNs) goes to slots 16.. of its still empty buffer.
+            // If the k-th largest of those, f, is a number, k logits are >= f, so every key of a lower value can be
+            // dropped: threshold = the smallest key of value f (row word 0, below every real row's key of value f,
+            // which all pass it; k <= 16). No key - 1: below +0's ordered word sits -0's, which fk_key never makes
+            // and which reads back as a float equal to +0.
+#pragma unroll
+            for (int i = 0; i < HT_N / 8; ++i)
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int bl = 8 * i + 4 * mb + c, bh = bl + 2;
+                        const float nan = __int_as_float(0x7fc00000);
+                        float best = fmaxf((pend[bl >> 5] >> (bl & 31)) & 1u ? acc[mb][4 * i + c] : nan,
+                                           (pend[bh >> 5] >> (bh & 31)) & 1u ? acc[mb][4 * i + 2 + c] : nan);
+#pragma unroll
+                        for (int o = 4; o < 32; o <<= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+                        if (g == 0)
+                            buf[(8 * i + 2 * t + c) * HT_CAP + 16 + 2 * warp + mb] = best == best ? fk_key(best, -1) : 0ull;
+                    }
+            __syncthreads();
+            for (int n = warp; n < M; n += HT_THREADS / 32) {
+                const u64 key = lane >= 16 ? buf[n * HT_CAP + lane] : 0ull;
+                const u64 kth = __shfl_sync(0xffffffffu, warp_sort_desc(key, lane), k - 1);
+                if (lane == 0 && kth) thr[n] = kth;
+            }
+            __syncthreads();
+        }
+#endif
+#ifdef HT_PROBE_CLOCKS
+        pc_seed += clock64() - pc_s0;
+#endif
+        for (;;) {
+#ifdef HT_PROBE_CLOCKS
+            ++pc_passes;
+            const unsigned long long pc_p0 = clock64();
+#endif
+#pragma unroll
+            for (int i = 0; i < HT_N / 8; ++i) {
+                const int n0 = 8 * i + 2 * t;
+                const u32 mine = (pend[i >> 2] >> (8 * (i & 3))) & 0xffu;
+                if (!mine) continue;
+                // A float pre-filter first, one compare a value: !(z < f) with f the threshold key's float (-inf
+                // for an empty list, NaN for a NaN key) keeps every value the exact filter could pass (z >= f,
+                // and NaNs); once the thresholds are up most values fail it, and only the rest meet the exact
+                // filter on the branch to a slot: the key itself against the threshold key (integer compares; a
+                // float compare of equal values would see -ftz's flushed denormals as ties).
+                const u64 t0 = thr[n0], t1 = thr[n0 + 1];
+                const float f0 = key_float(t0), f1 = key_float(t1);
+                u32 pass = 0u;
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
+                pass &= mine;
+                u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
+#ifdef HT_PROBE_CLOCKS
+                pc_slow += __popc(pass);
+#endif
+                if (pass) {
+#pragma unroll
+                    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            if (!((pass >> (4 * mb + e)) & 1u)) continue;
+                            const u64 key = fk_key(acc[mb][4 * i + e], rowb + 64 * mb + 8 * (e >> 1));
+                            if (key <= ((e & 1) ? t1 : t0)) {
+                                done |= 1u << (4 * mb + e);
+                                continue;
+                            }
+                            const int n = n0 + (e & 1);
+                            const int pos = atomicAdd(&cnt[n], 1);
+                            if (pos >= HT_CAP) continue;  // the row's buffer is full: offered again after compaction
+                            buf[n * HT_CAP + pos] = key;
+                            done |= 1u << (4 * mb + e);
+                        }
+                }
+                pend[i >> 2] &= ~(done << (8 * (i & 3)));
+            }
+            u32 left = 0u;
+#pragma unroll
+            for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
+#ifdef HT_PROBE_CLOCKS
+            pc_scan += clock64() - pc_p0;
+#endif
+            const int again = __syncthreads_or(left != 0u);
+#ifdef HT_PROBE_CLOCKS
+            const unsigned long long pc_c0 = clock64();
+#endif
+            // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
+            ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, warp, lane);
+            __syncthreads();
+#ifdef HT_PROBE_CLOCKS
+            pc_comp += clock64() - pc_c0;
+#endif
+            if (!again) break;
+        }
 #ifdef HT_PROBE_CLOCKS
         pc_epi += clock64() - pc_e0;
 #endif
@@ -412,12 +336,12 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         unsigned long long* pc = reinterpret_cast<unsigned long long*>(pc_out) + 8 * b;
         pc[0] = clock64() - pc_t0;
         pc[1] = pc_epi;
-        pc[2] = pcs->seed;
-        pc[3] = pcs->passes;
-        pc[4] = pcs->slow;
-        pc[5] = pcs->scan;
+        pc[2] = pc_seed;
+        pc[3] = pc_passes;
+        pc[4] = pc_slow;
+        pc[5] = pc_scan;
         pc[6] = pc_tiles;
-        pc[7] = pcs->comp;
+        pc[7] = pc_comp;
     }
 #endif
     __syncthreads();
@@ -428,37 +352,121 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     }
 }
 
-// ---- Ping-pong variant (fast_head.PINGPONG). The kernel above runs each tile's selection while the stream waits
-// (3 stages in flight cover about 3 us of a 26 us selection at 120 rows on the H200). Here the two warpgroups take
-// turns over tiles of 128 head rows: warpgroup w computes tiles w, w + 2, ... so one computes on the stream while
-// the other selects from its last tile. A producer warpgroup (one lane of warp 8; setmaxnreg moves its registers to
-// the consumers, 232 each, as 384 threads start with 168) issues the tensor copies of every stage
-// in order, each stage waiting on its empty barrier (the consuming warpgroup's 128 threads arrive after their wgmma
-// retired); the consumers wait on the stage's full barrier. The selections take turns in tile order on a shared
-// token, so only one touches the candidate buffers at a time, in the order the single-tile kernel would (seed on
-// tile 0, thresholds carried). Each warpgroup's selection synchronizes on its own named barrier (ht_select<true>).
-// The main loops take turns too (token `mturn`): warpgroup w starts tile j only once tile j - 1's owner has waited on
-// every stage of it. A full barrier tells phases apart by parity alone, so a warpgroup that ran ahead (tile j's
-// stage q waited on while the buffer's previous use, q - HP_STAGES of tile j - 1, had not landed) would read that
-// earlier phase's completion as its own and compute on the other tile's data. With the turn, the previous use of
-// every buffer it waits on has completed, and the parity names the phase it wants.
+// ---- Ping-pong kernel (fast_head_topk_pp; fast_head.PINGPONG). The kernel above selects from registers: its
+// accumulator layout gives each thread 2 hidden rows x 4 head rows a chunk, so the offer is unrolled over every
+// chunk (about 6.7k instructions a warp and pass at N 120 on sm_90a) and runs while the stream waits; at 120 rows it
+// took 24 % of the kernel (fast_head_probe --only clocks). Here:
+// - the two consumer warpgroups take turns over tiles of 128 head rows (warpgroup w: tiles w, w + 2, ...), so one
+//   computes on the stream while the other selects;
+// - a producer warpgroup (one lane of warp 8; setmaxnreg gives its registers to the consumers) issues the tensor
+//   copies of every stage in order, each once its buffer's empty barrier says the last consumer's wgmma retired;
+// - a selection first stages the tile's logits in shared memory (hidden row n's 128 logits contiguous, rows
+//   HP_LS floats apart: the accumulator stores and the float4 reads are free of bank conflicts), then each of
+//   its 4 warps owns hidden rows n = w, w + 4, ...: a lane reads 4 logits, one compare a logit against the row's
+//   threshold (a float pre-filter, then the key), and the passing keys go to the row's buffer at slots from a
+//   warp prefix sum (no atomics: the row is the warp's alone). A full buffer is compacted by the same warp (sorted,
+//   the best k kept, the threshold raised) and the rest of the row's keys filtered again. While a row's list is
+//   empty its threshold is seeded from the warp's 32 lane maxima: the k-th largest, f, has k logits >= f, so the
+//   smallest key of value f (row word 0) may be the threshold.
+// Turns (two tokens in shared memory): the selections run in tile order, one at a time (they share the staging
+// area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last
+// stage land. A full barrier tells phases apart by parity alone: a warpgroup that ran ahead to tile j + 2 would
+// wait on a buffer whose previous use (tile j + 1's stage) had not landed and read that phase's completion as its
+// own (the hang of v13's first version, at 3+ tiles a block).
 #define HP_THREADS 384  // two consumer warpgroups and a producer warpgroup (one lane of it issues)
 #define HP_VT 128       // head rows a tile (one warpgroup's two m64 blocks)
 #ifndef HP_STAGES
-#define HP_STAGES 6
+#define HP_STAGES (4 - (HT_N > 120))  // what fits beside the staged logits (N 128: 3)
 #endif
 #define HP_W_BYTES (HP_VT * HT_KC * 2)
 #define HP_STAGE_BYTES (HP_W_BYTES + HT_X_BYTES)
-// dynamic shared memory: the slack, the stages, per hidden row HT_CAP keys and its threshold, a full and an empty
-// barrier a stage, a count a hidden row, the two turn tokens
-#define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * (HT_CAP * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
+#define HP_LS 132  // floats a hidden row of the staged logits: 128, + 4 (2 t HP_LS is 8 t banks apart)
+// dynamic shared memory: the slack, the stages, the staged logits, per hidden row HT_CAP keys and its threshold, a
+// full and an empty barrier a stage, a count a hidden row, the two turn tokens
+#define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * HP_LS * 4 + HT_N * (HT_CAP * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
+
+__device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+
+// One warp's share of a tile's selection (header above): hidden rows n = w, w + 4, ... < M, the tile's logits in lg
+// (n HP_LS apart, head row tile0 + v at v), the first nv head rows eligible.
+__device__ __forceinline__ void hp_select(const float* lg, u64* buf, u64* thr, int* cnt, int M, int k, int tile0,
+                                          int nv, int w, int lane
+#ifdef HT_PROBE_CLOCKS
+                                          , unsigned long long& comps
+#endif
+) {
+    const unsigned full = 0xffffffffu;
+    const int v0 = 4 * lane;
+    for (int n = w; n < M; n += 4) {
+        u64 t = thr[n];
+        int c = cnt[n];
+        const float4 z4 = *reinterpret_cast<const float4*>(lg + n * HP_LS + v0);
+        const float z[4] = {z4.x, z4.y, z4.z, z4.w};
+        if (t == 0ull && c == 0) {  // the row's list is empty: seed its threshold (header)
+            float mx = __int_as_float(0x7fc00000);  // NaN: fmaxf skips it, and a lane of none keeps it
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (v0 + e < nv) mx = fmaxf(mx, z[e]);
+            t = __shfl_sync(full, warp_sort_desc(mx == mx ? fk_key(mx, -1) : 0ull, lane), k - 1);
+        }
+        // a float pre-filter, then the key: !(z < f) keeps every z >= f and NaNs (f is -inf for key 0, NaN for a
+        // NaN key); the key compare decides exactly (a float compare of equal values would see -ftz's flushed
+        // denormals as ties)
+        const float f = key_float(t);
+        u32 bits = 0u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (v0 + e < nv && !(z[e] < f) && fk_key(z[e], tile0 + v0 + e) > t) bits |= 1u << e;
+        while (__any_sync(full, bits != 0u)) {
+            const int mine = __popc(bits);
+            int incl = mine;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(full, incl, o);
+                if (lane >= o) incl += y;
+            }
+            const int total = __shfl_sync(full, incl, 31);
+            int pos = c + incl - mine;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if ((bits >> e) & 1u) {
+                    if (pos < HT_CAP) {
+                        buf[n * HT_CAP + pos] = fk_key(z[e], tile0 + v0 + e);
+                        bits &= ~(1u << e);
+                    }
+                    ++pos;
+                }
+            c = min(c + total, HT_CAP);
+            if (__any_sync(full, bits != 0u)) {  // full with keys left: compact, raise the threshold, filter again
+#ifdef HT_PROBE_CLOCKS
+                ++comps;
+#endif
+                __syncwarp();
+                const u64 s = warp_sort_desc(buf[n * HT_CAP + lane], lane);
+                __syncwarp();
+                if (lane < k) buf[n * HT_CAP + lane] = s;
+                t = __shfl_sync(full, s, k - 1);
+                c = k;
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (((bits >> e) & 1u) && !(fk_key(z[e], tile0 + v0 + e) > t)) bits &= ~(1u << e);
+                __syncwarp();
+            }
+        }
+        if (lane == 0) {
+            thr[n] = t;
+            cnt[n] = c;
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
 fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
                   float* __restrict__ dump) {
     extern __shared__ unsigned char ht_raw[];
     unsigned char* base = ht_raw + ((1024 - (ht_smem_u32(ht_raw) & 1023)) & 1023);
-    u64* buf = reinterpret_cast<u64*>(base + HP_STAGES * HP_STAGE_BYTES);
+    float* lg = reinterpret_cast<float*>(base + HP_STAGES * HP_STAGE_BYTES);
+    u64* buf = reinterpret_cast<u64*>(lg + HT_N * HP_LS);
     u64* thr = buf + HT_N * HT_CAP;
     u64* bars = thr + HT_N;  // full[HP_STAGES], then empty[HP_STAGES]
     int* cnt = reinterpret_cast<int*>(bars + 2 * HP_STAGES);
@@ -466,6 +474,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     volatile int* mturn = turn + 1;   // the tile whose main loop may start
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int G = gridDim.x, b = blockIdx.x;
+    // block b: head rows [r0, r1), cut on 64-row boxes
     const int units = (Vr + 63) / 64;
     const int r0 = (int)((long long)b * units / G) * 64, r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
     const int elig = min(r1, n_elig);
@@ -478,9 +487,9 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         thr[i] = 0ull;
         cnt[i] = 0;
     }
-    if (tid == 0) *turn = *mturn = 0;
     const unsigned s0 = ht_smem_u32(base), full0 = ht_smem_u32(bars), empty0 = full0 + 8 * HP_STAGES;
     if (tid == 0) {
+        *turn = *mturn = 0;
         for (int st = 0; st < HP_STAGES; ++st) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * st) : "memory");
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(empty0 + 8 * st) : "memory");
@@ -489,7 +498,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
-    if (wg == 2) {  // the producer warpgroup: it gives registers to the consumers (384 threads start capped at 168)
+    if (wg == 2) {  // the producer warpgroup (384 threads start capped at 168 registers; it keeps 40)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (warp == 8 && lane == 0) {
             asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(wmap) : "memory");
@@ -507,111 +516,121 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 ht_tma(sw + HP_W_BYTES, xmap, k0, 0, bar);
             }
         }
-        __syncwarp();  // the producer warpgroup is done: the tail below runs on the consumers' 8 warps
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-        const int g = lane >> 2;
-        float acc[2][HT_NACC];
-#ifdef HT_PROBE_CLOCKS  // probe switch: each consumer warpgroup's first thread's cycles into dump, 8 u64 at
-                        // (block, warpgroup): total, main-turn waits, main loops, selection-turn waits, selections,
-                        // tiles, selection passes, compaction's cycles
-        unsigned long long pc_t0 = clock64(), pc_mw = 0, pc_main = 0, pc_tw = 0, pc_sel = 0, pc_tiles = 0, pc_x;
-        HtClocks pcs_v;
-        unsigned long long* const pc_out = reinterpret_cast<unsigned long long*>(dump) + 8 * (2 * b + wg);
-        dump = nullptr;
+        __syncwarp();
+        __syncthreads();
+        return;  // the tail is the consumers'
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int g = lane >> 2, t4 = lane & 3, w4 = warp & 3;
+    float acc[2][HT_NACC];
+#ifdef HT_PROBE_CLOCKS  // probe switch: each consumer warpgroup's first thread's cycles into dump, 8 u64 at (block,
+                        // warpgroup): total, main-turn waits, main loops, selection-turn waits, staging, selections,
+                        // tiles, compactions
+    unsigned long long pc_t0 = clock64(), pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pc_x;
+    unsigned long long* const pc_out = reinterpret_cast<unsigned long long*>(dump) + 8 * (2 * b + wg);
+    dump = nullptr;
+#define HP_CLOCK(i)                \
+    do {                           \
+        const auto now = clock64(); \
+        pc[i] += now - pc_x;       \
+        pc_x = now;                \
+    } while (0)
+#else
+#define HP_CLOCK(i) \
+    do {            \
+    } while (0)
 #endif
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+        for (int j = 0; j < HT_NACC; ++j) acc[mb][j] = 0.f;
+#pragma unroll 1
+    for (int j = wg; j < tiles; j += 2) {
+#ifdef HT_PROBE_CLOCKS
+        pc_x = clock64();
+        ++pc[6];
+#endif
+        if (w4 == 0) {  // the warpgroup's first warp, all its lanes, waits for the main-loop turn
+            while (*mturn != j) __nanosleep(32);
+        }
+        __syncwarp();
+        hp_bar_wg(wg);
+        HP_CLOCK(1);
+#pragma unroll 1
+        for (int kc = 0; kc < KC; ++kc) {
+            const int q = j * KC + kc, st = q % HP_STAGES;
+            ht_bar_wait(full0 + 8 * st, (q / HP_STAGES) & 1);
+            if (kc == KC - 1 && (tid & 127) == 0) *mturn = j + 1;  // this thread saw the tile's last stage land
+            const unsigned sw = s0 + st * HP_STAGE_BYTES, sx = sw + HP_W_BYTES;
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+                for (int jj = 0; jj < HT_NACC; ++jj) asm volatile("" : "+f"(acc[mb][jj])::"memory");
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#ifndef HT_PROBE_NO_MMA
+#pragma unroll
+            for (int s = 0; s < HT_KC / 16; ++s) {
+                const u64 db = ht_desc(sx + 32 * s);
+#pragma unroll
+                for (int mb = 0; mb < 2; ++mb)
+                    ht_wgmma(acc[mb], ht_desc(sw + 64 * mb * 128 + 32 * s), db, (kc | s) != 0);
+            }
+#endif
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
+        }
+        HP_CLOCK(2);
+        if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
+            while (*turn != j) __nanosleep(32);
+        }
+        __syncwarp();
+        hp_bar_wg(wg);
+        HP_CLOCK(3);
+        const int tile0 = r0 + j * HP_VT;
+#ifndef HT_PROBE_NO_EPILOGUE
+        // stage the logits: value (mb, 4 i + e) is head row 64 mb + 16 w4 + g + 8 (e / 2) of the tile, hidden row
+        // 8 i + 2 t4 + e % 2 (the m64nN accumulator layout)
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-            for (int j = 0; j < HT_NACC; ++j) acc[mb][j] = 0.f;
-#pragma unroll 1
-        for (int j = wg; j < tiles; j += 2) {
-#ifdef HT_PROBE_CLOCKS
-            pc_x = clock64();
-            ++pc_tiles;
+            for (int jj = 0; jj < HT_NACC; ++jj) {
+                const int v = 64 * mb + 16 * w4 + g + 8 * ((jj & 3) >> 1), n = 8 * (jj >> 2) + 2 * t4 + (jj & 1);
+                lg[n * HP_LS + v] = acc[mb][jj];
+#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
+                if (dump && tile0 + v < r1 && n < M) dump[(size_t)n * Vr + tile0 + v] = acc[mb][jj];
 #endif
-            if ((warp & 3) == 0) {  // tile j - 1's owner has waited on all its stages (header: parity aliasing)
-                while (*mturn != j) __nanosleep(32);
             }
-            __syncwarp();
-            ht_sync<true>(wg);
+        hp_bar_wg(wg);
+        HP_CLOCK(4);
+        hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, lane
 #ifdef HT_PROBE_CLOCKS
-            pc_mw += clock64() - pc_x;
-            pc_x = clock64();
+                  , pc[7]
 #endif
-#pragma unroll 1
-            for (int kc = 0; kc < KC; ++kc) {
-                const int q = j * KC + kc, st = q % HP_STAGES;
-                ht_bar_wait(full0 + 8 * st, (q / HP_STAGES) & 1);
-                if (kc == KC - 1 && (tid & 127) == 0) *mturn = j + 1;  // this thread saw the tile's last stage land
-                const unsigned sw = s0 + st * HP_STAGE_BYTES, sx = sw + HP_W_BYTES;
-#pragma unroll
-                for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                    for (int jj = 0; jj < HT_NACC; ++jj) asm volatile("" : "+f"(acc[mb][jj])::"memory");
-                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-                for (int s = 0; s < HT_KC / 16; ++s) {
-                    const u64 db = ht_desc(sx + 32 * s);
-#pragma unroll
-                    for (int mb = 0; mb < 2; ++mb)
-                        ht_wgmma(acc[mb], ht_desc(sw + 64 * mb * 128 + 32 * s), db, (kc | s) != 0);
-                }
-                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
-            }
-            // this tile's selection, after tile j - 1's (the other warpgroup's)
-#ifdef HT_PROBE_CLOCKS
-            pc_main += clock64() - pc_x;
-            pc_x = clock64();
+        );
+        hp_bar_wg(wg);  // the warpgroup's selection is done (its writes before the token)
+        HP_CLOCK(5);
 #endif
-            if ((warp & 3) == 0) {  // the warpgroup's first warp waits, all its lanes (bar.sync wants whole warps)
-                while (*turn != j) __nanosleep(64);
-                __threadfence_block();
-            }
-            __syncwarp();
-            ht_sync<true>(wg);
-            const int rowb = r0 + j * HP_VT + 16 * (warp & 3) + g;
-#ifdef HT_PROBE_CLOCKS
-            pc_tw += clock64() - pc_x;
-            pc_x = clock64();
-#endif
-            ht_select<true>(acc, rowb, j == 0, elig, r1, M, Vr, k, buf, thr, cnt, dump, warp, lane, wg
-#ifdef HT_PROBE_CLOCKS
-                            , &pcs_v
-#endif
-            );
-#ifdef HT_PROBE_CLOCKS
-            pc_sel += clock64() - pc_x;
-#endif
-            if ((tid & 127) == 0) {  // ht_select ended on the warpgroup's barrier: its writes are done
-                __threadfence_block();
-                *turn = j + 1;
-            }
-        }
-#ifdef HT_PROBE_CLOCKS
         if ((tid & 127) == 0) {
-            pc_out[0] = clock64() - pc_t0;
-            pc_out[1] = pc_mw;
-            pc_out[2] = pc_main;
-            pc_out[3] = pc_tw;
-            pc_out[4] = pc_sel;
-            pc_out[5] = pc_tiles;
-            pc_out[6] = pcs_v.passes;
-            pc_out[7] = pcs_v.comp;
+            __threadfence_block();
+            *turn = j + 1;
         }
-#endif
     }
+#ifdef HT_PROBE_CLOCKS
+    if ((tid & 127) == 0) {
+        pc[0] = clock64() - pc_t0;
+        for (int i = 0; i < 8; ++i) pc_out[i] = pc[i];
+    }
+#endif
     __syncthreads();
-    if (wg == 2) return;  // the producer warpgroup keeps its 40 registers: the tail is the consumers' (tid < 256)
-    ht_compact(buf, thr, cnt, M, k, k, warp, lane, 8);  // every row down to its best k
+    ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
     for (int i = tid; i < M * k; i += 256) {
-        const int n = i / k, j = i - n * k;
-        partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
+        const int n = i / k, jn = i - n * k;
+        partial[((size_t)n * G + b) * k + jn] = jn < cnt[n] ? buf[n * HT_CAP + jn] : 0ull;
     }
 }
+#undef HP_CLOCK
 
 #else  // not sm_90a: no wgmma; fast_head.py launches this module only when built for sm_90a
 

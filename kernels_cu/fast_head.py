@@ -57,16 +57,22 @@ def smem_bytes(n: int, stages: int = STAGES) -> int:
 
 
 PINGPONG = False  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
-# tiles, the selection of one under the other's stream) instead of fast_head_topk
+# tiles, the selection of one under the other's stream, from logits staged in shared memory) instead of fast_head_topk
 PP_THREADS = 384  # fast_head.cu HP_THREADS
 PP_VT = 128  # HP_VT
-PP_STAGES = 6  # HP_STAGES
+PP_LS = 132  # HP_LS: floats a hidden row of the staged logits
 
 
-def smem_bytes_pp(n: int, stages: int = PP_STAGES) -> int:
-    """The ping-pong kernel's dynamic shared memory: alignment slack, the stages, the per-row buffers and thresholds,
-    a full and an empty barrier a stage, the counts, the two turn tokens (fast_head.cu HP_SMEM_BYTES)."""
-    return 1024 + stages * (PP_VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8) + 2 * stages * 8 + n * 4 + 8
+def pp_stages(n: int) -> int:
+    """fast_head.cu HP_STAGES: 4 stages beside the staged logits up to N 120, 3 at N 128."""
+    return 4 - (n > 120)
+
+
+def smem_bytes_pp(n: int, stages: int | None = None) -> int:
+    """fast_head.cu HP_SMEM_BYTES: alignment slack, the stages, the staged logits, the per-row buffers and thresholds,
+    a full and an empty barrier a stage, the counts, the two turn tokens."""
+    st = pp_stages(n) if stages is None else stages
+    return 1024 + st * (PP_VT * KC * 2 + n * KC * 2) + n * PP_LS * 4 + n * (CAP * 8 + 8) + 2 * st * 8 + n * 4 + 8
 
 
 def wgmma_wrapper(n: int) -> str:

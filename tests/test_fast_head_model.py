@@ -2,8 +2,7 @@
 
 The kernel keeps, per hidden row, a buffer of HT_CAP keys and a threshold key; per tile it seeds the first
 tile's thresholds from 16 group maxima, offers every live logit through a float pre-filter (!(z < f), f the
-threshold key's float) and the key compare, claims slots (a thread's passing values of a hidden row at once) in
-whatever order the atomics land, leaves values
+threshold key's float) and the key compare, claims slots in whatever order the atomics land, leaves values
 that found the buffer full pending for another pass, and compacts rows past a limit (sort, keep k, threshold =
 the k-th). The claim of the design is that the kept keys are exactly the block's top k whatever the order of
 the claims. This model follows the kernel's steps and float32 compare semantics (not its code) and checks that
@@ -59,23 +58,6 @@ def keyfilter_passes(zz: np.float32, v: int, thr: int) -> bool:
     return bool(zz > f or (zz == f and v < row))
 
 
-def claim_batches(pend: list[tuple[int, int]], rng) -> list[list[tuple[int, int]]]:
-    """The pass's claims: a thread claims the slots of its passing values of one hidden row at once (up to 4 a
-    chunk), so the pending (head row, hidden row) pairs are cut into batches of one hidden row, 1 to 4 values each,
-    the values and the batches in the order rng draws."""
-    by_row: dict[int, list[tuple[int, int]]] = {}
-    for i in rng.permutation(len(pend)):
-        by_row.setdefault(pend[i][1], []).append(pend[i])
-    batches = []
-    for vals in by_row.values():
-        j = 0
-        while j < len(vals):
-            c = int(rng.integers(1, 5))
-            batches.append(vals[j:j + c])
-            j += c
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
 def model_block(z: np.ndarray, k: int, rng, limit: int = CAP - 8, seed_minus_one: bool = False,
                 exact: str = "key", retry: bool = True) -> list[list[int]]:
     """The kept keys of each hidden row for one block: z [rows, N] float32 logits of the block's head rows
@@ -108,29 +90,27 @@ def model_block(z: np.ndarray, k: int, rng, limit: int = CAP - 8, seed_minus_one
                     thr[n] = kth - 1 if seed_minus_one else kth
         pend = [(r, n) for r in tile for n in range(N)]
         while pend:
+            order = rng.permutation(len(pend))
             left = []
-            for batch in claim_batches(pend, rng):
-                n = batch[0][1]
-                ok = []
-                for r, _ in batch:
-                    zz = z[r, n]
-                    f = key_float(thr[n])
-                    if zz < f:  # the float pre-filter drops it (NaN z never compares below)
-                        continue
-                    key = fk_key(zz, r)
-                    if key > thr[n] if exact == "key" else keyfilter_passes(zz, r, thr[n]):
-                        ok.append((r, key))
-                pos = cnt[n]  # one claim for the batch's passing values: slots pos, pos + 1, ...
-                cnt[n] += len(ok)
-                for j, (r, key) in enumerate(ok):
-                    if pos + j >= CAP:
-                        if retry:  # False: a mutant that drops the values finding the buffer full
-                            left.append((r, n))
-                        continue
-                    if pos + j < len(buf[n]):
-                        buf[n][pos + j] = key
-                    else:
-                        buf[n].append(key)
+            for i in order:
+                r, n = pend[i]
+                zz = z[r, n]
+                f = key_float(thr[n])
+                if zz < f:  # the float pre-filter drops it (NaN z never compares below)
+                    continue
+                key = fk_key(zz, r)
+                if not (key > thr[n] if exact == "key" else keyfilter_passes(zz, r, thr[n])):
+                    continue
+                pos = cnt[n]
+                cnt[n] += 1
+                if pos >= CAP:
+                    if retry:  # False: a mutant that drops the values finding the buffer full
+                        left.append((r, n))
+                    continue
+                if pos < len(buf[n]):
+                    buf[n][pos] = key
+                else:
+                    buf[n].append(key)
             for n in range(N):
                 compact(n, limit)
             pend = left
