@@ -33,6 +33,8 @@ VARIANTS = [  # (label, rows, defines)
     ("pingpong", 120, ()),
     ("pingpong", 128, ()),
     ("pp_stages3", 120, (("HP_STAGES", 3),)),
+    ("pp_r1", 120, (("HP_R", 1),)),
+    ("pp_r8", 120, (("HP_R", 8),)),
     ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("pp_stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("pp_clocks", 120, (("HT_PROBE_CLOCKS", 1),)),

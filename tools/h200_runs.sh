@@ -62,6 +62,7 @@
 #   bash tools/h200_runs.sh v14-a          # session v14: the ping-pong fused head (probe, tests, A/B), v13 unrun edits
 #   bash tools/h200_runs.sh v14-b          # session v14: batched slot claims, the ping-pong kernel's clocks
 #   bash tools/h200_runs.sh v14-c          # session v14: the ping-pong kernel selecting from staged logits
+#   bash tools/h200_runs.sh v14-d          # session v14: that selection HP_R rows at a time
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -377,6 +378,12 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       # the probe, the fused head's GPU tests (both kernels), the A/B
       step probe timeout 120 $PY -m benchmarks.fast_head_probe \
         --only base,stream,pingpong,pp_no_epilogue,pp_stream,pp_stages3,pp_clocks --json "$OUT/probe.json"
+      step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
+    v14-d)  # session v14: the ping-pong selection HP_R rows at a time, ballot slots, accumulators dead across it
+      step probe timeout 120 $PY -m benchmarks.fast_head_probe \
+        --only base,stream,pingpong,pp_no_epilogue,pp_r1,pp_r8,pp_clocks --json "$OUT/probe.json"
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
       step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
