@@ -388,12 +388,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 __device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
 // One warp's share of a tile's selection (header above): hidden rows n = w, w + 4, ... < M, the tile's logits in lg
-// (n HP_LS apart, head row tile0 + v at v), the first nv head rows eligible. HP_R rows at a time: their loads are
-// issued together (a shared-memory load waits behind the other warpgroup's wgmma operand reads), and a group
-// where no logit passes costs one ballot.
-#ifndef HP_R
-#define HP_R 4
-#endif
+// (n HP_LS apart, head row tile0 + v at v), the first nv head rows eligible.
 __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __restrict__ buf, u64* __restrict__ thr,
                                           int* __restrict__ cnt, int M, int k, int tile0, int nv, int w, int lane
 #ifdef HT_PROBE_CLOCKS
@@ -404,88 +399,76 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
     const int v0 = 4 * lane;
     const u32 lt = (1u << lane) - 1u;  // the lanes below this one
 #pragma unroll 1
-    for (int nb = w; nb < M; nb += 4 * HP_R) {
-        u64 t[HP_R];
-        int c[HP_R];
-        float z[HP_R][4];
+    for (int n = w; n < M; n += 4) {
+        u64 t = thr[n];
+        int c = cnt[n];
+        const float4 z4 = *reinterpret_cast<const float4*>(lg + n * HP_LS + v0);
+        u64 key[4];
+        key[0] = fk_key(z4.x, tile0 + v0);
+        key[1] = fk_key(z4.y, tile0 + v0 + 1);
+        key[2] = fk_key(z4.z, tile0 + v0 + 2);
+        key[3] = fk_key(z4.w, tile0 + v0 + 3);
 #pragma unroll
-        for (int r = 0; r < HP_R; ++r) {
-            const int n = min(nb + 4 * r, M - 1);  // past M: row M - 1 again, its bits dropped below
-            t[r] = thr[n];
-            c[r] = cnt[n];
-            const float4 z4 = *reinterpret_cast<const float4*>(lg + n * HP_LS + v0);
-            z[r][0] = z4.x;
-            z[r][1] = z4.y;
-            z[r][2] = z4.z;
-            z[r][3] = z4.w;
-        }
-        u32 bits[HP_R], any = 0u;
+        for (int e = 0; e < 4; ++e)
+            if (v0 + e >= nv) key[e] = 0ull;  // not eligible: below every threshold (key 0 is never a real key)
+        if (t == 0ull && c == 0) {
+            // The row's list is empty (its first tile): the threshold from the tile itself, the k-th largest ordered
+            // word among its keys (bisection on the 32 bits, the warp's counts by one reduction a bit), row word 0:
+            // at least k keys are >= it, so a key below it is beaten k times; about k keys pass, and the buffer
+            // takes them without a compaction.
+            u32 ans = 0u;
+#pragma unroll 1
+            for (int bit = 31; bit >= 0; --bit) {
+                const u32 cand = ans | (1u << bit);
+                u32 m = 0u;
 #pragma unroll
-        for (int r = 0; r < HP_R; ++r) {
-            if (t[r] == 0ull && c[r] == 0) {  // the row's list is empty: seed its threshold (header); warp-uniform
-                float mx = __int_as_float(0x7fc00000);  // NaN: fmaxf skips it, and a lane of none keeps it
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (v0 + e < nv) mx = fmaxf(mx, z[r][e]);
-                t[r] = __shfl_sync(full, warp_sort_desc(mx == mx ? fk_key(mx, -1) : 0ull, lane), k - 1);
+                for (int e = 0; e < 4; ++e) m += (u32)(key[e] >> 32) >= cand;
+                if (__reduce_add_sync(full, m) >= (u32)k) ans = cand;
             }
-            // a float pre-filter, then the key: !(z < f) keeps every z >= f and NaNs (f is -inf for key 0, NaN for
-            // a NaN key); the key compare decides exactly (a float compare of equal values would see -ftz's flushed
-            // denormals as ties)
-            const float f = key_float(t[r]);
-            bits[r] = 0u;
+            t = (u64)ans << 32;
+        }
+        u32 bits = 0u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bits |= (u32)(key[e] > t) << e;
+        if (!__any_sync(full, bits != 0u)) continue;
+        for (;;) {
+            // slots c, c + 1, ...: value e of a lane after every value e' < e of the warp and value e of the lanes
+            // below (four ballots, no prefix-sum chain)
+            int base = c;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const u32 bal = __ballot_sync(full, (bits >> e) & 1u);
+                const int pos = base + __popc(bal & lt);
+                if (((bits >> e) & 1u) && pos < HT_CAP) {
+                    buf[n * HT_CAP + pos] = key[e];
+                    bits &= ~(1u << e);
+                }
+                base += __popc(bal);
+            }
+            if (base <= HT_CAP) {
+                c = base;
+                break;
+            }
+            // full with keys left: compact (sorted, the best k kept), raise the threshold, filter the rest again
+#ifdef HT_PROBE_CLOCKS
+            ++comps;
+#endif
+            __syncwarp();
+            const u64 srt = warp_sort_desc(buf[n * HT_CAP + lane], lane);
+            __syncwarp();
+            if (lane < k) buf[n * HT_CAP + lane] = srt;
+            t = __shfl_sync(full, srt, k - 1);
+            c = k;
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (v0 + e < nv && !(z[r][e] < f) && fk_key(z[r][e], tile0 + v0 + e) > t[r]) bits[r] |= 1u << e;
-            if (nb + 4 * r >= M) bits[r] = 0u;
-            any |= bits[r];
+                if (!(key[e] > t)) bits &= ~(1u << e);
+            __syncwarp();
+            if (!__any_sync(full, bits != 0u)) break;
         }
-        if (!__any_sync(full, any != 0u)) continue;
-#pragma unroll
-        for (int r = 0; r < HP_R; ++r) {
-            const int n = nb + 4 * r;
-            if (!__any_sync(full, bits[r] != 0u)) continue;
-            for (;;) {
-                // slots c, c + 1, ...: value e of a lane after every value e' < e of the warp and value e of the
-                // lanes below (four ballots, no prefix-sum chain)
-                int base = c[r];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 bal = __ballot_sync(full, (bits[r] >> e) & 1u);
-                    const int pos = base + __popc(bal & lt);
-                    if (((bits[r] >> e) & 1u) && pos < HT_CAP) {
-                        buf[n * HT_CAP + pos] = fk_key(z[r][e], tile0 + v0 + e);
-                        bits[r] &= ~(1u << e);
-                    }
-                    base += __popc(bal);
-                }
-                if (base <= HT_CAP) {
-                    c[r] = base;
-                    break;
-                }
-                // full with keys left: compact (sorted, the best k kept), raise the threshold, filter the rest again
-#ifdef HT_PROBE_CLOCKS
-                ++comps;
-#endif
-                __syncwarp();
-                const u64 srt = warp_sort_desc(buf[n * HT_CAP + lane], lane);
-                __syncwarp();
-                if (lane < k) buf[n * HT_CAP + lane] = srt;
-                t[r] = __shfl_sync(full, srt, k - 1);
-                c[r] = k;
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (((bits[r] >> e) & 1u) && !(fk_key(z[r][e], tile0 + v0 + e) > t[r])) bits[r] &= ~(1u << e);
-                __syncwarp();
-                if (!__any_sync(full, bits[r] != 0u)) break;
-            }
+        if (lane == 0) {
+            thr[n] = t;
+            cnt[n] = c;
         }
-#pragma unroll
-        for (int r = 0; r < HP_R; ++r)
-            if (lane == 0 && nb + 4 * r < M) {
-                thr[nb + 4 * r] = t[r];
-                cnt[nb + 4 * r] = c[r];
-            }
     }
 }
 

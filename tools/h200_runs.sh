@@ -63,6 +63,7 @@
 #   bash tools/h200_runs.sh v14-b          # session v14: batched slot claims, the ping-pong kernel's clocks
 #   bash tools/h200_runs.sh v14-c          # session v14: the ping-pong kernel selecting from staged logits
 #   bash tools/h200_runs.sh v14-d          # session v14: that selection HP_R rows at a time
+#   bash tools/h200_runs.sh v14-e          # session v14: a row at a time, branch-free keys, bisection seed
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -384,6 +385,13 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
     v14-d)  # session v14: the ping-pong selection HP_R rows at a time, ballot slots, accumulators dead across it
       step probe timeout 120 $PY -m benchmarks.fast_head_probe \
         --only base,stream,pingpong,pp_no_epilogue,pp_r1,pp_r8,pp_clocks --json "$OUT/probe.json"
+      step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
+    v14-e)  # session v14: the ping-pong selection a row at a time, keys compared branch-free, the first tile's
+      # thresholds by bisection (no compaction there)
+      step probe timeout 120 $PY -m benchmarks.fast_head_probe \
+        --only stream,pingpong,pp_no_epilogue,pp_nomma_clocks,pp_clocks --json "$OUT/probe.json"
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
       step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
