@@ -37,12 +37,40 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("pp_stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("pp_clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
+    ("pp_bisect", 120, (("HP_SEED_BISECT", 1),)),
+    ("pp_bisect_clocks", 120, (("HP_SEED_BISECT", 1), ("HT_PROBE_CLOCKS", 1))),
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 # the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)
 PP_CLOCKS = ("total", "main_turn_wait", "main_loop", "select_turn_wait", "staging", "select", "tiles", "compactions")
+
+
+PP_CLOCK_WORDS = 40  # fast_head.cu HP_PC: 8 sums, then 8 tiles x (main start, main end, selection start, end)
+
+
+def pp_timeline(c) -> dict:
+    """From the ping-pong kernel's event clocks [blocks, 2, 40]: the first tiles of each block in tile order (warpgroup
+    tile % 2, its tile // 2), the mean over blocks of each one's main loop, selection, and the gap before its main
+    loop starts after the previous tile's ended (the stream idles there unless stages are ahead), in cycles."""
+    import numpy as np
+
+    ev = c[:, :, 8:].reshape(c.shape[0], 2, 8, 4)  # block, warpgroup, its tile, event
+    rows = []
+    for j in range(1, 12):
+        wg, i = j % 2, j // 2
+        prev = ev[:, (j - 1) % 2, (j - 1) // 2]
+        cur = ev[:, wg, i]
+        ok = (cur[:, 1] > 0) & (prev[:, 1] > 0)
+        if not ok.any():
+            break
+        rows.append({"tile": j, "main": float(np.mean(cur[ok, 1] - cur[ok, 0])),
+                     "select": float(np.mean(cur[ok, 3] - cur[ok, 2])),
+                     "gap_before_main": float(np.mean(cur[ok, 0] - prev[ok, 1]))})
+    t0 = ev[:, 0, 0]
+    return {"tile0_main": float(np.mean(t0[:, 1] - t0[:, 0])), "tile0_select": float(np.mean(t0[:, 3] - t0[:, 2])),
+            "tiles": rows}
 
 
 def main(argv=None) -> int:
@@ -76,7 +104,8 @@ def main(argv=None) -> int:
         _, fn = fh._kernel(n, tuple(defines), smem, pp)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
-        clocks = cp.zeros((fh.grid(vr), 2 if pp else 1, 8), np.uint64) if label.endswith("clocks") else None
+        clocks = (cp.zeros((fh.grid(vr), 2, PP_CLOCK_WORDS) if pp else (fh.grid(vr), 1, 8), np.uint64)
+                  if label.endswith("clocks") else None)
         launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks, pp=pp:
                   fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem, fh.PP_THREADS if pp else fh.THREADS))
         ms = timer(launch, warmup=1, reps=args.reps)
@@ -85,8 +114,9 @@ def main(argv=None) -> int:
              "of_4100": gbs / 4100}
         if clocks is not None:  # per-block means of thread 0's counts (HT_PROBE_CLOCKS), cycles or counts
             mean = cp.asnumpy(clocks).astype(np.float64).mean(axis=0)
-            if pp:  # per warpgroup
-                r["clocks_mean"] = [{name: float(v) for name, v in zip(PP_CLOCKS, m)} for m in mean]
+            if pp:  # per warpgroup, and the main loops' timeline
+                r["clocks_mean"] = [{name: float(v) for name, v in zip(PP_CLOCKS, m[:8])} for m in mean]
+                r["timeline"] = pp_timeline(cp.asnumpy(clocks).astype(np.int64))
             else:
                 r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean[0])}
                 r["epilogue_fraction"] = float(mean[0, 1] / mean[0, 0])

@@ -380,12 +380,27 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #endif
 #define HP_W_BYTES (HP_VT * HT_KC * 2)
 #define HP_STAGE_BYTES (HP_W_BYTES + HT_X_BYTES)
+#define HP_PC 40  // the probe's u64 a consumer warpgroup (HT_PROBE_CLOCKS)
 #define HP_LS 132  // floats a hidden row of the staged logits: 128, + 4 (2 t HP_LS is 8 t banks apart)
 // dynamic shared memory: the slack, the stages, the staged logits, per hidden row HT_CAP keys and its threshold, a
 // full and an empty barrier a stage, a count a hidden row, the two turn tokens
 #define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * HP_LS * 4 + HT_N * (HT_CAP * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
 
 __device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+
+// The warp's 32 words (one a lane) sorted descending across the lanes (warp_sort_desc for 32 bits).
+__device__ __forceinline__ u32 hp_sort32_desc(u32 x, int lane) {
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const u32 y = __shfl_xor_sync(0xffffffffu, x, stride);
+            const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
+            x = keep_max ? max(x, y) : min(x, y);
+        }
+    }
+    return x;
+}
 
 // One warp's share of a tile's selection (header above): hidden rows n = w, w + 4, ... < M, the tile's logits in lg
 // (n HP_LS apart, head row tile0 + v at v), the first nv head rows eligible.
@@ -412,10 +427,10 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
         for (int e = 0; e < 4; ++e)
             if (v0 + e >= nv) key[e] = 0ull;  // not eligible: below every threshold (key 0 is never a real key)
         if (t == 0ull && c == 0) {
-            // The row's list is empty (its first tile): the threshold from the tile itself, the k-th largest ordered
-            // word among its keys (bisection on the 32 bits, the warp's counts by one reduction a bit), row word 0:
-            // at least k keys are >= it, so a key below it is beaten k times; about k keys pass, and the buffer
-            // takes them without a compaction.
+            // The row's list is empty (its first tile): a threshold from the tile itself, row word 0 (below every
+            // real key of its value), so a key below it is beaten k times.
+#ifdef HP_SEED_BISECT  // probe switch: the k-th largest ordered word of the row's keys (a 32-step bisection, the
+                       // warp's counts by one reduction a step): about k keys pass
             u32 ans = 0u;
 #pragma unroll 1
             for (int bit = 31; bit >= 0; --bit) {
@@ -426,6 +441,13 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
                 if (__reduce_add_sync(full, m) >= (u32)k) ans = cand;
             }
             t = (u64)ans << 32;
+#else  // the k-th largest of the 32 lanes' largest ordered words: k lanes hold a key at least that (one sort of 32
+       // words; for Gaussian logits about 20 of 128 keys pass at k 16)
+            u32 mx = 0u;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mx = max(mx, (u32)(key[e] >> 32));
+            t = (u64)__shfl_sync(full, hp_sort32_desc(mx, lane), k - 1) << 32;
+#endif
         }
         u32 bits = 0u;
 #pragma unroll
@@ -535,21 +557,24 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int g = lane >> 2, t4 = lane & 3, w4 = warp & 3;
     float acc[2][HT_NACC];
-#ifdef HT_PROBE_CLOCKS  // probe switch: each consumer warpgroup's first thread's cycles into dump, 8 u64 at (block,
-                        // warpgroup): total, main-turn waits, main loops, selection-turn waits, staging, selections,
-                        // tiles, compactions
+#ifdef HT_PROBE_CLOCKS  // probe switch: each consumer warpgroup's first thread's cycles into dump, HP_PC u64 at
+                        // (block, warpgroup): total, main-turn waits, main loops, selection-turn waits, staging,
+                        // selections, tiles, compactions; then for its first 8 tiles the cycles (from the block's
+                        // consumers' start, one SM clock) at which its main loop starts and ends and its selection starts and ends
     unsigned long long pc_t0 = clock64(), pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pc_x;
-    unsigned long long* const pc_out = reinterpret_cast<unsigned long long*>(dump) + 8 * (2 * b + wg);
+    unsigned long long* const pc_out = reinterpret_cast<unsigned long long*>(dump) + HP_PC * (2 * b + wg);
+
     dump = nullptr;
-#define HP_CLOCK(i)                \
-    do {                           \
-        const auto now = clock64(); \
-        pc[i] += now - pc_x;       \
-        pc_x = now;                \
+#define HP_CLOCK(i, ev)                                                                  \
+    do {                                                                                 \
+        const auto now = clock64();                                                      \
+        pc[i] += now - pc_x;                                                             \
+        pc_x = now;                                                                      \
+        if ((ev) >= 0 && pc[6] <= 8 && (tid & 127) == 0) pc_out[4 + 4 * pc[6] + max((ev), 0)] = now - pc_t0; \
     } while (0)
 #else
-#define HP_CLOCK(i) \
-    do {            \
+#define HP_CLOCK(i, ev) \
+    do {                \
     } while (0)
 #endif
 #pragma unroll 1
@@ -563,7 +588,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         }
         __syncwarp();
         hp_bar_wg(wg);
-        HP_CLOCK(1);
+        HP_CLOCK(1, 0);
         // the accumulators anew (no read: the first wgmma of the tile overwrites them), so the last tile's values
         // are dead once staged and the selection has their registers
 #pragma unroll
@@ -594,13 +619,13 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
         }
-        HP_CLOCK(2);
+        HP_CLOCK(2, 1);
         if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
             while (*turn != j) __nanosleep(32);
         }
         __syncwarp();
         hp_bar_wg(wg);
-        HP_CLOCK(3);
+        HP_CLOCK(3, 2);
         const int tile0 = r0 + j * HP_VT;
 #ifndef HT_PROBE_NO_EPILOGUE
         // stage the logits: value (mb, 4 i + e) is head row 64 mb + 16 w4 + g + 8 (e / 2) of the tile, hidden row
@@ -616,14 +641,14 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #endif
             }
         hp_bar_wg(wg);
-        HP_CLOCK(4);
+        HP_CLOCK(4, -1);
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, lane
 #ifdef HT_PROBE_CLOCKS
                   , pc[7]
 #endif
         );
         hp_bar_wg(wg);  // the warpgroup's selection is done (its writes before the token)
-        HP_CLOCK(5);
+        HP_CLOCK(5, 3);
 #endif
         if ((tid & 127) == 0) {
             __threadfence_block();
