@@ -402,10 +402,14 @@ __device__ __forceinline__ u32 hp_sort32_desc(u32 x, int lane) {
     return x;
 }
 
-// One warp's share of a tile's selection (header above): hidden rows n = w, w + 4, ... < M, the tile's logits in lg
-// (n HP_LS apart, head row tile0 + v at v), the first nv head rows eligible.
+// One warp's share of a tile's selection (header above): hidden rows n = w, w + ws, ... < M (ws 4: a warpgroup's
+// warps; 8: both warpgroups', the block's last tile), the tile's logits in lg (n HP_LS apart, head row tile0 + v at v),
+// the first nv head rows eligible. The next row's loads are issued before this row's work (each selecting warp is
+// alone on its scheduler but for the other warpgroup's main loop: nothing else hides their latency); a row is this
+// warp's alone during the tile, so its values cannot change in between.
 __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __restrict__ buf, u64* __restrict__ thr,
-                                          int* __restrict__ cnt, int M, int k, int tile0, int nv, int w, int lane
+                                          int* __restrict__ cnt, int M, int k, int tile0, int nv, int w, int ws,
+                                          int lane
 #ifdef HT_PROBE_CLOCKS
                                           , unsigned long long& comps
 #endif
@@ -413,11 +417,20 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
     const unsigned full = 0xffffffffu;
     const int v0 = 4 * lane;
     const u32 lt = (1u << lane) - 1u;  // the lanes below this one
+    if (w >= M) return;
+    u64 t_nx = thr[w];
+    int c_nx = cnt[w];
+    float4 z_nx = *reinterpret_cast<const float4*>(lg + w * HP_LS + v0);
 #pragma unroll 1
-    for (int n = w; n < M; n += 4) {
-        u64 t = thr[n];
-        int c = cnt[n];
-        const float4 z4 = *reinterpret_cast<const float4*>(lg + n * HP_LS + v0);
+    for (int n = w; n < M; n += ws) {
+        u64 t = t_nx;
+        int c = c_nx;
+        const float4 z4 = z_nx;
+        if (n + ws < M) {
+            t_nx = thr[n + ws];
+            c_nx = cnt[n + ws];
+            z_nx = *reinterpret_cast<const float4*>(lg + (n + ws) * HP_LS + v0);
+        }
         u64 key[4];
         key[0] = fk_key(z4.x, tile0 + v0);
         key[1] = fk_key(z4.y, tile0 + v0 + 1);
@@ -640,9 +653,10 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 if (dump && tile0 + v < r1 && n < M) dump[(size_t)n * Vr + tile0 + v] = acc[mb][jj];
 #endif
             }
+        if (j == tiles - 1) break;  // the block's last tile: both warpgroups select it, after the loop
         hp_bar_wg(wg);
         HP_CLOCK(4, -1);
-        hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, lane
+        hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, 4, lane
 #ifdef HT_PROBE_CLOCKS
                   , pc[7]
 #endif
@@ -661,7 +675,21 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         for (int i = 0; i < 8; ++i) pc_out[i] = pc[i];
     }
 #endif
-    __syncthreads();
+    __syncthreads();  // the last tile's logits are staged (its owner left the loop after staging them)
+#ifndef HT_PROBE_NO_EPILOGUE
+    if (tiles > 0) {
+        const int tile0 = r0 + (tiles - 1) * HP_VT;
+#ifdef HT_PROBE_CLOCKS
+        unsigned long long last_comps = 0;
+#endif
+        hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), warp, 8, lane
+#ifdef HT_PROBE_CLOCKS
+                  , last_comps
+#endif
+        );
+        asm volatile("bar.sync 3, 256;\n" ::: "memory");
+    }
+#endif
     ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
     for (int i = tid; i < M * k; i += 256) {

@@ -65,6 +65,7 @@
 #   bash tools/h200_runs.sh v14-d          # session v14: that selection HP_R rows at a time
 #   bash tools/h200_runs.sh v14-e          # session v14: a row at a time, branch-free keys, bisection seed
 #   bash tools/h200_runs.sh v14-f          # session v14: lane-maxima seed against bisection, the timeline
+#   bash tools/h200_runs.sh v14-g          # session v14: loads a row ahead, the last tile by both warpgroups
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -401,6 +402,12 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         --only stream,pingpong,pp_clocks,pp_bisect,pp_bisect_clocks --json "$OUT/probe.json"
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py -k pingpong
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log ;;
+    v14-g)  # session v14: the next row's loads ahead, the block's last tile selected by both warpgroups
+      step probe timeout 120 $PY -m benchmarks.fast_head_probe \
+        --only stream,pingpong,pp_no_epilogue,pp_clocks --json "$OUT/probe.json"
+      step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
