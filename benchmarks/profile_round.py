@@ -29,6 +29,8 @@ def kernel_class(name: str) -> str:
         return "layer GEMMs (fast_gemv.cu)"
     if n.startswith(("fa_", "flash", "fast_attn")) or "attn" in n:
         return "attention"
+    if n.startswith("fast_head"):
+        return "fused head (fast_head.cu)"
     if "topk" in n or n.startswith("fs_"):
         return "top-k"
     if "selector" in n or "rowdot" in n:
@@ -172,12 +174,15 @@ def main(argv=None) -> int:
             graph_ms = timer(lambda: ws.graph.launch())
             calls = trace_kernels(torch, lambda: ws.graph.launch(), args.reps)
             summ = summarize(calls)
-            lg = ws.logits  # the head's logits of the last replay: what the top-k kernels were given
-            fin = cp.isfinite(lg)
-            row0 = lg[0][fin[0]]
-            logit_stats = {"finite": float(fin.mean()), "nan": float(cp.isnan(lg).mean()),
-                           "row0_std": float(row0.std()) if row0.size else None,
-                           "row0_distinct": int(cp.unique(row0).size)}
+            lg = ws.logits  # the head's logits of the last replay: what the top-k kernels were given (None: fused head)
+            if lg is None:
+                logit_stats = {"fused_head": True}
+            else:
+                fin = cp.isfinite(lg)
+                row0 = lg[0][fin[0]]
+                logit_stats = {"finite": float(fin.mean()), "nan": float(cp.isnan(lg).mean()),
+                               "row0_std": float(row0.std()) if row0.size else None,
+                               "row0_distinct": int(cp.unique(row0).size)}
             case = {"geometry": geo, "B": b, "W": w, "graph_ms_flushed": round(graph_ms, 4),
                     "weight_floor_ms": round(weight_bytes / floor_bw * 1e3, 4), "gemms": log,
                     "logits": logit_stats, **summ}

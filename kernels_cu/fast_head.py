@@ -4,21 +4,28 @@ candidate_topk and proposal_head (issue 12: "candidate_topk time independent of 
 The cuBLAS path writes fp32 logits for every hidden row (238 MB at B8 K15 on the 27B head) and reads them back
 for the selection, and its GEMM grows with the rows. Here one persistent wgmma kernel streams the head once, keeps
 each block's best k keys per hidden row in shared memory, and fast_select.cu's merge takes the blocks' lists to
-the final k; the logits never reach memory.
+the final k; the logits never reach memory. Two kernels (``PINGPONG`` picks, default True):
+
+- fast_head_topk_pp: two consumer warpgroups take turns over 128-row tiles, one computing on the stream while the
+  other selects from the tile's logits staged in shared memory (a warp a hidden row), a producer warpgroup issuing
+  the tensor copies (fast_head.cu's header says how the turns keep the barriers' phases apart);
+- fast_head_topk (v13): 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56
+  rows on (its selection is not hidden), kept as the switch's other side and the probe's reference.
 
 Built by NVRTC for sm_90a (wgmma), one module per hidden-row count rounded up to 8 (the wgmma's N), with the
 m64nNk16 wrapper generated here (its register list depends on N). It applies on a compute-capability 9.0 GPU,
 without a shortlist, for 1 <= k <= 16, M <= 128 hidden rows and H a multiple of 64; ``applies`` says so and
 fast.py keeps the cuBLAS path otherwise.
 
-Where the Ops take it is ``MAX_ROWS`` (measured: candidate_topk up to 16 rows; proposal_head not at all), and
-``FastSelectBackend.fused_head`` (FastRound turns it off: its graph round runs the GEMM path). The two tensor maps
-reach the device by a host copy at each launch, so this path is not one to capture into a CUDA graph.
+Where the Ops take it is ``MAX_ROWS`` (both Ops, every row count the kernel takes: the ping-pong kernel measured
+faster than the cuBLAS path at all of them), and ``FastSelectBackend.fused_head``. The two tensor maps reach the
+device by a host copy at each launch (``maps=None``) or, for a CUDA graph, from device memory made once
+(``device_maps``: FastRound's workspaces, whose hidden buffer and head stay put).
 
 Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``. The
 kernel does no floating-point arithmetic besides the wgmma chain; its epilogue compares floats and forms keys.
 Under -ftz a denormal logit compares equal to 0, so fk_key files it with +-0 (as fast_select.cu's kernels, built
-with the same option, do); the float pre-filter only lets more values through to the key compare.
+with the same option, do); the float pre-filters (fast_head_topk's) only let more values through to the key compare.
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, nvrtc_arch_module
 
 ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``applies``; False: the cuBLAS path
 # Hidden rows up to which each Op takes the kernel: where the H200 measured it faster than the cuBLAS path
-# (benchmarks/head_topk_ab.py, docs/PERFORMANCE.md "Session v13"; 27B candidate_topk: 0.643 / 0.653 ms against
-# 0.669 / 0.673 at 7 / 15 rows, 0.727 against 0.688 at 56 and 0.879 against 0.750 at 120; 35B proposal_head: never
-# faster than its tuned cuBLASLt GEMM, 0.263 against 0.262 ms at 7 rows, 0.358 against 0.332 at 120).
-MAX_ROWS = {"candidate_topk": 16, "proposal_head": 0}
+# (benchmarks/head_topk_ab.py, docs/PERFORMANCE.md "Session v14", kernel alone against the cuBLAS path's Op at 1 /
+# 7 / 15 / 56 / 120 / 128 rows; 27B candidate_topk k 16: 0.605 / 0.606 / 0.608 / 0.618 / 0.680 / 0.731 ms against
+# 0.653 / 0.668 / 0.673 / 0.688 / 0.751 / 0.756; 35B proposal_head k 1: 0.253 / 0.253 / 0.254 / 0.261 / 0.293 / 0.320
+# against its tuned cuBLASLt GEMM's 0.256 / 0.261 / 0.271 / 0.291 / 0.332 / 0.338). v13's single-tile kernel took
+# candidate_topk up to 16 rows only.
+MAX_ROWS = {"candidate_topk": 128, "proposal_head": 128}
 ARCH = "sm_90a"
 THREADS = 256
 VT = 256  # head rows a tile (fast_head.cu HT_VT)
@@ -56,7 +65,7 @@ def smem_bytes(n: int, stages: int = STAGES) -> int:
     return 1024 + stages * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4) + stages * 8
 
 
-PINGPONG = False  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
+PINGPONG = True  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
 # tiles, the selection of one under the other's stream, from logits staged in shared memory) instead of fast_head_topk
 PP_THREADS = 384  # fast_head.cu HP_THREADS
 PP_VT = 128  # HP_VT
@@ -133,7 +142,7 @@ def _device_ok() -> bool:
         optin = dev.attributes.get("MaxSharedMemoryPerBlockOptin", 0)
     except Exception:  # noqa: BLE001 - no CuPy or no GPU
         return False
-    return cc == "90" and optin >= smem_bytes(NMAX)
+    return cc == "90" and optin >= max(smem_bytes(NMAX), smem_bytes_pp(NMAX))
 
 
 # cuTensorMapEncodeTiled's enums (cuda.h): BF16 data, no interleave, 128-byte swizzle, L2 promotion to 256 bytes,
@@ -188,11 +197,21 @@ def grid(Vr: int) -> int:
     return max(1, min(sms, -(-Vr // VT)))
 
 
-def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
+def device_maps(x, w):
+    """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
+    must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
+    and head). They hold the arrays' addresses: valid while both arrays live, unmoved."""
+    import cupy as cp
+
+    return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0]))]))
+
+
+def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) -> None:
     """The fused kernel: x [M, H] and w [Vr, H] BF16 bits (uint16, C-contiguous, on the device) -> partial
     [M, G, k] uint64 (each block's best k keys of each hidden row among head rows < n_elig, descending, 0 past
     them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests: a build with the stores,
-    HT_DUMP; the Ops' build has none). No host sync."""
+    HT_DUMP; the Ops' build has none). maps: None (encoded now and copied from the host, ordered on the stream), or
+    device_maps(x, w) (no host copy: capturable). No host sync."""
     M, H = x.shape
     Vr = w.shape[0]
     G = grid(Vr)
@@ -208,18 +227,20 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None) -> None:
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
     defines = () if dump is None else (("HT_DUMP", 1),)  # the dump stores only in the tests' build
+    if maps is not None and (maps.shape != (32,) or maps.dtype != np.uint64):
+        raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s (32,) uint64")
     _, fn = _kernel(n, defines, None, PINGPONG)
     launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if PINGPONG else smem_bytes(n),
-           PP_THREADS if PINGPONG else THREADS)
+           PP_THREADS if PINGPONG else THREADS, maps)
 
 
-def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS) -> None:
+def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
+           maps=None) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel), then the grid."""
-    import cupy as cp
-
+    the stream before the kernel) unless given there, then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
-    maps = cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n)]))
+    if maps is None:
+        maps = device_maps(x, w)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0)), shared_mem=smem)

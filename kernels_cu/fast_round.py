@@ -5,9 +5,14 @@
 ``step(...)`` runs the device part of a round with no host synchronisation:
 
     masked_block (kernels_cu/fast_block.py: block_forward on the fast engine, fast attention)
-      -> DFlash2: head GEMM -> split stable top-k (fast_select.cu) -> g = BF16(W_hidden h)
-                  (fast_selector.cu fast_rowdot_*) -> selector walk (fast_selector.cu fast_selector_walk)
-      -> DFlash:  head GEMM -> split top-k with k = 1 (fast_select.cu)
+      -> DFlash2: head -> top-k -> g = BF16(W_hidden h) (fast_selector.cu fast_rowdot_*)
+                  -> selector walk (fast_selector.cu fast_selector_walk)
+      -> DFlash:  head -> top-k with k = 1
+
+where head -> top-k is the fused head (kernels_cu/fast_head.py: the GEMM with the top-k in its epilogue, then
+fast_select.cu's merge; its tensor maps made once per workspace in device memory) wherever fast_head.applies, as
+for the Ops (the same routing, so the per-Op composition runs the same kernels), and otherwise the head GEMM and the
+split stable top-k (fast_select.cu)
 
 i.e. the kernels of the fast Ops (masked_block, candidate_topk, proposal_head), launched into buffers
 the workspace owns (the Op methods allocate their outputs per call; ``topk_into`` (kernels_cu.fast,
@@ -60,8 +65,8 @@ import json
 import numpy as np
 
 from conformance.rounds import ComposedRounds
-from kernels_cu import fast_lt, fast_selector, pdl
-from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, topk_into, topk_plan
+from kernels_cu import fast_head, fast_lt, fast_selector, pdl
+from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, merge_into, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
 from kernels_cu.loader import load_module
 from kernels_cu.ops_select import _SEL_THREADS, _rowdot
@@ -98,6 +103,14 @@ EXACT_SELECTOR = False
 # least fast_lt.MIN_BYTES (a small GEMM's few-percent differences are timing noise, and below it the round keeps
 # the per-Op composition's bits); read at every call. False: gemmEx always.
 HEAD_LT = True
+
+
+def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
+    """The fused head into the workspace's buffers, capturable: fast_head's kernel over x [M, H] and the head w with
+    the workspace's device-resident tensor maps, then fast_select.cu's merge of its lists (the scores read from
+    the keys), as FastSelectBackend._fused_topk launches them for the Ops."""
+    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps)
+    merge_into(partial, None, None, w.shape[0], k, multiplier, softcap, scores, ids)
 
 
 def rowdot_bits_into(x, w, out, *, exact: bool | None = None):
@@ -172,7 +185,8 @@ class Drafter:
 class RoundWorkspace:
     """Everything one (B, W, C) step reads and writes, allocated once; its stream and graph."""
 
-    def __init__(self, eng, d: Drafter, B: int, W: int, C: int):
+    def __init__(self, eng, d: Drafter, B: int, W: int, C: int, route=None):
+        """route: the owner's FastSelectBackend._head_route (whether the Op would take the fused head); None: never."""
         c = cp()
         K, M = W - 1, B * (W - 1)
         self.key = (B, W, C)
@@ -192,11 +206,18 @@ class RoundWorkspace:
         self.dims = Dims(B, W, d.H, d.Hq, d.Hk, d.D, d.I, d.conv)
         self.block = Workspace(eng, self.dims)
         self.hidden = c.empty((B, K, d.H), dtype=np.uint16)
-        # the head
+        # the head: the fused head where the Op would take it (the owner's _head_route), else GEMM + top-k
         k = d.top_k if d.conv else 1
-        self.logits = c.empty((M, d.Vr), dtype=np.float32)
-        self.partial = c.empty((M, topk_plan(M, d.Vr, k)[4], k), dtype=np.uint64)
-        self.topk_bound = c.empty(M, dtype=np.uint64)  # fast_topk_bound's per-row bound
+        self.fused = bool(route and route(M, d.Vr, d.H, k, None, "candidate_topk" if d.conv else "proposal_head"))
+        if self.fused:  # no logits: the blocks' lists, and the tensor maps of the hidden buffer and the head
+            self.fh_partial = c.empty((M, fast_head.grid(d.Vr), k), dtype=np.uint64)
+            self.fh_maps = fast_head.device_maps(self.hidden.reshape(M, d.H), d.head)
+            self.logits = self.partial = self.topk_bound = None
+        else:
+            self.fh_partial = self.fh_maps = None
+            self.logits = c.empty((M, d.Vr), dtype=np.float32)
+            self.partial = c.empty((M, topk_plan(M, d.Vr, k)[4], k), dtype=np.uint64)
+            self.topk_bound = c.empty(M, dtype=np.uint64)  # fast_topk_bound's per-row bound
         self.ids = c.empty((M, k), dtype=np.int32)
         if d.conv:
             self.scores = c.empty((M, k), dtype=np.float32)
@@ -242,9 +263,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
     (module docstring). ``graph=False``: the per-Op composition with the host between Ops."""
 
     name = "kernels_cu-fast (proposal_round as one CUDA graph per (B, W))"
-    # the graph round runs the head GEMM and the split top-k (topk_into); the Op methods, which the per-Op
-    # composition (graph=False, speculative_step) calls, must run the same kernels to give the same bits
-    fused_head = False
+    # fused_head stays True: the graph round routes its head as the Op methods do (RoundWorkspace), so the per-Op
+    # composition (graph=False, speculative_step) runs the same kernels and gives the same bits
 
     def __init__(self, graph: bool = True, gemm: str = "capture", max_workspaces: int = 16, **kw):
         super().__init__(**kw)
@@ -338,7 +358,7 @@ class FastRound(ComposedRounds, FastCudaBackend):
             if len(self._ws) >= self.max_workspaces:  # the oldest goes, with its graph
                 cp().cuda.Device().synchronize()
                 self._ws.pop(next(iter(self._ws)))
-            ws = self._ws[key] = RoundWorkspace(self._round_eng, self.drafter, *key)
+            ws = self._ws[key] = RoundWorkspace(self._round_eng, self.drafter, *key, route=self._head_route)
         return ws
 
     def environment(self) -> dict:
@@ -379,22 +399,28 @@ class FastRound(ComposedRounds, FastCudaBackend):
                       exit={"norm_w": d.final_norm, "norm_hi": ws.hidden, "skip_first": True})
         B, K = dm.B, dm.W - 1
         x = ws.hidden.reshape(B * K, d.H)
-        shape = (x.shape[0], d.head.shape[0], x.shape[1])
-        lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= fast_lt.MIN_BYTES
-        if lt and (tune or shape in self._head_lt):  # a capture only replays a choice made eagerly
-            fast_lt.tuned(self._head_lt, x, d.head, ws.logits, eng._capture_gemm)
+        k = d.top_k if dm.conv else 1
+        if ws.fused:  # the head with the top-k in its epilogue
+            head_topk_into(x, d.head, ws.fh_maps, d.vocab_size, k, d.multiplier if dm.conv else 0.0,
+                           d.softcap if dm.conv else 0.0, ws.fh_partial, ws.scores, ws.ids)
         else:
-            eng.gemm(x, d.head, ws.logits)
-        if dm.conv:  # candidate_topk, then candidate_selector
-            topk_into(ws.logits, None, d.vocab_size, d.top_k, d.multiplier, d.softcap, ws.partial, ws.scores, ws.ids,
-                      ws.topk_bound)
+            shape = (x.shape[0], d.head.shape[0], x.shape[1])
+            lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= fast_lt.MIN_BYTES
+            if lt and (tune or shape in self._head_lt):  # a capture only replays a choice made eagerly
+                fast_lt.tuned(self._head_lt, x, d.head, ws.logits, eng._capture_gemm)
+            else:
+                eng.gemm(x, d.head, ws.logits)
+            if dm.conv:
+                topk_into(ws.logits, None, d.vocab_size, k, d.multiplier, d.softcap, ws.partial, ws.scores, ws.ids,
+                          ws.topk_bound)
+            else:
+                topk_into(ws.logits, None, d.vocab_size, 1, 0.0, 0.0, ws.partial, None, ws.ids, ws.topk_bound)
+        if dm.conv:  # then candidate_selector
             rowdot_bits_into(x, d.w_hidden, ws.g)
             k = d.top_k
             selector_walk_into(ws.g.reshape(B, K, -1), ws.scores.reshape(B, K, k), ws.ids.reshape(B, K, k),
                                ws.anchor, d.w_pred, d.w_succ, ws.temperature, ws.seed, ws.frontier, ws.path,
                                ws.tokens, ws.q)
-        else:  # proposal_head
-            topk_into(ws.logits, None, d.vocab_size, 1, 0.0, 0.0, ws.partial, None, ws.ids, ws.topk_bound)
 
     def step(self, *, anchor, frontier, live, context_k, context_v, num_drafts, temperature=None, seed=None,
              graph: bool | None = None) -> dict:

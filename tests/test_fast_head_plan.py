@@ -82,15 +82,18 @@ def test_routing_rules_without_a_gpu(monkeypatch):
     assert not fast_head.applies(7, 1000, 128, 16, op="candidate_topk")
 
 
-def test_fast_round_keeps_the_gemm_path_so_its_composition_matches_its_graph(monkeypatch):
-    """FastRound's graph round runs the head GEMM and the split top-k; its per-Op composition (graph=False,
-    speculative_step) calls the Op methods, which must then run the same kernels (tests/gpu/test_fast_round.py
-    compares the two bit for bit). FastCudaBackend takes the fused head where it applies."""
+def test_fast_round_routes_its_head_as_the_ops_do(monkeypatch):
+    """FastRound's per-Op composition (graph=False, speculative_step) calls the Op methods and its graph round
+    decides per workspace by the same rule (fast_head.applies with the Op's name: kernels_cu/fast_round.py
+    RoundWorkspace), so both run the same kernels (tests/gpu/test_fast_round.py compares them bit for bit)."""
     from kernels_cu.fast import FastCudaBackend
     from kernels_cu.fast_round import FastRound
 
     monkeypatch.setattr(fast_head, "_device_ok", lambda: True)
-    assert FastCudaBackend()._head_route(7, 248320, 5120, 16, None, "candidate_topk")
-    assert not FastCudaBackend()._head_route(120, 248320, 5120, 16, None, "candidate_topk")
+    for be in (FastCudaBackend(), FastRound()):
+        assert be._head_route(7, 248320, 5120, 16, None, "candidate_topk")
+        assert be._head_route(120, 248320, 5120, 16, None, "candidate_topk")
+        assert be._head_route(120, 248320, 2048, 1, None, "proposal_head")
+        assert not be._head_route(129, 248320, 2048, 1, None, "proposal_head")
+    monkeypatch.setattr(FastRound, "fused_head", False)  # off for the round: its Ops off too
     assert not FastRound()._head_route(7, 248320, 5120, 16, None, "candidate_topk")
-    assert not FastRound()._head_route(7, 248320, 2048, 1, None, "proposal_head")

@@ -245,6 +245,7 @@ class _Eng:
 def flow(monkeypatch):
     fake = _Fake()
     monkeypatch.setattr(fr, "cp", lambda: fake)
+    monkeypatch.setattr(fr.fast_head, "applies", lambda *a: False)  # GEMM + top-k, also on a GPU machine
 
     def block_forward(eng, ws, dm, wts, layers, *, frontier, live, eps, freqs, entry, exit):
         if eng.fail_capture and fake.current[-1].capturing:
@@ -342,6 +343,46 @@ def test_new_shape_gets_its_own_graph_and_the_old_one_replays(flow):
     out = rnd.step(**a)
     assert rnd.last_path == "graph" and np.array_equal(out["tokens"], np.broadcast_to(_want(a), (2, 3)))
     assert fake.syncs == 0
+
+
+def test_fused_head_replaces_gemm_and_topk_with_device_resident_maps(flow, monkeypatch):
+    """Where fast_head.applies (the Ops' rule), the round runs the fused head instead of the GEMM and the split
+    top-k: no logits buffer, the tensor maps made once with the workspace (from its own hidden buffer and the
+    drafter's head, not per step: a capture cannot copy from the host), and the same flow eager / capture / replay."""
+    rnd, fake = flow
+    asked, made, maps_made = [], [], []
+    monkeypatch.setattr(fr.fast_head, "applies", lambda M, Vr, H, k, sl, op: asked.append((M, Vr, H, k, sl, op)) or True)
+    monkeypatch.setattr(fr.fast_head, "grid", lambda Vr: 5)
+    monkeypatch.setattr(fr.fast_head, "device_maps",
+                        lambda x, w: made.append((x, w)) or maps_made.append(np.zeros(32, np.uint64)) or maps_made[-1])
+
+    def head_topk_into(x, w, maps, vocab, k, mult, cap, partial, scores, ids):
+        assert maps is maps_made[-1] and w is rnd.drafter.head and vocab == rnd.drafter.vocab_size
+        assert partial.shape == (x.shape[0], 5, k) and partial.dtype == np.uint64
+
+        def effect():
+            ids[...] = x[:, :1].astype(np.int32) + np.arange(k, dtype=np.int32)
+            scores[...] = 1.0
+
+        fake.launch("head_topk", effect)
+
+    monkeypatch.setattr(fr, "head_topk_into", head_topk_into)
+    a = _args(2, 3)
+    paths, outs = [], []
+    for _ in range(3):
+        out = rnd.step(**a)
+        paths.append(rnd.last_path)
+        outs.append(out["tokens"].copy())
+    assert paths == ["eager", "capture", "graph"]
+    ws = rnd._ws[(2, 4, 16)]
+    assert asked == [(6, 50, 32, 4, None, "candidate_topk")]  # once, at the workspace, by the Ops' rule
+    assert len(made) == 1 and made[0][1] is rnd.drafter.head and made[0][0].base is ws.hidden  # once, its buffers
+    assert ws.fused and ws.logits is None and ws.partial is None
+    assert all(np.array_equal(o, np.broadcast_to(_want(a), (2, 3))) for o in outs)
+    assert [c[0] for c in fake.calls if c[2]] == ["block", "head_topk", "rowdot", "walk"]  # one capture
+    monkeypatch.setattr(fr.FastRound, "fused_head", False)  # the Ops off: a new workspace keeps GEMM + top-k
+    rnd.step(**_args(1, 3))
+    assert not rnd._ws[(1, 4, 16)].fused and rnd._ws[(1, 4, 16)].logits is not None
 
 
 def test_failed_capture_falls_back_to_eager(flow):

@@ -66,6 +66,8 @@
 #   bash tools/h200_runs.sh v14-e          # session v14: a row at a time, branch-free keys, bisection seed
 #   bash tools/h200_runs.sh v14-f          # session v14: lane-maxima seed against bisection, the timeline
 #   bash tools/h200_runs.sh v14-g          # session v14: loads a row ahead, the last tile by both warpgroups
+#   bash tools/h200_runs.sh v14-h          # session v14: routed everywhere and in FastRound's graph: tests, A/Bs
+#   bash tools/h200_runs.sh v14-geo        # session v14: the head Ops' geometries with the routed kernel
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -408,6 +410,30 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
       step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
+    v14-h)  # session v14: the ping-pong kernel routed for both Ops at every row count, and in FastRound's graph (device-
+      # resident tensor maps): the fused head's, the round's and the fast backend's GPU tests, the head A/B, the round
+      # A/B (fused against unfused), then the geometries of the head Ops (three processes) beside the CLI fast suite
+      step head-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py \
+        tests/gpu/test_fast_backend.py
+      step head-ab timeout 60 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json"
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_unfused,default --rounds 3 \
+        --json "$OUT/round_ab.json"
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v14-geo)  # session v14: the geometries whose Ops the routed kernel serves (27B candidate_topk B1 and B8 W16, 35B
+      # proposal_head: three processes at once) beside the CLI fast suite (tests/gpu/test_fast_backend.py's report)
+      geo() {
+        OMP_NUM_THREADS=5 OPENBLAS_NUM_THREADS=5 timeout 300 $PY -m conformance.cli geometry \
+          --impl kernels_cu.fast:FastCudaBackend "$@" >"$OUT/geo_$name.log" 2>&1 &
+      }
+      name=35b; geo --geometry dflash-35b-a3b --ops proposal_head --json "$OUT/geo_35b.json"
+      name=27b-b1; geo --geometry dflash2-27b --batch 1 --ops candidate_topk --json "$OUT/geo_27b_b1.json"
+      name=27b-b8w16; geo --geometry dflash2-27b --batch 8 --width 16 --ops candidate_topk \
+        --json "$OUT/geo_27b_b8w16.json"
+      wait
+      for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
+        $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done
+      tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

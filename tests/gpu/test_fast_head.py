@@ -203,3 +203,39 @@ def test_refusals_name_the_problem(cupy, fh):
                              cp.zeros((4, g, 4), cp.uint64))
     with pytest.raises(ValueError, match="BF16"):
         fh.topk_partial_into(x.astype(cp.float32), w, 500, 4, cp.zeros((4, g, 4), cp.uint64))
+
+
+def test_device_maps_make_the_launch_capturable_with_the_same_lists(cupy, fh):
+    """FastRound's graph launches the kernel with tensor maps made once in device memory (fast_head.device_maps): a
+    captured launch gives the lists the host-copy launch gives, and a replay reads new values written in place into
+    the same buffers (the maps hold addresses, not values)."""
+    cp = cupy
+    m, vr, h, k, elig = 24, 30_000, 256, 8, 29_000
+    x, w = cp.asarray(_inputs("gauss", m, vr, h, seed=21)[0]), cp.asarray(_inputs("gauss", m, vr, h, seed=21)[1])
+    g = fh.grid(vr)
+
+    def host_copy_lists():
+        ref = cp.zeros((m, g, k), cp.uint64)
+        fh.topk_partial_into(x, w, elig, k, ref)
+        return cp.asnumpy(ref)
+
+    ref = host_copy_lists()
+    maps = fh.device_maps(x, w)
+    out = cp.zeros((m, g, k), cp.uint64)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+        graph = s.end_capture()
+        graph.launch(s)
+    s.synchronize()
+    assert np.array_equal(cp.asnumpy(out), ref)
+    x[...] = cp.asarray(_inputs("gauss", m, vr, h, seed=22)[0])  # new hidden rows, same buffer
+    ref2 = host_copy_lists()
+    assert not np.array_equal(ref2, ref)
+    with s:
+        graph.launch(s)
+    s.synchronize()
+    assert np.array_equal(cp.asnumpy(out), ref2)
+    with pytest.raises(ValueError, match="maps"):
+        fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(16, cp.uint64))
