@@ -4,7 +4,10 @@
 //   logits[n, v] = x[n, :] . W[v, :]   (x: HT_N padded hidden rows of BF16 bits, W: Vr head rows)
 //
 // then the best k (C4 order: value descending, ties to the lower head row, docs/contracts.md) of
-// each hidden row among the head rows v < n_elig. One block per multiprocessor (persistent): block b
+// each hidden row among the head rows v < n_elig. Two kernels: fast_head_topk (this header; v13) and
+// fast_head_topk_pp (the ping-pong kernel, below, the one fast_head.py launches by default: the same
+// stream, lists and merge, 128-row tiles whose selection runs under the other warpgroup's stream).
+// One block per multiprocessor (persistent): block b
 // owns head rows [b Vr / G, (b + 1) Vr / G) (cut on 64-row boxes) and walks them in tiles of 256 rows, each tile over the
 // whole K in stages of 64; it writes the best k keys of its rows per hidden row, and
 // fast_topk_merge_warp (fast_select.cu) merges the G lists of a row as it merges any partial lists,
