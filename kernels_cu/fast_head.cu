@@ -391,20 +391,6 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 
 __device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
-// The warp's 32 words (one a lane) sorted descending across the lanes (warp_sort_desc for 32 bits).
-__device__ __forceinline__ u32 hp_sort32_desc(u32 x, int lane) {
-#pragma unroll
-    for (int size = 2; size <= 32; size <<= 1) {
-#pragma unroll
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            const u32 y = __shfl_xor_sync(0xffffffffu, x, stride);
-            const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
-            x = keep_max ? max(x, y) : min(x, y);
-        }
-    }
-    return x;
-}
-
 // One warp's share of a tile's selection (header above): hidden rows n = w, w + ws, ... < M (ws 4: a warpgroup's
 // warps; 8: both warpgroups', the block's last tile), the tile's logits in lg (n HP_LS apart, head row tile0 + v at v),
 // the first nv head rows eligible. The next row's loads are issued before this row's work (each selecting warp is
@@ -462,7 +448,7 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
             u32 mx = 0u;
 #pragma unroll
             for (int e = 0; e < 4; ++e) mx = max(mx, (u32)(key[e] >> 32));
-            t = (u64)__shfl_sync(full, hp_sort32_desc(mx, lane), k - 1) << 32;
+            t = (u64)__shfl_sync(full, warp_sort_desc(mx, lane), k - 1) << 32;
 #endif
         }
         u32 bits = 0u;

@@ -44,15 +44,16 @@ struct KeyFilter {
     __device__ __forceinline__ bool passes(float z, int v) const { return all | (z > f) | ((z == f) & ((u32)v < row)); }
 };
 
-// The warp's 32 keys (one per lane) sorted descending across the lanes (lane 0 the largest): a
-// bitonic network, blocks of `size` lanes sorted descending where (lane & size) == 0, ascending
-// elsewhere, so the last stage (size 32) leaves one descending run.
-__device__ __forceinline__ u64 warp_sort_desc(u64 x, int lane) {
+// The warp's 32 keys (one per lane; u64 keys, or u32 ordered words) sorted descending across the lanes
+// (lane 0 the largest): a bitonic network, blocks of `size` lanes sorted descending where
+// (lane & size) == 0, ascending elsewhere, so the last stage (size 32) leaves one descending run.
+template <typename T>
+__device__ __forceinline__ T warp_sort_desc(T x, int lane) {
 #pragma unroll
     for (int size = 2; size <= 32; size <<= 1) {
 #pragma unroll
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            const u64 y = __shfl_xor_sync(0xffffffffu, x, stride);
+            const T y = __shfl_xor_sync(0xffffffffu, x, stride);
             const bool keep_max = ((lane & stride) == 0) == ((lane & size) == 0);
             x = keep_max ? (x > y ? x : y) : (x < y ? x : y);
         }

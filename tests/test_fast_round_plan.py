@@ -303,14 +303,20 @@ def _want(a):
     return (a["anchor"] + 10 * a["frontier"]).astype(np.int32)[:, None] + 1000 * a["seed"].astype(np.int32)[:, None]
 
 
-def test_step_runs_eager_then_captures_then_replays(flow):
-    rnd, fake = flow
-    a = _args(2, 3)
+def _three_steps(rnd, a):
+    """Three steps on one shape: each one's path and tokens."""
     paths, outs = [], []
     for _ in range(3):
         out = rnd.step(**a)
         paths.append(rnd.last_path)
         outs.append(out["tokens"].copy())
+    return paths, outs
+
+
+def test_step_runs_eager_then_captures_then_replays(flow):
+    rnd, fake = flow
+    a = _args(2, 3)
+    paths, outs = _three_steps(rnd, a)
     assert paths == ["eager", "capture", "graph"]
     ws = rnd._ws[(2, 4, 16)]
     assert all(np.array_equal(o, np.broadcast_to(_want(a), (2, 3))) for o in outs)
@@ -368,11 +374,7 @@ def test_fused_head_replaces_gemm_and_topk_with_device_resident_maps(flow, monke
 
     monkeypatch.setattr(fr, "head_topk_into", head_topk_into)
     a = _args(2, 3)
-    paths, outs = [], []
-    for _ in range(3):
-        out = rnd.step(**a)
-        paths.append(rnd.last_path)
-        outs.append(out["tokens"].copy())
+    paths, outs = _three_steps(rnd, a)
     assert paths == ["eager", "capture", "graph"]
     ws = rnd._ws[(2, 4, 16)]
     assert asked == [(6, 50, 32, 4, None, "candidate_topk")]  # once, at the workspace, by the Ops' rule
