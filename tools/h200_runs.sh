@@ -373,7 +373,7 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         tests/gpu/test_fast_round.py tests/gpu/test_fast_backend.py
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v14-b)  # session v14: one claim a thread and hidden row (both kernels), the ping-pong kernel's clocks: the probe,
-      # the fused head's GPU tests, the A/B
+      # the fused head's GPU tests, the A/B. Ran on a761c17; the batched claims were reverted after it
       step probe timeout 90 $PY -m benchmarks.fast_head_probe --only base,stream,pingpong,pp_clocks,clocks \
         --json "$OUT/probe.json"
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
@@ -387,6 +387,7 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz probe.log head-tests.log head-ab.log ;;
     v14-d)  # session v14: the ping-pong selection HP_R rows at a time, ballot slots, accumulators dead across it
+      # (ran on cced0b9; HP_R and the pp_r* variants went in 7c3762e, so on later trees those rows are skipped)
       step probe timeout 120 $PY -m benchmarks.fast_head_probe \
         --only base,stream,pingpong,pp_no_epilogue,pp_r1,pp_r8,pp_clocks --json "$OUT/probe.json"
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
