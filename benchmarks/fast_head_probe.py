@@ -1,8 +1,10 @@
-"""Where the fused head's time goes (kernels_cu/fast_head.cu; probe, issue 12): the kernel alone over the 27B head
+"""Where the fused head's time goes (kernels_cu/fast_head.cu; probe, issue 12): either kernel alone over the 27B head
 (248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
-stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection), timed by CUDA events (median).
+stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT_PROBE_CLOCKS: cycle counts;
+HP_SEED_BISECT: the ping-pong kernel's first thresholds by bisection), timed by CUDA events (median). Variants named
+pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
-    python -m benchmarks.fast_head_probe [--json out.json]
+    python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--json out.json]
 
 Columns: variant, hidden rows, ms, GB/s of head bytes, fraction of 4.1 TB/s.
 """
@@ -45,8 +47,6 @@ VARIANTS = [  # (label, rows, defines)
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 # the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)
 PP_CLOCKS = ("total", "main_turn_wait", "main_loop", "select_turn_wait", "staging", "select", "tiles", "compactions")
-
-
 PP_CLOCK_WORDS = 40  # fast_head.cu HP_PC: 8 sums, then 8 tiles x (main start, main end, selection start, end)
 
 
@@ -104,8 +104,8 @@ def main(argv=None) -> int:
         _, fn = fh._kernel(n, tuple(defines), smem, pp)
         x = (rng.standard_normal((m, h), dtype=cp.float32).view(cp.uint32) >> 16).astype(cp.uint16)
         partial = cp.zeros((m, fh.grid(vr), 16), np.uint64)
-        clocks = (cp.zeros((fh.grid(vr), 2, PP_CLOCK_WORDS) if pp else (fh.grid(vr), 1, 8), np.uint64)
-                  if label.endswith("clocks") else None)
+        clock_shape = (fh.grid(vr), 2, PP_CLOCK_WORDS) if pp else (fh.grid(vr), 1, len(CLOCKS))  # per warpgroup
+        clocks = cp.zeros(clock_shape, np.uint64) if label.endswith("clocks") else None
         launch = (lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks, pp=pp:
                   fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem, fh.PP_THREADS if pp else fh.THREADS))
         ms = timer(launch, warmup=1, reps=args.reps)
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         if clocks is not None:  # per-block means of thread 0's counts (HT_PROBE_CLOCKS), cycles or counts
             mean = cp.asnumpy(clocks).astype(np.float64).mean(axis=0)
             if pp:  # per warpgroup, and the main loops' timeline
-                r["clocks_mean"] = [{name: float(v) for name, v in zip(PP_CLOCKS, m[:8])} for m in mean]
+                r["clocks_mean"] = [{name: float(v) for name, v in zip(PP_CLOCKS, wg[:8])} for wg in mean]
                 r["timeline"] = pp_timeline(cp.asnumpy(clocks).astype(np.int64))
             else:
                 r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean[0])}

@@ -10,13 +10,14 @@ mode's, inherited):
   fused glue kernels (kernels_cu/fast_block.py); capture-safe for a CUDA graph after one warm-up.
 - draft_attention: a one-pass flash-decoding kernel over ring + block, GQA-aware, split over keys
   (kernels_cu/fast_attention.py); masked_block uses it too.
-- candidate_topk: up to 16 hidden rows on an sm_90 GPU (k <= 16, no shortlist), one wgmma kernel with the
-  top-k in its epilogue (kernels_cu/fast_head.py: the head read once, no logits in memory); otherwise
+- candidate_topk: up to 128 hidden rows on an sm_90 GPU (k <= 16, no shortlist), one wgmma kernel with the
+  top-k selected beside its stream (kernels_cu/fast_head.py: the head read once, no logits in memory); otherwise
   one BF16 GEMM over the whole head for all B*K hidden rows (cuBLAS gemmEx,
   BF16 inputs, FP32 output, CUBLAS_COMPUTE_32F: FP32 accumulation on the tensor cores), then a
   split stable top-k per row (kernels_cu/fast_select.cu; C4 order, exact on the fp32 logits).
   The exact mode re-reads the 2.5 GB head once per hidden row with a double-precision dot.
-- proposal_head: the same GEMM and the same selection with k = 1 (argmax, lowest row on ties).
+- proposal_head: the same (the fused head, or the GEMM and the selection) with k = 1 (argmax, lowest row on
+  ties).
 - target_distribution: the exact kernel's numbers, but top-k and top-p thresholds found by
   filtering (a histogram pass and a few radix passes, kernels_cu/fast_target.cu) instead of a
   64-step bisection over the key space per filter.
@@ -204,8 +205,8 @@ class FastSelectBackend(CudaBackend):
     # gemmEx always. (candidate_topk stays on gemmEx: at 120 rows no algorithm beat it, session v7's probe.)
     proposal_head_lt = True
     # candidate_topk / proposal_head may take the head GEMM with the top-k in its epilogue (kernels_cu/fast_head.py)
-    # where fast_head.applies; False: always the GEMM and the split top-k (FastRound sets it: its graph round runs
-    # those, and its per-Op composition must give the graph's bits)
+    # where fast_head.applies; False: always the GEMM and the split top-k (FastRound's graph round follows the same
+    # choice, _head_route, so its per-Op composition gives the graph's bits)
     fused_head = True
 
     def __init__(self, max_resident_bytes: int = 48 << 30):

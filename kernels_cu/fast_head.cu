@@ -86,16 +86,35 @@ __device__ __forceinline__ void ht_tma(unsigned dst, const u64* map, int k0, int
         : "memory");
 }
 
-// Issued by one thread: stage `it` (tile it / KC, K stage it % KC) into buffer st. The head rows come as boxes of
-// 64 rows (those starting at or past r1 are skipped: their rows are never selected); the hidden rows as one box of
-// HT_N rows (rows >= M read as zeros: out of the map's bounds). The barrier expects every box's full bytes.
+// Issued by one thread: the stage of VT head rows from row0 and K from k0 into the buffer at sw. The head rows come
+// as boxes of 64 rows (those starting at or past r1 are skipped: their rows are never selected), then the hidden
+// rows as one box of HT_N rows (rows >= M read as zeros: out of the map's bounds). The barrier expects every box's
+// full bytes.
+template <int VT>
 __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* wmap, const u64* xmap, int row0, int r1,
                                          int k0) {
-    const int boxes = min(HT_VT / 64, (r1 - row0 + 63) / 64);
+    const int boxes = min(VT / 64, (r1 - row0 + 63) / 64);
     const unsigned bytes = boxes * 64 * HT_KC * 2 + HT_X_BYTES;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
     for (int j = 0; j < boxes; ++j) ht_tma(sw + j * 64 * HT_KC * 2, wmap, k0, row0 + 64 * j, bar);
-    ht_tma(sw + HT_W_BYTES, xmap, k0, 0, bar);
+    ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
+}
+
+// Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
+__device__ __forceinline__ void ht_block_rows(int b, int G, int Vr, int& r0, int& r1) {
+    const int units = (Vr + 63) / 64;
+    r0 = (int)((long long)b * units / G) * 64;
+    r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
+}
+
+// This block's list for each hidden row into partial [M, G, k]: its kept keys (descending where compacted), 0 past
+// them; by `threads` threads from tid.
+__device__ __forceinline__ void ht_write_lists(u64* partial, const u64* buf, const int* cnt, int M, int k, int G,
+                                               int b, int tid, int threads) {
+    for (int i = tid; i < M * k; i += threads) {
+        const int n = i / k, j = i - n * k;
+        partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
+    }
 }
 
 // Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more than
@@ -131,9 +150,8 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
-    // block b: head rows [r0, r1), cut on 64-row boxes
-    const int units = (Vr + 63) / 64;
-    const int r0 = (int)((long long)b * units / G) * 64, r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
+    int r0, r1;
+    ht_block_rows(b, G, Vr, r0, r1);
     const int elig = min(r1, n_elig);
     const int KC = H / HT_KC;
     const int total = r1 > r0 ? (r1 - r0 + HT_VT - 1) / HT_VT * KC : 0;
@@ -153,7 +171,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(wmap) : "memory");
         asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(xmap) : "memory");
         for (int p = 0; p < HT_STAGES - 1 && p < total; ++p)
-            ht_issue(s0 + p * HT_STAGE_BYTES, b0 + 8 * p, wmap, xmap, r0 + p / KC * HT_VT, r1, p % KC * HT_KC);
+            ht_issue<HT_VT>(s0 + p * HT_STAGE_BYTES, b0 + 8 * p, wmap, xmap, r0 + p / KC * HT_VT, r1, p % KC * HT_KC);
     }
     __syncthreads();
     float acc[2][HT_NACC];
@@ -175,8 +193,8 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
         if (tid == 0) {
             const int nx = it + HT_STAGES - 1;
             if (nx < total)
-                ht_issue(s0 + nx % HT_STAGES * HT_STAGE_BYTES, b0 + 8 * (nx % HT_STAGES), wmap, xmap,
-                         r0 + nx / KC * HT_VT, r1, nx % KC * HT_KC);
+                ht_issue<HT_VT>(s0 + nx % HT_STAGES * HT_STAGE_BYTES, b0 + 8 * (nx % HT_STAGES), wmap, xmap,
+                                r0 + nx / KC * HT_VT, r1, nx % KC * HT_KC);
         }
         const int kc = it % KC;
         const unsigned sw = s0 + it % HT_STAGES * HT_STAGE_BYTES, sx = sw + HT_W_BYTES;
@@ -348,11 +366,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     }
 #endif
     __syncthreads();
-    // this block's list for each hidden row: its kept keys (descending where compacted), 0 past them
-    for (int i = tid; i < M * k; i += HT_THREADS) {
-        const int n = i / k, j = i - n * k;
-        partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
-    }
+    ht_write_lists(partial, buf, cnt, M, k, G, b, tid, HT_THREADS);
 }
 
 // ---- Ping-pong kernel (fast_head_topk_pp; fast_head.PINGPONG). The kernel above selects from registers: its
@@ -361,16 +375,18 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 // took 24 % of the kernel (fast_head_probe --only clocks). Here:
 // - the two consumer warpgroups take turns over tiles of 128 head rows (warpgroup w: tiles w, w + 2, ...), so one
 //   computes on the stream while the other selects;
-// - a producer warpgroup (one lane of warp 8; setmaxnreg gives its registers to the consumers) issues the tensor
+// - a producer warpgroup (one lane of warp 8; setmaxnreg gives its registers to the consumers, whose code uses
+//   176 at N 120 against the 168 a thread of 384 starts with) issues the tensor
 //   copies of every stage in order, each once its buffer's empty barrier says the last consumer's wgmma retired;
 // - a selection first stages the tile's logits in shared memory (hidden row n's 128 logits contiguous, rows
 //   HP_LS floats apart: the accumulator stores and the float4 reads are free of bank conflicts), then each of
-//   its 4 warps owns hidden rows n = w, w + 4, ...: a lane reads 4 logits, one compare a logit against the row's
-//   threshold (a float pre-filter, then the key), and the passing keys go to the row's buffer at slots from a
-//   warp prefix sum (no atomics: the row is the warp's alone). A full buffer is compacted by the same warp (sorted,
-//   the best k kept, the threshold raised) and the rest of the row's keys filtered again. While a row's list is
-//   empty its threshold is seeded from the warp's 32 lane maxima: the k-th largest, f, has k logits >= f, so the
-//   smallest key of value f (row word 0) may be the threshold.
+//   its 4 warps owns hidden rows n = w, w + 4, ...: a lane forms the keys of 4 logits and compares them with the
+//   row's threshold key (branch-free), and the passing keys go to the row's buffer at slots from four ballots (no
+//   atomics: the row is the warp's alone). A full buffer is compacted by the same warp (sorted, the best k kept,
+//   the threshold raised) and the rest of the row's keys filtered again. While a row's list is empty its
+//   threshold is seeded from the warp's 32 lane maxima: the k-th largest, f, has k logits >= f, so the smallest
+//   key of value f (row word 0) may be the threshold. The block's last tile, which nothing overlaps, is selected
+//   by both warpgroups.
 // Turns (two tokens in shared memory): the selections run in tile order, one at a time (they share the staging
 // area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last
 // stage land. A full barrier tells phases apart by parity alone: a warpgroup that ran ahead to tile j + 2 would
@@ -510,9 +526,8 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     volatile int* mturn = turn + 1;   // the tile whose main loop may start
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int G = gridDim.x, b = blockIdx.x;
-    // block b: head rows [r0, r1), cut on 64-row boxes
-    const int units = (Vr + 63) / 64;
-    const int r0 = (int)((long long)b * units / G) * 64, r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
+    int r0, r1;
+    ht_block_rows(b, G, Vr, r0, r1);
     const int elig = min(r1, n_elig);
     const int KC = H / HT_KC;
     const int tiles = r1 > r0 ? (r1 - r0 + HP_VT - 1) / HP_VT : 0;
@@ -542,14 +557,8 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             for (int q = 0; q < total; ++q) {
                 const int st = q % HP_STAGES, use = q / HP_STAGES;
                 if (use > 0) ht_bar_wait(empty0 + 8 * st, (use - 1) & 1);  // its last consumer retired
-                const int row0 = r0 + q / KC * HP_VT, k0 = q % KC * HT_KC;
-                const unsigned sw = s0 + st * HP_STAGE_BYTES, bar = full0 + 8 * st;
-                const int boxes = min(HP_VT / 64, (r1 - row0 + 63) / 64);
-                const unsigned bytes = boxes * 64 * HT_KC * 2 + HT_X_BYTES;
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                             : "memory");
-                for (int j = 0; j < boxes; ++j) ht_tma(sw + j * 64 * HT_KC * 2, wmap, k0, row0 + 64 * j, bar);
-                ht_tma(sw + HP_W_BYTES, xmap, k0, 0, bar);
+                ht_issue<HP_VT>(s0 + st * HP_STAGE_BYTES, full0 + 8 * st, wmap, xmap, r0 + q / KC * HP_VT, r1,
+                                q % KC * HT_KC);
             }
         }
         __syncwarp();
@@ -681,10 +690,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #endif
     ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
-    for (int i = tid; i < M * k; i += 256) {
-        const int n = i / k, jn = i - n * k;
-        partial[((size_t)n * G + b) * k + jn] = jn < cnt[n] ? buf[n * HT_CAP + jn] : 0ull;
-    }
+    ht_write_lists(partial, buf, cnt, M, k, G, b, tid, 256);
 }
 #undef HP_CLOCK
 

@@ -399,10 +399,10 @@ class FastRound(ComposedRounds, FastCudaBackend):
                       exit={"norm_w": d.final_norm, "norm_hi": ws.hidden, "skip_first": True})
         B, K = dm.B, dm.W - 1
         x = ws.hidden.reshape(B * K, d.H)
-        k = d.top_k if dm.conv else 1
+        # candidate_topk (k, the multiplier and softcap on the scores) or proposal_head (k = 1, no scores)
+        k, mult, cap = (d.top_k, d.multiplier, d.softcap) if dm.conv else (1, 0.0, 0.0)
         if ws.fused:  # the head with the top-k in its epilogue
-            head_topk_into(x, d.head, ws.fh_maps, d.vocab_size, k, d.multiplier if dm.conv else 0.0,
-                           d.softcap if dm.conv else 0.0, ws.fh_partial, ws.scores, ws.ids)
+            head_topk_into(x, d.head, ws.fh_maps, d.vocab_size, k, mult, cap, ws.fh_partial, ws.scores, ws.ids)
         else:
             shape = (x.shape[0], d.head.shape[0], x.shape[1])
             lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= fast_lt.MIN_BYTES
@@ -410,14 +410,9 @@ class FastRound(ComposedRounds, FastCudaBackend):
                 fast_lt.tuned(self._head_lt, x, d.head, ws.logits, eng._capture_gemm)
             else:
                 eng.gemm(x, d.head, ws.logits)
-            if dm.conv:
-                topk_into(ws.logits, None, d.vocab_size, k, d.multiplier, d.softcap, ws.partial, ws.scores, ws.ids,
-                          ws.topk_bound)
-            else:
-                topk_into(ws.logits, None, d.vocab_size, 1, 0.0, 0.0, ws.partial, None, ws.ids, ws.topk_bound)
+            topk_into(ws.logits, None, d.vocab_size, k, mult, cap, ws.partial, ws.scores, ws.ids, ws.topk_bound)
         if dm.conv:  # then candidate_selector
             rowdot_bits_into(x, d.w_hidden, ws.g)
-            k = d.top_k
             selector_walk_into(ws.g.reshape(B, K, -1), ws.scores.reshape(B, K, k), ws.ids.reshape(B, K, k),
                                ws.anchor, d.w_pred, d.w_succ, ws.temperature, ws.seed, ws.frontier, ws.path,
                                ws.tokens, ws.q)

@@ -17,9 +17,9 @@ def test_n_rounds_rows_up_to_the_wgmma_n():
     assert [fast_head.n_for(m) for m in (1, 7, 8, 9, 15, 120, 128)] == [8, 8, 8, 16, 16, 120, 128]
 
 
-def _cu_smem_bytes(n: int, name: str = "HT_SMEM_BYTES") -> int:
-    """fast_head.cu's own HT_SMEM_BYTES (or HP_SMEM_BYTES, the ping-pong kernel's) for HT_N = n: its #defines read
-    from the source and evaluated."""
+def _cu_value(n: int, name: str = "HT_SMEM_BYTES") -> int:
+    """A constant of fast_head.cu (HT_SMEM_BYTES, the ping-pong kernel's HP_SMEM_BYTES, ...) for HT_N = n: its
+    #defines read from the source and evaluated."""
     defines = {"HT_N": str(n)}
     for line in (fast_head.KERNEL_DIR / "fast_head.cu").read_text().splitlines():
         m = re.match(r"#define (H[TP]_\w+) (.+?)\s*(//.*)?$", line)
@@ -36,9 +36,17 @@ def test_shared_memory_fits_one_block_at_every_n():
     kernel source's HT_SMEM_BYTES (what its layout uses) at every N."""
     for n in range(8, fast_head.NMAX + 1, 8):
         assert fast_head.smem_bytes(n) <= H200_SMEM_OPTIN, n
-        assert fast_head.smem_bytes(n) == _cu_smem_bytes(n), n
+        assert fast_head.smem_bytes(n) == _cu_value(n), n
         assert fast_head.smem_bytes_pp(n) <= H200_SMEM_OPTIN, n  # the ping-pong kernel's stages and staged logits
-        assert fast_head.smem_bytes_pp(n) == _cu_smem_bytes(n, "HP_SMEM_BYTES"), n
+        assert fast_head.smem_bytes_pp(n) == _cu_value(n, "HP_SMEM_BYTES"), n
+
+
+def test_probe_reads_the_clocks_as_the_kernel_writes_them():
+    """benchmarks/fast_head_probe.py sizes and parses the ping-pong kernel's clock words by its own constants: they
+    must be the kernel's (HP_PC words a warpgroup: the 8 sums, then 8 tiles x 4 events)."""
+    from benchmarks import fast_head_probe
+
+    assert fast_head_probe.PP_CLOCK_WORDS == _cu_value(8, "HP_PC") == len(fast_head_probe.PP_CLOCKS) + 8 * 4
 
 
 @pytest.mark.parametrize("n", [8, 64, 120, 256])

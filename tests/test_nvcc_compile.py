@@ -10,6 +10,7 @@ nvcc's command line and stderr.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -116,10 +117,9 @@ def test_wgmma_probe_builds_for_sm_90a(tmp_path):
 @pytest.mark.parametrize("n", [8, 120, 128])
 def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
     """kernels_cu/fast_head.cu as fast_head.py hands it to NVRTC for N hidden rows (the generated m64nNk16 wrapper
-    prepended, sm_90a, the loader's options), built by nvcc: it compiles, it really holds the wgmma (HGMMA in the
-    SASS is not checkable here without cuobjdump, so: ptxas names no C7515 serialization), and at the largest N
-    (254 registers: 2 x 60 accumulators and the epilogue) ptxas reports no spill and no stack frame, which would
-    put accumulators in local memory."""
+    prepended, sm_90a, the loader's options), built by nvcc: it compiles, ptxas names no C7515 serialization of the
+    wgmma chains, and for both kernels (fast_head_topk, fast_head_topk_pp; 2 x N / 2 accumulators a thread and the
+    selection) ptxas reports no spill and no stack frame, which would put accumulators in local memory."""
     from kernels_cu import fast_head
 
     src = tmp_path / f"fast_head_n{n}.cu"
@@ -130,5 +130,5 @@ def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
     assert "C7515" not in proc.stderr, proc.stderr
-    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in proc.stderr, proc.stderr
-    assert "bytes spill" not in proc.stderr.replace("0 bytes spill", ""), proc.stderr
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert len(frames) == 2 and all(v == "0" for f in frames for v in f), proc.stderr  # one line a kernel
