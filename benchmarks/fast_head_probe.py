@@ -1,7 +1,8 @@
 """Where the fused head's time goes (kernels_cu/fast_head.cu; probe, issue 12): either kernel alone over the 27B head
 (248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
 stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT_PROBE_CLOCKS: cycle counts;
-HP_SEED_BISECT: the ping-pong kernel's first thresholds by bisection), timed by CUDA events (median). Variants named
+HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
+warp a hidden row; HP_SET: the lane form's float4 a set), timed by CUDA events (median). Variants named
 pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
     python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--json out.json]
@@ -39,8 +40,12 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_no_epilogue", 120, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("pp_stream", 120, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("pp_clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
-    ("pp_bisect", 120, (("HP_SEED_BISECT", 1),)),
-    ("pp_bisect_clocks", 120, (("HP_SEED_BISECT", 1), ("HT_PROBE_CLOCKS", 1))),
+    ("pp_warp_rows", 7, (("HP_WARP_ROWS", 1),)),
+    ("pp_warp_rows", 120, (("HP_WARP_ROWS", 1),)),
+    ("pp_warp_rows_clocks", 120, (("HP_WARP_ROWS", 1), ("HT_PROBE_CLOCKS", 1))),
+    ("pp_set2", 120, (("HP_SET", 2),)),
+    ("pp_bisect", 120, (("HP_SEED_BISECT", 1), ("HP_WARP_ROWS", 1))),
+    ("pp_bisect_clocks", 120, (("HP_SEED_BISECT", 1), ("HP_WARP_ROWS", 1), ("HT_PROBE_CLOCKS", 1))),
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
 ]

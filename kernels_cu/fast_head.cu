@@ -101,10 +101,17 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
 }
 
 // Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
+// floor(b units / G) in 32-bit arithmetic (b <= G < 2^16): b q + floor(b r / G) for units = q G + r, so no 64-bit
+// division (a called subroutine whose register convention made ptxas spill the ping-pong kernel's row range).
+__device__ __forceinline__ int ht_cut(int b, int G, int units) {
+    const int q = units / G, r = units - q * G;
+    return b * q + b * r / G;
+}
+
 __device__ __forceinline__ void ht_block_rows(int b, int G, int Vr, int& r0, int& r1) {
     const int units = (Vr + 63) / 64;
-    r0 = (int)((long long)b * units / G) * 64;
-    r1 = min(Vr, (int)((long long)(b + 1) * units / G) * 64);
+    r0 = ht_cut(b, G, units) * 64;
+    r1 = min(Vr, ht_cut(b + 1, G, units) * 64);
 }
 
 // This block's list for each hidden row into partial [M, G, k]: its kept keys (descending where compacted), 0 past
@@ -379,14 +386,14 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 //   176 at N 120 against the 168 a thread of 384 starts with) issues the tensor
 //   copies of every stage in order, each once its buffer's empty barrier says the last consumer's wgmma retired;
 // - a selection first stages the tile's logits in shared memory (hidden row n's 128 logits contiguous, rows
-//   HP_LS floats apart: the accumulator stores and the float4 reads are free of bank conflicts), then each of
-//   its 4 warps owns hidden rows n = w, w + 4, ...: a lane forms the keys of 4 logits and compares them with the
-//   row's threshold key (branch-free), and the passing keys go to the row's buffer at slots from four ballots (no
-//   atomics: the row is the warp's alone). A full buffer is compacted by the same warp (sorted, the best k kept,
-//   the threshold raised) and the rest of the row's keys filtered again. While a row's list is empty its
-//   threshold is seeded from the warp's 32 lane maxima: the k-th largest, f, has k logits >= f, so the smallest
-//   key of value f (row word 0) may be the threshold. The block's last tile, which nothing overlaps, is selected
-//   by both warpgroups.
+//   HP_LS floats apart: the accumulator stores and the float4 reads are free of bank conflicts), then lane n of
+//   the warpgroup owns hidden row n (hp_select_lanes, below: a float maximum a set of 16 values against the
+//   row's threshold, keys only for the rare sets that pass). The v14 form, a warp a hidden row
+//   (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its rows ran one after
+//   another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list is empty its
+//   threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k logits >= f,
+//   so the smallest key of value f (row word 0) may be the threshold. The block's last tile, which nothing
+//   overlaps, is selected after the loop.
 // Turns (two tokens in shared memory): the selections run in tile order, one at a time (they share the staging
 // area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last
 // stage land. A full barrier tells phases apart by parity alone: a warpgroup that ran ahead to tile j + 2 would
@@ -509,6 +516,131 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
             thr[n] = t;
             cnt[n] = c;
         }
+    }
+}
+
+// A hidden row's tile by one lane (fast_head_topk_pp's selection; HP_WARP_ROWS builds the warp-a-row form above):
+// lane n of the warpgroup's 128 owns hidden row n (< M) for the tile, its threshold and count in registers. The
+// row's 128 logits are read as sets of HP_SET float4 (rows HP_LS floats apart: a quarter-warp's 16-byte reads fall
+// on 8 distinct 4-bank sets), the next set's loads in flight. A set is dropped whole when its largest float is
+// below f, the threshold key's float (fmaxf skips NaN, and a NaN's key is below every number's, so below a number
+// threshold; threshold words 0 and 1, an empty list or a NaN key, send every set to the keys). A set that passes
+// is read again and forms its keys (ineligible rows never pass), and those above the threshold go to the row's
+// buffer in head-row order; a buffer full with keys left is compacted by the whole warp, one full row at a time
+// (sorted, the best k kept, the threshold raised), and the left keys are filtered again. While a row's list is
+// empty its threshold is seeded: the k-th largest (k <= 16) of its 32 groups' largest ordered words (groups of
+// 4 head rows, the warp form's lanes, so the same seed), kept by insertion into 16 registers, row word 0: k
+// groups hold a key of at least that word, so a key below it is beaten k times.
+#ifndef HP_SET
+#define HP_SET 4  // float4 a set (16 head rows): one vote a set, the next set's loads in flight
+#endif
+__device__ __forceinline__ u32 hp_word(float z) { return (u32)(fk_key(z, 0) >> 32); }
+
+__device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z.x, z.y), fmaxf(z.z, z.w)); }
+
+__device__ __forceinline__ float hp_elem(const float4& q, int e) {  // e a compile-time constant once unrolled
+    return (e & 3) == 0 ? q.x : (e & 3) == 1 ? q.y : (e & 3) == 2 ? q.z : q.w;
+}
+
+__device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u64* __restrict__ buf,
+                                                u64* __restrict__ thr, int* __restrict__ cnt, int M, int k, int tile0,
+                                                int nv, int n, int lane
+#ifdef HT_PROBE_CLOCKS
+                                                , unsigned long long& comps
+#endif
+) {
+    const unsigned full = 0xffffffffu;
+    const bool live = n < M;
+    const float4* row = reinterpret_cast<const float4*>(lg + (live ? n : 0) * HP_LS);
+    u64 t = live ? thr[n] : 0ull;
+    int c = live ? cnt[n] : 0;
+    if (__any_sync(full, live && t == 0ull && c == 0)) {  // a list still empty: the seed
+        u32 top[16] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};  // descending (k <= 16)
+#pragma unroll 4
+        for (int q = 0; q < 32; ++q) {
+            const float4 z = row[q];
+            const int v = 4 * q;
+            u32 w = max(max(v < nv ? hp_word(z.x) : 0u, v + 1 < nv ? hp_word(z.y) : 0u),
+                        max(v + 2 < nv ? hp_word(z.z) : 0u, v + 3 < nv ? hp_word(z.w) : 0u));
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {  // insertion: the larger stays, the smaller moves on
+                const u32 hi = max(top[i], w);
+                w = min(top[i], w);
+                top[i] = hi;
+            }
+        }
+        u32 s = 0xffffffffu;  // the k-th: the least of the first k (a select by a runtime index would go to local memory)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s = i < k ? min(s, top[i]) : s;
+        if (live && t == 0ull && c == 0) t = (u64)s << 32;
+    }
+    bool every = (t >> 32) <= 1ull;  // threshold words 0 / 1: the float test cannot decide
+    float f = key_float(t);
+    float4 z_nx[HP_SET];
+#pragma unroll
+    for (int i = 0; i < HP_SET; ++i) z_nx[i] = row[i];
+#pragma unroll 1
+    for (int gi = 0; gi < 32 / HP_SET; ++gi) {
+        float4 z[HP_SET];
+#pragma unroll
+        for (int i = 0; i < HP_SET; ++i) z[i] = z_nx[i];
+        if (gi < 32 / HP_SET - 1) {
+#pragma unroll
+            for (int i = 0; i < HP_SET; ++i) z_nx[i] = row[HP_SET * (gi + 1) + i];
+        }
+        float m = hp_max4(z[0]);
+#pragma unroll
+        for (int i = 1; i < HP_SET; ++i) m = fmaxf(m, hp_max4(z[i]));
+        if (!__any_sync(full, live && (every || m >= f))) continue;
+        const int v0 = 4 * HP_SET * gi;
+        u32 left = 0u;  // this lane's keys above the threshold not yet in the buffer
+        // the slow path reads the set again from shared memory (rare; z's registers are free past the test)
+        const float4* set = row + HP_SET * gi;
+        if (live && (every || m >= f)) {
+#pragma unroll
+            for (int e = 0; e < 4 * HP_SET; ++e)
+                left |= (u32)(v0 + e < nv && fk_key(hp_elem(set[e >> 2], e), tile0 + v0 + e) > t) << e;
+        }
+        while (__any_sync(full, left != 0u)) {
+            if (left) {
+#pragma unroll
+                for (int e = 0; e < 4 * HP_SET; ++e)
+                    if (((left >> e) & 1u) && c < HT_CAP) {
+                        buf[n * HT_CAP + c++] = fk_key(hp_elem(set[e >> 2], e), tile0 + v0 + e);
+                        left &= ~(1u << e);
+                    }
+            }
+            u32 fullrows = __ballot_sync(full, left != 0u);  // rows whose buffer filled with keys left
+            __syncwarp();
+            while (fullrows) {
+                const int L = __ffs(fullrows) - 1;
+                fullrows &= fullrows - 1u;
+                const int nl = n - lane + L;
+#ifdef HT_PROBE_CLOCKS
+                ++comps;
+#endif
+                const u64 srt = warp_sort_desc(buf[nl * HT_CAP + lane], lane);
+                __syncwarp();
+                if (lane < k) buf[nl * HT_CAP + lane] = srt;
+                const u64 kth = __shfl_sync(full, srt, k - 1);
+                if (lane == L) {
+                    t = kth;
+                    c = k;
+                }
+                __syncwarp();
+            }
+            if (left) {
+#pragma unroll
+                for (int e = 0; e < 4 * HP_SET; ++e)
+                    if (((left >> e) & 1u) && !(fk_key(hp_elem(set[e >> 2], e), tile0 + v0 + e) > t)) left &= ~(1u << e);
+                every = (t >> 32) <= 1ull;
+                f = key_float(t);
+            }
+        }
+    }
+    if (live) {
+        thr[n] = t;
+        cnt[n] = c;
     }
 }
 
@@ -654,7 +786,11 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         if (j == tiles - 1) break;  // the block's last tile: both warpgroups select it, after the loop
         hp_bar_wg(wg);
         HP_CLOCK(4, -1);
+#ifdef HP_WARP_ROWS
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, 4, lane
+#else
+        hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * w4 + lane, lane
+#endif
 #ifdef HT_PROBE_CLOCKS
                   , pc[7]
 #endif
@@ -680,11 +816,20 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #ifdef HT_PROBE_CLOCKS
         unsigned long long last_comps = 0;
 #endif
+#ifdef HP_WARP_ROWS
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), warp, 8, lane
 #ifdef HT_PROBE_CLOCKS
                   , last_comps
 #endif
         );
+#else
+        if (warp < 4)  // a lane a hidden row: the first warpgroup's 128 lanes
+            hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * warp + lane, lane
+#ifdef HT_PROBE_CLOCKS
+                            , last_comps
+#endif
+            );
+#endif
         asm volatile("bar.sync 3, 256;\n" ::: "memory");
     }
 #endif

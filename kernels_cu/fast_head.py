@@ -67,6 +67,9 @@ def smem_bytes(n: int, stages: int = STAGES) -> int:
 
 PINGPONG = True  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
 # tiles, the selection of one under the other's stream, from logits staged in shared memory) instead of fast_head_topk
+# Extra defines of the Ops' build of fast_head.cu: () is the lane-a-row selection (hp_select_lanes);
+# (("HP_WARP_ROWS", 1),) the v14 warp-a-row form (benchmarks/round_ab.py's config head_warp_rows)
+SELECT_DEFINES: tuple[tuple[str, int], ...] = ()
 PP_THREADS = 384  # fast_head.cu HP_THREADS
 PP_VT = 128  # HP_VT
 PP_LS = 132  # HP_LS: floats a hidden row of the staged logits
@@ -226,7 +229,7 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
     if dump is not None and (tuple(dump.shape) != (M, Vr) or dump.dtype != np.float32):
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
-    defines = () if dump is None else (("HT_DUMP", 1),)  # the dump stores only in the tests' build
+    defines = SELECT_DEFINES + (() if dump is None else (("HT_DUMP", 1),))  # the dump stores: the tests' build
     if maps is not None and (maps.shape != (32,) or maps.dtype != np.uint64):
         raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s (32,) uint64")
     _, fn = _kernel(n, defines, None, PINGPONG)

@@ -10,10 +10,15 @@ claim on adversarial values (ties on a grid, all-zero rows with -0, Inf, NaN, ri
 tile) under random claim orders. The first version's seed (threshold = seed key - 1) with its float exact test
 must fail on an all-zero row: the -0 pitfall the GPU test caught.
 
-The ping-pong kernel (fast_head_topk_pp's hp_select) selects differently: a warp a hidden row over 128-row tiles
-staged in shared memory, a row's first threshold from the k-th largest of its 32 lanes' maxima, slots in order,
-compaction when the buffer is full with keys left. Its model is checked the same way, over an eligible-row cut
-too, and two seed mutants (a rank or a word too high) must lose a key of the top k.
+The ping-pong kernel (fast_head_topk_pp) selects differently: over 128-row tiles staged in shared memory, a row's
+first threshold from the k-th largest of the maxima of its 32 groups of 4 head rows, keys above the threshold to
+the buffer in head-row order, compaction when the buffer is full with keys left. Its v14 form (hp_select, the
+HP_WARP_ROWS switch) gives a hidden row to a warp, its default form (hp_select_lanes) to a lane; both offer the
+keys in the order this model does. Its model is checked the same way, over an eligible-row cut too, and two seed
+mutants (a rank or a word too high) must lose a key of the top k. The lane form adds two steps of its own, each
+checked against an independent formulation: a set of 16 values skipped when its float maximum is below the
+threshold's float (it must never skip a key above the threshold, with NaN, -0, Inf and flushed subnormals), and
+the seed's k-th group maximum kept by insertion into 16 registers (against a sort).
 """
 
 from __future__ import annotations
@@ -282,3 +287,78 @@ def test_pp_seed_lets_few_keys_through_on_gaussian_logits():
         t = pp_seed(keys, 16, "lanemax")
         passed.append(sum(key > t for key in keys))
     assert 16 <= min(passed) and np.mean(passed) < 24 and max(passed) <= CAP
+
+
+# ---- the lane form's own steps (fast_head.cu hp_select_lanes)
+SET = 16  # HP_SET float4: values a set
+
+
+def ftz(z: np.float32) -> np.float32:
+    """-ftz=true: a subnormal operand reads as a zero of its sign."""
+    return np.float32(np.copysign(0.0, z)) if z != 0 and abs(z) < np.finfo(np.float32).tiny else np.float32(z)
+
+
+def lane_set_passes(zs: np.ndarray, t: int, strict: bool = False) -> bool:
+    """The set test: every set while the threshold word is 0 or 1; else fmaxf over the set (NaN skipped, operands
+    flushed) against key_float(t) (flushed), >= (the mutant: >)."""
+    if (t >> 32) <= 1:
+        return True
+    m = np.float32(np.nan)
+    for z in zs:
+        m = np.fmax(m, ftz(np.float32(z)))
+    f = ftz(key_float(t))
+    return bool(m > f) if strict else bool(m >= f)
+
+
+def _special_floats(rng, n: int) -> np.ndarray:
+    pool = np.array([0.0, -0.0, 1.0, -1.0, 0.5, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 3e-45, -3e-45,
+                     np.finfo(np.float32).tiny, 2.0, -2.0], np.float32)
+    return pool[rng.integers(0, len(pool), n)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), gauss=st.booleans())
+def test_lane_set_test_never_skips_a_key_above_the_threshold(seed, gauss):
+    """For thresholds that are real keys (any value, any row) and sets of 16 values, ties and specials included:
+    a set holding a key above the threshold passes the float test."""
+    rng = np.random.default_rng(seed)
+    zs = rng.standard_normal(SET).astype(np.float32) if gauss else _special_floats(rng, SET)
+    rows = rng.integers(0, 1000, SET)
+    tz = zs[rng.integers(0, SET)] if rng.random() < 0.5 else _special_floats(rng, 1)[0]
+    t = fk_key(tz, int(rng.integers(0, 1000)))
+    if any(fk_key(z, int(r)) > t for z, r in zip(zs, rows)):
+        assert lane_set_passes(zs, t)
+
+
+def test_lane_set_test_strict_mutant_skips_a_tie():
+    """The test must be >=: a value equal to the threshold's float with a lower head row has the larger key (ties
+    go to the lower row), and a strict test drops it. So must a test that lets NaN decide the maximum."""
+    t = fk_key(np.float32(1.0), 50)
+    zs = np.full(SET, -1.0, np.float32)
+    zs[3] = 1.0
+    assert fk_key(zs[3], 10) > t
+    assert lane_set_passes(zs, t) and not lane_set_passes(zs, t, strict=True)
+    # -0 against a +0 threshold: the key folds -0 onto +0, the float compare sees -0 == +0
+    t0 = fk_key(np.float32(0.0), 50)
+    assert fk_key(np.float32(-0.0), 10) > t0 and lane_set_passes(np.array([-0.0] + [-1.0] * 15, np.float32), t0)
+
+
+def seed_by_insertion(words: list[int], k: int) -> int:
+    """The kernel's seed: the 32 group maxima inserted into 16 descending registers (the larger stays), then the
+    least of the first k."""
+    top = [0] * 16
+    for q in range(32):
+        w = max(words[4 * q:4 * q + 4])
+        for i in range(16):
+            top[i], w = max(top[i], w), min(top[i], w)
+    return min(top[:k]) << 32
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 16), nv=st.integers(0, 128),
+       kind=st.sampled_from(["gauss", "grid", "zeros", "special"]))
+def test_lane_seed_by_insertion_equals_the_sorted_group_maxima(seed, k, nv, kind):
+    rng = np.random.default_rng(seed)
+    z = _values(kind, 128, 1, rng)[:, 0]
+    keys = [fk_key(z[v], v) if v < nv else 0 for v in range(128)]
+    assert seed_by_insertion([key >> 32 for key in keys], k) == pp_seed(keys, k, "lanemax")
