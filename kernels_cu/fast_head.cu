@@ -593,25 +593,32 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
         for (int i = 1; i < HP_SET; ++i) m = fmaxf(m, hp_max4(z[i]));
         if (!__any_sync(full, live && (every || m >= f))) continue;
         const int v0 = 4 * HP_SET * gi;
-        u32 left = 0u;  // this lane's keys above the threshold not yet in the buffer
-        // the slow path reads the set again from shared memory (rare; z's registers are free past the test)
-        const float4* set = row + HP_SET * gi;
+        // the set's candidates: values at or above f (every one while the float test cannot decide), eligible rows
+        u32 left = 0u;
         if (live && (every || m >= f)) {
 #pragma unroll
             for (int e = 0; e < 4 * HP_SET; ++e)
-                left |= (u32)(v0 + e < nv && fk_key(hp_elem(set[e >> 2], e), tile0 + v0 + e) > t) << e;
+                left |= (u32)((every || hp_elem(z[e >> 2], e) >= f) && v0 + e < nv) << e;
         }
+        // one candidate a lane a step, read again from shared memory: its key against the threshold, to the buffer;
+        // a lane whose buffer is full keeps its candidate until the warp has compacted its row
+        const float* zrow = lg + (live ? n : 0) * HP_LS + v0;
         while (__any_sync(full, left != 0u)) {
+            bool stuck = false;
             if (left) {
-#pragma unroll
-                for (int e = 0; e < 4 * HP_SET; ++e)
-                    if (((left >> e) & 1u) && c < HT_CAP) {
-                        buf[n * HT_CAP + c++] = fk_key(hp_elem(set[e >> 2], e), tile0 + v0 + e);
-                        left &= ~(1u << e);
-                    }
+                const int e = __ffs(left) - 1;
+                const u64 key = fk_key(zrow[e], tile0 + v0 + e);
+                if (!(key > t)) {
+                    left &= left - 1u;
+                } else if (c < HT_CAP) {
+                    buf[n * HT_CAP + c++] = key;
+                    left &= left - 1u;
+                } else {
+                    stuck = true;
+                }
             }
-            u32 fullrows = __ballot_sync(full, left != 0u);  // rows whose buffer filled with keys left
-            __syncwarp();
+            u32 fullrows = __ballot_sync(full, stuck);
+            if (fullrows) __syncwarp();
             while (fullrows) {
                 const int L = __ffs(fullrows) - 1;
                 fullrows &= fullrows - 1u;
@@ -626,15 +633,10 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                 if (lane == L) {
                     t = kth;
                     c = k;
+                    every = (t >> 32) <= 1ull;
+                    f = key_float(t);
                 }
                 __syncwarp();
-            }
-            if (left) {
-#pragma unroll
-                for (int e = 0; e < 4 * HP_SET; ++e)
-                    if (((left >> e) & 1u) && !(fk_key(hp_elem(set[e >> 2], e), tile0 + v0 + e) > t)) left &= ~(1u << e);
-                every = (t >> 32) <= 1ull;
-                f = key_float(t);
             }
         }
     }
