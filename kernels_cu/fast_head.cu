@@ -532,7 +532,10 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 // 4 head rows, the warp form's lanes, so the same seed), kept by insertion into 16 registers, row word 0: k
 // groups hold a key of at least that word, so a key below it is beaten k times.
 #ifndef HP_SET
-#define HP_SET 4  // float4 a set (16 head rows): one vote a set, the next set's loads in flight
+#define HP_SET 4  // float4 a set (16 head rows): one vote a set
+#endif
+#ifndef HP_AHEAD
+#define HP_AHEAD 2  // sets whose loads are issued ahead of the one tested
 #endif
 __device__ __forceinline__ u32 hp_word(float z) { return (u32)(fk_key(z, 0) >> 32); }
 
@@ -576,18 +579,18 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
     }
     bool every = (t >> 32) <= 1ull;  // threshold words 0 / 1: the float test cannot decide
     float f = key_float(t);
-    float4 z_nx[HP_SET];
+    float4 zs[HP_AHEAD + 1][HP_SET];  // a ring of sets: HP_AHEAD sets' loads in flight beyond the one tested
 #pragma unroll
-    for (int i = 0; i < HP_SET; ++i) z_nx[i] = row[i];
-#pragma unroll 1
-    for (int gi = 0; gi < 32 / HP_SET; ++gi) {
-        float4 z[HP_SET];
+    for (int a = 0; a < HP_AHEAD; ++a)
 #pragma unroll
-        for (int i = 0; i < HP_SET; ++i) z[i] = z_nx[i];
-        if (gi < 32 / HP_SET - 1) {
+        for (int i = 0; i < HP_SET; ++i) zs[a][i] = row[HP_SET * a + i];
 #pragma unroll
-            for (int i = 0; i < HP_SET; ++i) z_nx[i] = row[HP_SET * (gi + 1) + i];
+    for (int gi = 0; gi < 32 / HP_SET; ++gi) {  // unrolled: the ring's indices are constants
+        if (gi + HP_AHEAD < 32 / HP_SET) {
+#pragma unroll
+            for (int i = 0; i < HP_SET; ++i) zs[(gi + HP_AHEAD) % (HP_AHEAD + 1)][i] = row[HP_SET * (gi + HP_AHEAD) + i];
         }
+        const float4(&z)[HP_SET] = zs[gi % (HP_AHEAD + 1)];
         float m = hp_max4(z[0]);
 #pragma unroll
         for (int i = 1; i < HP_SET; ++i) m = fmaxf(m, hp_max4(z[i]));
@@ -600,14 +603,17 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             for (int e = 0; e < 4 * HP_SET; ++e)
                 left |= (u32)((every || hp_elem(z[e >> 2], e) >= f) && v0 + e < nv) << e;
         }
-        // one candidate a lane a step, read again from shared memory: its key against the threshold, to the buffer;
-        // a lane whose buffer is full keeps its candidate until the warp has compacted its row
-        const float* zrow = lg + (live ? n : 0) * HP_LS + v0;
+        // one candidate a lane a step, picked from the set's registers (a shared-memory read would wait behind the
+        // other warpgroup's wgmma operand traffic): its key against the threshold, to the buffer; a lane whose buffer
+        // is full keeps its candidate until the warp has compacted its row
         while (__any_sync(full, left != 0u)) {
             bool stuck = false;
             if (left) {
                 const int e = __ffs(left) - 1;
-                const u64 key = fk_key(zrow[e], tile0 + v0 + e);
+                float zz = z[0].x;
+#pragma unroll
+                for (int i = 1; i < 4 * HP_SET; ++i) zz = e == i ? hp_elem(z[i >> 2], i) : zz;
+                const u64 key = fk_key(zz, tile0 + v0 + e);
                 if (!(key > t)) {
                     left &= left - 1u;
                 } else if (c < HT_CAP) {
