@@ -116,25 +116,27 @@ __device__ __forceinline__ void ht_block_rows(int b, int G, int Vr, int& r0, int
 
 // This block's list for each hidden row into partial [M, G, k]: its kept keys (descending where compacted), 0 past
 // them; by `threads` threads from tid.
+template <int BS = HT_CAP>  // BS: u64 from one hidden row's buffer to the next
 __device__ __forceinline__ void ht_write_lists(u64* partial, const u64* buf, const int* cnt, int M, int k, int G,
                                                int b, int tid, int threads) {
     for (int i = tid; i < M * k; i += threads) {
         const int n = i / k, j = i - n * k;
-        partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * HT_CAP + j] : 0ull;
+        partial[((size_t)n * G + b) * k + j] = j < cnt[n] ? buf[n * BS + j] : 0ull;
     }
 }
 
 // Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more than
 // `limit` keys (>= k): sorted, the best k kept in slots 0..k-1, the threshold the k-th. Warp-uniform.
+template <int BS = HT_CAP>
 __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, int k, int limit, int warp,
                                            int lane) {
     for (int n = warp; n < M; n += HT_THREADS / 32) {
         const int c = cnt[n];
         if (c <= limit) continue;
-        const u64 key = lane < min(c, HT_CAP) ? buf[n * HT_CAP + lane] : 0ull;
+        const u64 key = lane < min(c, HT_CAP) ? buf[n * BS + lane] : 0ull;
         const u64 s = warp_sort_desc(key, lane);
         __syncwarp();
-        if (lane < k) buf[n * HT_CAP + lane] = s;
+        if (lane < k) buf[n * BS + lane] = s;
         const u64 kth = __shfl_sync(0xffffffffu, s, k - 1);
         if (lane == 0) {
             thr[n] = kth;
@@ -408,9 +410,11 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #define HP_STAGE_BYTES (HP_W_BYTES + HT_X_BYTES)
 #define HP_PC 40  // the probe's u64 a consumer warpgroup (HT_PROBE_CLOCKS)
 #define HP_LS 132  // floats a hidden row of the staged logits: 128, + 4 (2 t HP_LS is 8 t banks apart)
+#define HP_BS (HT_CAP + 1)  // u64 a hidden row's buffer: HT_CAP slots + 1, so the lanes' stores to their rows' slot c
+                            // fall on 16 bank pairs, not one (33 u64 = 66 words: row n at bank 2 n + 2 c mod 32)
 // dynamic shared memory: the slack, the stages, the staged logits, per hidden row HT_CAP keys and its threshold, a
 // full and an empty barrier a stage, a count a hidden row, the two turn tokens
-#define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * HP_LS * 4 + HT_N * (HT_CAP * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
+#define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * HP_LS * 4 + HT_N * (HP_BS * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
 
 __device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
@@ -487,7 +491,7 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
                 const u32 bal = __ballot_sync(full, (bits >> e) & 1u);
                 const int pos = base + __popc(bal & lt);
                 if (((bits >> e) & 1u) && pos < HT_CAP) {
-                    buf[n * HT_CAP + pos] = key[e];
+                    buf[n * HP_BS + pos] = key[e];
                     bits &= ~(1u << e);
                 }
                 base += __popc(bal);
@@ -501,9 +505,9 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
             ++comps;
 #endif
             __syncwarp();
-            const u64 srt = warp_sort_desc(buf[n * HT_CAP + lane], lane);
+            const u64 srt = warp_sort_desc(buf[n * HP_BS + lane], lane);
             __syncwarp();
-            if (lane < k) buf[n * HT_CAP + lane] = srt;
+            if (lane < k) buf[n * HP_BS + lane] = srt;
             t = __shfl_sync(full, srt, k - 1);
             c = k;
 #pragma unroll
@@ -617,7 +621,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                 if (!(key > t)) {
                     left &= left - 1u;
                 } else if (c < HT_CAP) {
-                    buf[n * HT_CAP + c++] = key;
+                    buf[n * HP_BS + c++] = key;
                     left &= left - 1u;
                 } else {
                     stuck = true;
@@ -632,9 +636,9 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
 #ifdef HT_PROBE_CLOCKS
                 ++comps;
 #endif
-                const u64 srt = warp_sort_desc(buf[nl * HT_CAP + lane], lane);
+                const u64 srt = warp_sort_desc(buf[nl * HP_BS + lane], lane);
                 __syncwarp();
-                if (lane < k) buf[nl * HT_CAP + lane] = srt;
+                if (lane < k) buf[nl * HP_BS + lane] = srt;
                 const u64 kth = __shfl_sync(full, srt, k - 1);
                 if (lane == L) {
                     t = kth;
@@ -659,7 +663,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     unsigned char* base = ht_raw + ((1024 - (ht_smem_u32(ht_raw) & 1023)) & 1023);
     float* lg = reinterpret_cast<float*>(base + HP_STAGES * HP_STAGE_BYTES);
     u64* buf = reinterpret_cast<u64*>(lg + HT_N * HP_LS);
-    u64* thr = buf + HT_N * HT_CAP;
+    u64* thr = buf + HT_N * HP_BS;
     u64* bars = thr + HT_N;  // full[HP_STAGES], then empty[HP_STAGES]
     int* cnt = reinterpret_cast<int*>(bars + 2 * HP_STAGES);
     volatile int* turn = cnt + HT_N;  // the tile whose selection may run next
@@ -841,9 +845,9 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         asm volatile("bar.sync 3, 256;\n" ::: "memory");
     }
 #endif
-    ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
+    ht_compact<HP_BS>(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
-    ht_write_lists(partial, buf, cnt, M, k, G, b, tid, 256);
+    ht_write_lists<HP_BS>(partial, buf, cnt, M, k, G, b, tid, 256);
 }
 #undef HP_CLOCK
 

@@ -73,6 +73,7 @@ SELECT_DEFINES: tuple[tuple[str, int], ...] = ()
 PP_THREADS = 384  # fast_head.cu HP_THREADS
 PP_VT = 128  # HP_VT
 PP_LS = 132  # HP_LS: floats a hidden row of the staged logits
+PP_BS = CAP + 1  # HP_BS: u64 a hidden row's candidate buffer (its slots + 1: the lanes' stores spread over the banks)
 
 
 def pp_stages(n: int) -> int:
@@ -84,7 +85,7 @@ def smem_bytes_pp(n: int, stages: int | None = None) -> int:
     """fast_head.cu HP_SMEM_BYTES: alignment slack, the stages, the staged logits, the per-row buffers and thresholds,
     a full and an empty barrier a stage, the counts, the two turn tokens."""
     st = pp_stages(n) if stages is None else stages
-    return 1024 + st * (PP_VT * KC * 2 + n * KC * 2) + n * PP_LS * 4 + n * (CAP * 8 + 8) + 2 * st * 8 + n * 4 + 8
+    return 1024 + st * (PP_VT * KC * 2 + n * KC * 2) + n * PP_LS * 4 + n * (PP_BS * 8 + 8) + 2 * st * 8 + n * 4 + 8
 
 
 def wgmma_wrapper(n: int) -> str:
