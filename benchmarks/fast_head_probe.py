@@ -2,7 +2,8 @@
 (248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
 stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT_PROBE_CLOCKS: cycle counts;
 HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
-warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead), timed by CUDA events (median). Variants named
+warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan without the
+candidates, wrong lists), timed by CUDA events (median). Variants named
 pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
     python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--json out.json]
@@ -44,6 +45,8 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_warp_rows", 120, (("HP_WARP_ROWS", 1),)),
     ("pp_warp_rows_clocks", 120, (("HP_WARP_ROWS", 1), ("HT_PROBE_CLOCKS", 1))),
     ("pp_set2", 120, (("HP_SET", 2), ("HP_AHEAD", 4))),
+    ("pp_nocand_clocks", 120, (("HP_PROBE_NO_CAND", 1), ("HT_PROBE_CLOCKS", 1))),
+    ("pp_no_epilogue_clocks", 120, (("HT_PROBE_NO_EPILOGUE", 1), ("HT_PROBE_CLOCKS", 1))),
     ("pp_ahead1", 120, (("HP_AHEAD", 1),)),
     ("pp_ahead3", 120, (("HP_AHEAD", 3),)),
     ("pp_bisect", 120, (("HP_SEED_BISECT", 1), ("HP_WARP_ROWS", 1))),

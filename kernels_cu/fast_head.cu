@@ -602,7 +602,11 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
         const int v0 = 4 * HP_SET * gi;
         // the set's candidates: values at or above f (every one while the float test cannot decide), eligible rows
         u32 left = 0u;
+#ifdef HP_PROBE_NO_CAND  // probe switch (wrong lists): the sets' test without the candidates' keys, to time the scan
+        if (false) {
+#else
         if (live && (every || m >= f)) {
+#endif
 #pragma unroll
             for (int e = 0; e < 4 * HP_SET; ++e)
                 left |= (u32)((every || hp_elem(z[e >> 2], e) >= f) && v0 + e < nv) << e;
