@@ -538,10 +538,30 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 #ifndef HP_SET
 #define HP_SET 4  // float4 a set (16 head rows): one vote a set
 #endif
+#ifndef HP_PAIR
+#define HP_PAIR 1  // two candidates a lane a step (0: one)
+#endif
 #ifndef HP_AHEAD
 #define HP_AHEAD 2  // sets whose loads are issued ahead of the one tested
 #endif
 __device__ __forceinline__ u32 hp_word(float z) { return (u32)(fk_key(z, 0) >> 32); }
+
+// The set's value e (runtime) from its registers by a select tree on e's bits (depth 4 at HP_SET 4, not a chain of 15)
+__device__ __forceinline__ float4 hp_sel4(bool p, const float4& a, const float4& b) {
+    return make_float4(p ? b.x : a.x, p ? b.y : a.y, p ? b.z : a.z, p ? b.w : a.w);
+}
+__device__ __forceinline__ float hp_pick(const float4 (&z)[HP_SET], int e) {
+    float4 q;
+#if HP_SET == 4
+    q = hp_sel4((e >> 3) & 1, hp_sel4((e >> 2) & 1, z[0], z[1]), hp_sel4((e >> 2) & 1, z[2], z[3]));
+#else
+    q = z[0];
+#pragma unroll
+    for (int i = 1; i < HP_SET; ++i) q = hp_sel4((e >> 2) == i, q, z[i]);
+#endif
+    const float lo = (e & 1) ? q.y : q.x, hi = (e & 1) ? q.w : q.z;
+    return (e & 2) ? hi : lo;
+}
 
 __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z.x, z.y), fmaxf(z.z, z.w)); }
 
@@ -611,25 +631,38 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             for (int e = 0; e < 4 * HP_SET; ++e)
                 left |= (u32)((every || hp_elem(z[e >> 2], e) >= f) && v0 + e < nv) << e;
         }
-        // one candidate a lane a step, picked from the set's registers (a shared-memory read would wait behind the
-        // other warpgroup's wgmma operand traffic): its key against the threshold, to the buffer; a lane whose buffer
-        // is full keeps its candidate until the warp has compacted its row
+        // up to two candidates a lane a step (independent picks and keys, then in order to the buffer), picked from
+        // the set's registers (a shared-memory read would wait behind the other warpgroup's wgmma operand reads): a key
+        // above the threshold goes to the buffer; a lane whose buffer is full keeps its candidate until the warp has
+        // compacted its row
         while (__any_sync(full, left != 0u)) {
             bool stuck = false;
             if (left) {
-                const int e = __ffs(left) - 1;
-                float zz = z[0].x;
-#pragma unroll
-                for (int i = 1; i < 4 * HP_SET; ++i) zz = e == i ? hp_elem(z[i >> 2], i) : zz;
-                const u64 key = fk_key(zz, tile0 + v0 + e);
-                if (!(key > t)) {
-                    left &= left - 1u;
+                const int e1 = __ffs(left) - 1;
+                const u32 rest = left & (left - 1u);
+                const int e2 = rest ? __ffs(rest) - 1 : e1;
+                const u64 key1 = fk_key(hp_pick(z, e1), tile0 + v0 + e1);
+                const u64 key2 = fk_key(hp_pick(z, e2), tile0 + v0 + e2);
+                if (!(key1 > t)) {
+                    left &= ~(1u << e1);
                 } else if (c < HT_CAP) {
-                    buf[n * HP_BS + c++] = key;
-                    left &= left - 1u;
+                    buf[n * HP_BS + c++] = key1;
+                    left &= ~(1u << e1);
                 } else {
                     stuck = true;
                 }
+#if HP_PAIR
+                if (!stuck && rest) {
+                    if (!(key2 > t)) {
+                        left &= ~(1u << e2);
+                    } else if (c < HT_CAP) {
+                        buf[n * HP_BS + c++] = key2;
+                        left &= ~(1u << e2);
+                    } else {
+                        stuck = true;
+                    }
+                }
+#endif
             }
             u32 fullrows = __ballot_sync(full, stuck);
             if (fullrows) __syncwarp();
