@@ -3,7 +3,7 @@
 stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT_PROBE_CLOCKS: cycle counts;
 HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
 warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan without the
-candidates, wrong lists; HP_PAIR 0: one candidate a lane a step), timed by CUDA events (median). Variants named
+candidates, wrong lists; HP_PAIR 1: two candidates a lane a step), timed by CUDA events (median). Variants named
 pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
     python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--json out.json]
@@ -47,8 +47,8 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_set2", 120, (("HP_SET", 2), ("HP_AHEAD", 4))),
     ("pp_nocand_clocks", 120, (("HP_PROBE_NO_CAND", 1), ("HT_PROBE_CLOCKS", 1))),
     ("pp_no_epilogue_clocks", 120, (("HT_PROBE_NO_EPILOGUE", 1), ("HT_PROBE_CLOCKS", 1))),
-    ("pp_single", 120, (("HP_PAIR", 0),)),
-    ("pp_single_clocks", 120, (("HP_PAIR", 0), ("HT_PROBE_CLOCKS", 1))),
+    ("pp_pair", 120, (("HP_PAIR", 1),)),
+
     ("pp_ahead1", 120, (("HP_AHEAD", 1),)),
     ("pp_ahead3", 120, (("HP_AHEAD", 3),)),
     ("pp_bisect", 120, (("HP_SEED_BISECT", 1), ("HP_WARP_ROWS", 1))),

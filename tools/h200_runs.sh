@@ -436,13 +436,14 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
         $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
-    v15-a)  # session v15: the ping-pong kernel's selection a lane a hidden row (hp_select_lanes): the fused head's GPU
+    v15-a)  # session v15: the ping-pong kernel's selection a lane a hidden row (hp_select_lanes; first run at ec31ad3, the
+      # final one at the tree that reports it): the fused head's GPU
       # tests, the probe (27B and the 35B head's H 2048) against the warp form, the head A/B, the round A/B (warp form,
       # lane form, unfused head) in one process, the round's GPU tests
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
-      step probe timeout 150 $PY -m benchmarks.fast_head_probe --only pingpong,pp_warp_rows,pp_set2,pp_clocks,pp_stream \
+      step probe timeout 150 $PY -m benchmarks.fast_head_probe --only pingpong,pp_warp_rows,pp_pair,pp_clocks,pp_stream \
         --json "$OUT/probe.json"
-      step probe35 timeout 90 $PY -m benchmarks.fast_head_probe --hidden 2048 --only pingpong,pp_warp_rows,pp_stream \
+      step probe35 timeout 90 $PY -m benchmarks.fast_head_probe --hidden 2048 --only pingpong,pp_warp_rows,pp_clocks,pp_stream \
         --json "$OUT/probe35.json"
       step head-ab timeout 90 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json"
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_warp_rows,default,head_unfused \
