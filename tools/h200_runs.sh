@@ -69,6 +69,7 @@
 #   bash tools/h200_runs.sh v14-h          # session v14: routed everywhere and in FastRound's graph: tests, A/Bs
 #   bash tools/h200_runs.sh v14-geo        # session v14: the head Ops' geometries with the routed kernel
 #   bash tools/h200_runs.sh v15-a          # session v15: the selection a lane a hidden row: tests, probe, A/Bs
+#   bash tools/h200_runs.sh v15-geo        # session v15: the head Ops' geometries with the lane-form selection
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -449,6 +450,19 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_warp_rows,default,head_unfused \
         --rounds 3 --json "$OUT/round_ab.json"
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
+    v15-geo)  # session v15: the head Ops' geometries with the lane-form selection (27B candidate_topk B1 and B8 W16, 35B
+      # proposal_head: three processes at once), cut at GEO_DEADLINE s (default 370)
+      geo() {
+        OMP_NUM_THREADS=5 OPENBLAS_NUM_THREADS=5 timeout "${GEO_DEADLINE:-370}" $PY -m conformance.cli geometry \
+          --impl kernels_cu.fast:FastCudaBackend "$@" >"$OUT/geo_$name.log" 2>&1 &
+      }
+      name=35b; geo --geometry dflash-35b-a3b --ops proposal_head --json "$OUT/geo_35b.json"
+      name=27b-b1; geo --geometry dflash2-27b --batch 1 --ops candidate_topk --json "$OUT/geo_27b_b1.json"
+      name=27b-b8w16; geo --geometry dflash2-27b --batch 8 --width 16 --ops candidate_topk \
+        --json "$OUT/geo_27b_b8w16.json"
+      wait
+      for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
+        $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
