@@ -538,6 +538,9 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 #ifndef HP_SET
 #define HP_SET 4  // float4 a set (16 head rows): one vote a set
 #endif
+#ifndef HP_TILE_COMPACT
+#define HP_TILE_COMPACT 1  // 0: no tile-end compaction (v15's first form)
+#endif
 #ifndef HP_PAIR
 #define HP_PAIR 0  // 1: two candidates a lane a step (v15-c: no faster than one)
 #endif
@@ -689,6 +692,46 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             }
         }
     }
+#if HP_TILE_COMPACT
+    // Tile-end compaction, each lane its own row, all of the warp's rows at once: a row holding more than k keys keeps
+    // its best k in slots 0..k-1, the threshold the k-th, so the next tile starts from the exact k-th best key so far
+    // and with HT_CAP - k free slots (mid-tile compactions, a warp sort each, become rare), and the block's last tile
+    // leaves nothing to the final compaction. Slots k..c-1 are inserted into registers holding slots 0..k-1: a step
+    // keeps the larger and moves the smaller on, so each insertion drops the least of the k + 1 keys, whatever the
+    // registers' order (slots 0..k-1 are sorted after a warp compaction, in head-row order after a seed).
+    if (__any_sync(full, live && c > k)) {
+        if (live && c > k) {
+            u64 top[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) top[i] = i < k ? buf[n * HP_BS + i] : 0ull;
+#pragma unroll 1
+            for (int j = k; j < c; j += 4) {  // 4 loads at a time (one shared-memory latency, not 4); past c a 0 key,
+                u64 w4[4];                       // which displaces nothing
+#pragma unroll
+                for (int q = 0; q < 4; ++q) w4[q] = j + q < c ? buf[n * HP_BS + j + q] : 0ull;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    u64 w = w4[q];
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) {
+                        const bool gt = i < k && w > top[i];
+                        const u64 lo = gt ? top[i] : w;
+                        top[i] = gt ? w : top[i];
+                        w = lo;
+                    }
+                }
+            }
+            u64 kth = ~0ull;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                if (i < k) buf[n * HP_BS + i] = top[i];
+                kth = i < k ? min(kth, top[i]) : kth;
+            }
+            t = kth;
+            c = k;
+        }
+    }
+#endif
     if (live) {
         thr[n] = t;
         cnt[n] = c;

@@ -18,7 +18,8 @@ keys in the order this model does. Its model is checked the same way, over an el
 mutants (a rank or a word too high) must lose a key of the top k. The lane form adds two steps of its own, each
 checked against an independent formulation: a set of 16 values skipped when its float maximum is below the
 threshold's float (it must never skip a key above the threshold, with NaN, -0, Inf and flushed subnormals), and
-the seed's k-th group maximum kept by insertion into 16 registers (against a sort).
+the seed's k-th group maximum kept by insertion into 16 registers (against a sort); and its tile-end compaction
+(each lane its own row: the kept keys inserted into k registers), in the block model and on its own, with a mutant.
 """
 
 from __future__ import annotations
@@ -207,7 +208,21 @@ def pp_seed(keys: list[int], k: int, how: str) -> int:
     return lane_max[k - 1] << 32
 
 
-def model_pp_block(z: np.ndarray, k: int, nv_total: int, seed: str = "lanemax") -> list[list[int]]:
+def lane_tile_compact(buf: list[int], t: int, c: int, k: int, move_on: bool = True) -> tuple[int, int]:
+    """hp_select_lanes' tile-end compaction as the kernel does it: slots k..c-1 inserted into k registers holding
+    slots 0..k-1 (in whatever order), a step keeping the larger and moving the smaller on; the best k to slots
+    0..k-1, returns (threshold = the least kept, count k). move_on False: a mutant that drops the displaced key."""
+    top = list(buf[:k])
+    for w in buf[k:c]:
+        for i in range(k):
+            if w > top[i]:
+                top[i], w = w, (top[i] if move_on else 0)
+    buf[:k] = top
+    return min(top), k
+
+
+def model_pp_block(z: np.ndarray, k: int, nv_total: int, seed: str = "lanemax",
+                   tile_compact: bool = False) -> list[list[int]]:
     """The kept keys of each hidden row for one block of the ping-pong kernel: z [rows, N] float32 (row ids
     0..rows-1), the first nv_total rows eligible. Per tile and row: seed while the list is empty, offer every key
     above the threshold, slots in order; a full buffer with keys left is compacted (sorted, best k kept, threshold
@@ -235,6 +250,8 @@ def model_pp_block(z: np.ndarray, k: int, nv_total: int, seed: str = "lanemax") 
                 buf[n][:k] = kept
                 t, c = kept[k - 1], k
                 left = [key for key in left if key > t]
+            if tile_compact and c > k:  # the lane form's tile end (HP_TILE_COMPACT)
+                t, c = lane_tile_compact(buf[n], t, c, k)
             thr[n], cnt[n] = t, c
     out = []
     for n in range(N):
@@ -257,6 +274,7 @@ def test_pp_model_keeps_exactly_the_top_k_of_the_eligible_rows(kind, rows, n, k,
     z = _values(kind, rows, n, rng)
     nv = max(rows - cut, 0)
     assert model_pp_block(z, k, nv, how) == plain_topk_eligible(z, k, nv)
+    assert model_pp_block(z, k, nv, how, tile_compact=True) == plain_topk_eligible(z, k, nv)  # the lane form's tile end
 
 
 def test_pp_seed_mutants_drop_keys_the_top_k_needs():
@@ -362,3 +380,28 @@ def test_lane_seed_by_insertion_equals_the_sorted_group_maxima(seed, k, nv, kind
     z = _values(kind, 128, 1, rng)[:, 0]
     keys = [fk_key(z[v], v) if v < nv else 0 for v in range(128)]
     assert seed_by_insertion([key >> 32 for key in keys], k) == pp_seed(keys, k, "lanemax")
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 16), extra=st.integers(1, 16))
+def test_tile_compaction_keeps_the_best_k_whatever_the_slots_order(seed, k, extra):
+    """The insertion's claim: each step drops the least of the k + 1 keys, so slots 0..k-1 need no order (after a
+    seed they are in head-row order). Distinct keys, shuffled."""
+    rng = np.random.default_rng(seed)
+    c = min(k + extra, CAP)
+    keys = [int(x) for x in rng.choice(2**40, c, replace=False) + 1]
+    buf = keys + [0] * (CAP - c)
+    t, cnt = lane_tile_compact(buf, 0, c, k)
+    want = sorted(keys, reverse=True)[:k]
+    assert sorted(buf[:k], reverse=True) == want and t == want[-1] and cnt == k
+
+
+def test_tile_compaction_mutant_that_drops_the_displaced_key():
+    """Slots [5, 9, 8, 1], then 7: 7 displaces 5, which moves on and displaces 1. A mutant that drops the displaced
+    key keeps 1 and loses 5."""
+    buf = [5, 9, 8, 1, 7] + [0] * (CAP - 5)
+    b1 = list(buf)
+    assert lane_tile_compact(b1, 0, 5, 4) == (5, 4) and sorted(b1[:4], reverse=True) == [9, 8, 7, 5]
+    b2 = list(buf)
+    lane_tile_compact(b2, 0, 5, 4, move_on=False)
+    assert sorted(b2[:4], reverse=True) != [9, 8, 7, 5]

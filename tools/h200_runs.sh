@@ -70,6 +70,7 @@
 #   bash tools/h200_runs.sh v14-geo        # session v14: the head Ops' geometries with the routed kernel
 #   bash tools/h200_runs.sh v15-a          # session v15: the selection a lane a hidden row: tests, probe, A/Bs
 #   bash tools/h200_runs.sh v15-geo        # session v15: the head Ops' geometries with the lane-form selection
+#   bash tools/h200_runs.sh v15-e          # session v15: the lane form's tile-end compaction: tests, probe, A/Bs
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -463,6 +464,16 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       wait
       for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
         $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done ;;
+    v15-e)  # session v15: the lane form's tile-end compaction (HP_TILE_COMPACT): the fused head's GPU tests, the probe
+      # against the form without it (27B and the 35B head's H 2048), the head A/B, the round A/B
+      step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step probe timeout 120 $PY -m benchmarks.fast_head_probe --only pingpong,pp_tc0,pp_clocks,pp_tc0_clocks \
+        --json "$OUT/probe.json"
+      step probe35 timeout 90 $PY -m benchmarks.fast_head_probe --hidden 2048 --only pingpong,pp_tc0,pp_clocks,pp_tc0_clocks \
+        --json "$OUT/probe35.json"
+      step head-ab timeout 90 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json"
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_warp_rows,default \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
