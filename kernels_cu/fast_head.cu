@@ -580,6 +580,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
 #endif
 ) {
     const unsigned full = 0xffffffffu;
+    if (n - lane >= M) return;  // a warp without a live row (few hidden rows): nothing to do
     const bool live = n < M;
     const float4* row = reinterpret_cast<const float4*>(lg + (live ? n : 0) * HP_LS);
     u64 t = live ? thr[n] : 0ull;
@@ -593,7 +594,8 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             u32 w = max(max(v < nv ? hp_word(z.x) : 0u, v + 1 < nv ? hp_word(z.y) : 0u),
                         max(v + 2 < nv ? hp_word(z.z) : 0u, v + 3 < nv ? hp_word(z.w) : 0u));
 #pragma unroll
-            for (int i = 0; i < 16; ++i) {  // insertion: the larger stays, the smaller moves on
+            for (int i = 0; i < 16; ++i) {  // insertion: the larger stays, the smaller moves on (k steps: k is uniform)
+                if (i == k) break;
                 const u32 hi = max(top[i], w);
                 w = min(top[i], w);
                 top[i] = hi;
@@ -714,7 +716,8 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                     u64 w = w4[q];
 #pragma unroll
                     for (int i = 0; i < 16; ++i) {
-                        const bool gt = i < k && w > top[i];
+                        if (i == k) break;  // k steps (k is uniform)
+                        const bool gt = w > top[i];
                         const u64 lo = gt ? top[i] : w;
                         top[i] = gt ? w : top[i];
                         w = lo;

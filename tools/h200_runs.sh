@@ -71,6 +71,7 @@
 #   bash tools/h200_runs.sh v15-a          # session v15: the selection a lane a hidden row: tests, probe, A/Bs
 #   bash tools/h200_runs.sh v15-geo        # session v15: the head Ops' geometries with the lane-form selection
 #   bash tools/h200_runs.sh v15-e          # session v15: the lane form's tile-end compaction: tests, probe, A/Bs
+#   bash tools/h200_runs.sh v15-f          # session v15: insertions in k steps, idle warps skipped: tests, A/Bs
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -474,6 +475,12 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step head-ab timeout 90 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_warp_rows,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
+    v15-f)  # session v15: the lane form's seed and tile-end insertions in k steps, warps without a live row skipped:
+      # the fused head's GPU tests, the round A/B, the head A/B
+      step head-tests timeout 100 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step round-ab timeout 80 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_warp_rows,default \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step head-ab timeout 40 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
