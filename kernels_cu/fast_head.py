@@ -7,8 +7,9 @@ each block's best k keys per hidden row in shared memory, and fast_select.cu's m
 the final k; the logits never reach memory. Two kernels (``PINGPONG`` picks, default True):
 
 - fast_head_topk_pp: two consumer warpgroups take turns over 128-row tiles, one computing on the stream while the
-  other selects from the tile's logits staged in shared memory (a warp a hidden row), a producer warpgroup issuing
-  the tensor copies (fast_head.cu's header says how the turns keep the barriers' phases apart);
+  other selects from the tile's logits staged in shared memory (a lane a hidden row, each row compacted at the
+  tile's end; ``SELECT_DEFINES`` builds v14's warp-a-row form instead), a producer warpgroup issuing the tensor
+  copies (fast_head.cu's header says how the turns keep the barriers' phases apart);
 - fast_head_topk (v13): 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56
   rows on (its selection is not hidden), kept as the switch's other side and the probe's reference.
 
@@ -25,7 +26,8 @@ device by a host copy at each launch (``maps=None``) or, for a CUDA graph, from 
 Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``. The
 kernel does no floating-point arithmetic besides the wgmma chain; its epilogue compares floats and forms keys.
 Under -ftz a denormal logit compares equal to 0, so fk_key files it with +-0 (as fast_select.cu's kernels, built
-with the same option, do); the float pre-filters (fast_head_topk's) only let more values through to the key compare.
+with the same option, do); the float pre-filters (fast_head_topk's, and the ping-pong kernel's test a set of 16
+logits) only let more values through to the key compare.
 """
 
 from __future__ import annotations
