@@ -390,9 +390,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 // - a selection first stages the tile's logits in shared memory (hidden row n's 128 logits contiguous, rows
 //   HP_LS floats apart: the accumulator stores and the float4 reads are free of bank conflicts), then lane n of
 //   the warpgroup owns hidden row n (hp_select_lanes, below: a float maximum a set of 16 values against the
-//   row's threshold, keys only for the rare sets that pass). The v14 form, a warp a hidden row
-//   (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its rows ran one after
-//   another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list is empty its
+//   row's threshold, keys only for the sets that pass, each row compacted at the tile's end). The v14 form, a
+//   warp a hidden row (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its
+//   rows ran one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list is empty its
 //   threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k logits >= f,
 //   so the smallest key of value f (row word 0) may be the threshold. The block's last tile, which nothing
 //   overlaps, is selected after the loop.
@@ -524,17 +524,20 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 }
 
 // A hidden row's tile by one lane (fast_head_topk_pp's selection; HP_WARP_ROWS builds the warp-a-row form above):
-// lane n of the warpgroup's 128 owns hidden row n (< M) for the tile, its threshold and count in registers. The
-// row's 128 logits are read as sets of HP_SET float4 (rows HP_LS floats apart: a quarter-warp's 16-byte reads fall
-// on 8 distinct 4-bank sets), the next set's loads in flight. A set is dropped whole when its largest float is
-// below f, the threshold key's float (fmaxf skips NaN, and a NaN's key is below every number's, so below a number
-// threshold; threshold words 0 and 1, an empty list or a NaN key, send every set to the keys). A set that passes
-// is read again and forms its keys (ineligible rows never pass), and those above the threshold go to the row's
-// buffer in head-row order; a buffer full with keys left is compacted by the whole warp, one full row at a time
-// (sorted, the best k kept, the threshold raised), and the left keys are filtered again. While a row's list is
-// empty its threshold is seeded: the k-th largest (k <= 16) of its 32 groups' largest ordered words (groups of
-// 4 head rows, the warp form's lanes, so the same seed), kept by insertion into 16 registers, row word 0: k
-// groups hold a key of at least that word, so a key below it is beaten k times.
+// lane n of the warpgroup's 128 owns hidden row n (< M) for the tile, its threshold and count in registers (a warp
+// with no row below M returns at once). The row's 128 logits are read as sets of HP_SET float4 (rows HP_LS floats
+// apart: a quarter-warp's 16-byte reads fall on 8 distinct 4-bank sets), HP_AHEAD sets' loads in flight (a register
+// ring, the set loop unrolled). A set is dropped whole when its largest float is below f, the threshold key's float
+// (fmaxf skips NaN, and a NaN's key is below every number's, so below a number threshold; threshold words 0 and 1,
+// an empty list or a NaN key, send every set on). In a set that passes, its values at or above f (eligible rows
+// only) are the candidates: one a lane a step, picked from the registers, its key compared with the threshold and
+// the key appended to the row's buffer. A lane whose buffer is full holds its candidate while the whole warp
+// compacts the full rows, one at a time (sorted, the best k kept, the threshold raised). At the tile's end every
+// row holding more than k keys is compacted by its own lane (HP_TILE_COMPACT, below). While a row's list is empty
+// its threshold is seeded: the k-th largest (k <= 16) of its 32 groups' largest ordered words (groups of 4 head
+// rows, the warp form's lanes, so the same seed), kept by insertion into k registers, row word 0: k groups hold a
+// key of at least that word, so a key below it is beaten k times. (docs/PERFORMANCE.md "Session v15" has the
+// measurements; tests/test_fast_head_model.py checks the set test, the seed and the compactions.)
 #ifndef HP_SET
 #define HP_SET 4  // float4 a set (16 head rows): one vote a set
 #endif
