@@ -569,6 +569,19 @@ __device__ __forceinline__ float hp_pick(const float4 (&z)[HP_SET], int e) {
     return (e & 2) ? hi : lo;
 }
 
+// A candidate's key (set index e) offered to its row's buffer: dropped if not above the threshold, else appended while
+// there is room (the candidate leaves `left` either way); with the buffer full the lane is stuck on it.
+__device__ __forceinline__ void hp_offer(u64 key, int e, u64 t, u64* rowbuf, int& c, u32& left, bool& stuck) {
+    if (!(key > t)) {
+        left &= ~(1u << e);
+    } else if (c < HT_CAP) {
+        rowbuf[c++] = key;
+        left &= ~(1u << e);
+    } else {
+        stuck = true;
+    }
+}
+
 __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z.x, z.y), fmaxf(z.z, z.w)); }
 
 __device__ __forceinline__ float hp_elem(const float4& q, int e) {  // e a compile-time constant once unrolled
@@ -651,25 +664,9 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                 const int e2 = rest ? __ffs(rest) - 1 : e1;
                 const u64 key1 = fk_key(hp_pick(z, e1), tile0 + v0 + e1);
                 const u64 key2 = fk_key(hp_pick(z, e2), tile0 + v0 + e2);
-                if (!(key1 > t)) {
-                    left &= ~(1u << e1);
-                } else if (c < HT_CAP) {
-                    buf[n * HP_BS + c++] = key1;
-                    left &= ~(1u << e1);
-                } else {
-                    stuck = true;
-                }
+                hp_offer(key1, e1, t, buf + n * HP_BS, c, left, stuck);
 #if HP_PAIR
-                if (!stuck && rest) {
-                    if (!(key2 > t)) {
-                        left &= ~(1u << e2);
-                    } else if (c < HT_CAP) {
-                        buf[n * HP_BS + c++] = key2;
-                        left &= ~(1u << e2);
-                    } else {
-                        stuck = true;
-                    }
-                }
+                if (!stuck && rest) hp_offer(key2, e2, t, buf + n * HP_BS, c, left, stuck);
 #endif
             }
             // a full row is compacted at once, one at a time (v15-d made full rows wait until no lane could go on and

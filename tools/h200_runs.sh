@@ -89,6 +89,19 @@ step() {  # name, command...: run it, log it, keep going, remember a failure
   [ $r -ne 0 ] && rc=1
   printf '%-22s rc=%d %4ds  %s\n' "$name" "$r" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-150)"
 }
+head_geos() {  # deadline (s): the fast mode's geometries of the head Ops, three processes at once, then a line each
+  local deadline=$1 name
+  geo() {
+    OMP_NUM_THREADS=5 OPENBLAS_NUM_THREADS=5 timeout "$deadline" $PY -m conformance.cli geometry \
+      --impl kernels_cu.fast:FastCudaBackend "$@" >"$OUT/geo_$name.log" 2>&1 &
+  }
+  name=35b; geo --geometry dflash-35b-a3b --ops proposal_head --json "$OUT/geo_35b.json"
+  name=27b-b1; geo --geometry dflash2-27b --batch 1 --ops candidate_topk --json "$OUT/geo_27b_b1.json"
+  name=27b-b8w16; geo --geometry dflash2-27b --batch 8 --width 16 --ops candidate_topk --json "$OUT/geo_27b_b8w16.json"
+  wait
+  for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
+    $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done
+}
 v10_perf() {  # rounds: the round A/B (PDL off / on), the bench of the block and the rounds, the trace
   step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs nopdl,default --rounds "$1" \
     --json "$OUT/round_ab.json"
@@ -427,17 +440,7 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v14-geo)  # session v14: the geometries whose Ops the routed kernel serves (27B candidate_topk B1 and B8 W16, 35B
       # proposal_head: three processes at once) beside the CLI fast suite (tests/gpu/test_fast_backend.py's report)
-      geo() {
-        OMP_NUM_THREADS=5 OPENBLAS_NUM_THREADS=5 timeout 300 $PY -m conformance.cli geometry \
-          --impl kernels_cu.fast:FastCudaBackend "$@" >"$OUT/geo_$name.log" 2>&1 &
-      }
-      name=35b; geo --geometry dflash-35b-a3b --ops proposal_head --json "$OUT/geo_35b.json"
-      name=27b-b1; geo --geometry dflash2-27b --batch 1 --ops candidate_topk --json "$OUT/geo_27b_b1.json"
-      name=27b-b8w16; geo --geometry dflash2-27b --batch 8 --width 16 --ops candidate_topk \
-        --json "$OUT/geo_27b_b8w16.json"
-      wait
-      for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
-        $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done
+      head_geos 300
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v15-a)  # session v15: the ping-pong kernel's selection a lane a hidden row (hp_select_lanes; first run at ec31ad3, the
       # final one at the tree that reports it): the fused head's GPU
@@ -454,17 +457,7 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       tar -C "$OUT" -czf "$OUT/logs.tgz" --exclude=logs.tgz . ;;
     v15-geo)  # session v15: the head Ops' geometries with the lane-form selection (27B candidate_topk B1 and B8 W16, 35B
       # proposal_head: three processes at once), cut at GEO_DEADLINE s (default 370)
-      geo() {
-        OMP_NUM_THREADS=5 OPENBLAS_NUM_THREADS=5 timeout "${GEO_DEADLINE:-370}" $PY -m conformance.cli geometry \
-          --impl kernels_cu.fast:FastCudaBackend "$@" >"$OUT/geo_$name.log" 2>&1 &
-      }
-      name=35b; geo --geometry dflash-35b-a3b --ops proposal_head --json "$OUT/geo_35b.json"
-      name=27b-b1; geo --geometry dflash2-27b --batch 1 --ops candidate_topk --json "$OUT/geo_27b_b1.json"
-      name=27b-b8w16; geo --geometry dflash2-27b --batch 8 --width 16 --ops candidate_topk \
-        --json "$OUT/geo_27b_b8w16.json"
-      wait
-      for f in "$OUT"/geo_*.log; do printf '%-22s %s\n' "$(basename "$f")" "$(grep -cE '^(PASS|ACCEPTABLE) ' "$f") ok, \
-        $(grep -cE '^(FAIL|ERROR) ' "$f") bad; $(tail -n 1 "$f" | cut -c1-100)"; done ;;
+      head_geos "${GEO_DEADLINE:-370}" ;;
     v15-e)  # session v15: the lane form's tile-end compaction (HP_TILE_COMPACT): the fused head's GPU tests, the probe
       # against the form without it (27B and the 35B head's H 2048), the head A/B, the round A/B
       step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
