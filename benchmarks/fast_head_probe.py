@@ -2,9 +2,9 @@
 (248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
 stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT_PROBE_CLOCKS: cycle counts;
 HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
-warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan without the
-candidates, wrong lists; HP_PAIR 1: two candidates a lane a step;
-HP_TILE_COMPACT 0: no tile-end compaction), timed by CUDA events (median). Variants named
+warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan
+without the candidates, wrong lists; HP_PAIR 1: two candidates a lane a step; HP_TILE_COMPACT 0: no tile-end
+compaction), timed by CUDA events (median). Variants named
 pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
     python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--json out.json]
@@ -52,7 +52,6 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_tc0", 7, (("HP_TILE_COMPACT", 0),)),
     ("pp_tc0", 120, (("HP_TILE_COMPACT", 0),)),
     ("pp_tc0_clocks", 120, (("HP_TILE_COMPACT", 0), ("HT_PROBE_CLOCKS", 1))),
-
     ("pp_ahead1", 120, (("HP_AHEAD", 1),)),
     ("pp_ahead3", 120, (("HP_AHEAD", 3),)),
     ("pp_bisect", 120, (("HP_SEED_BISECT", 1), ("HP_WARP_ROWS", 1))),

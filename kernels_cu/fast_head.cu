@@ -101,8 +101,8 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
 }
 
 // Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
-// floor(b units / G) in 32-bit arithmetic (b <= G < 2^16): b q + floor(b r / G) for units = q G + r, so no 64-bit
-// division (a called subroutine whose register convention made ptxas spill the ping-pong kernel's row range).
+// floor(b units / G) in 32-bit arithmetic (b <= G < 2^15, the grid): b q + floor(b r / G) for units = q G + r, no
+// 64-bit division (a called subroutine whose register convention made ptxas spill the ping-pong kernel's row range).
 __device__ __forceinline__ int ht_cut(int b, int G, int units) {
     const int q = units / G, r = units - q * G;
     return b * q + b * r / G;
@@ -392,10 +392,10 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 //   the warpgroup owns hidden row n (hp_select_lanes, below: a float maximum a set of 16 values against the
 //   row's threshold, keys only for the sets that pass, each row compacted at the tile's end). The v14 form, a
 //   warp a hidden row (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its
-//   rows ran one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list is empty its
-//   threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k logits >= f,
-//   so the smallest key of value f (row word 0) may be the threshold. The block's last tile, which nothing
-//   overlaps, is selected after the loop.
+//   rows ran one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list
+//   is empty its threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k
+//   logits >= f, so the smallest key of value f (row word 0) may be the threshold. The block's last tile, which
+//   nothing overlaps, is selected after the loop (the lane form: the first warpgroup; the warp form: both).
 // Turns (two tokens in shared memory): the selections run in tile order, one at a time (they share the staging
 // area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last
 // stage land. A full barrier tells phases apart by parity alone: a warpgroup that ran ahead to tile j + 2 would
@@ -412,8 +412,8 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #define HP_LS 132  // floats a hidden row of the staged logits: 128, + 4 (2 t HP_LS is 8 t banks apart)
 #define HP_BS (HT_CAP + 1)  // u64 a hidden row's buffer: HT_CAP slots + 1, so the lanes' stores to their rows' slot c
                             // fall on 16 bank pairs, not one (33 u64 = 66 words: row n at bank 2 n + 2 c mod 32)
-// dynamic shared memory: the slack, the stages, the staged logits, per hidden row HT_CAP keys and its threshold, a
-// full and an empty barrier a stage, a count a hidden row, the two turn tokens
+// dynamic shared memory: the slack, the stages, the staged logits, per hidden row HP_BS keys' room and its threshold,
+// a full and an empty barrier a stage, a count a hidden row, the two turn tokens
 #define HP_SMEM_BYTES (1024 + HP_STAGES * HP_STAGE_BYTES + HT_N * HP_LS * 4 + HT_N * (HP_BS * 8 + 8) + 2 * HP_STAGES * 8 + HT_N * 4 + 8)
 
 __device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
@@ -652,7 +652,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             for (int e = 0; e < 4 * HP_SET; ++e)
                 left |= (u32)((every || hp_elem(z[e >> 2], e) >= f) && v0 + e < nv) << e;
         }
-        // up to two candidates a lane a step (independent picks and keys, then in order to the buffer), picked from
+        // one candidate a lane a step (HP_PAIR: two, picked and keyed independently, offered in order), picked from
         // the set's registers (a shared-memory read would wait behind the other warpgroup's wgmma operand reads): a key
         // above the threshold goes to the buffer; a lane whose buffer is full keeps its candidate until the warp has
         // compacted its row
@@ -660,10 +660,14 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             bool stuck = false;
             if (left) {
                 const int e1 = __ffs(left) - 1;
+#if HP_PAIR
                 const u32 rest = left & (left - 1u);
                 const int e2 = rest ? __ffs(rest) - 1 : e1;
+#endif
                 const u64 key1 = fk_key(hp_pick(z, e1), tile0 + v0 + e1);
+#if HP_PAIR
                 const u64 key2 = fk_key(hp_pick(z, e2), tile0 + v0 + e2);
+#endif
                 hp_offer(key1, e1, t, buf + n * HP_BS, c, left, stuck);
 #if HP_PAIR
                 if (!stuck && rest) hp_offer(key2, e2, t, buf + n * HP_BS, c, left, stuck);
@@ -880,7 +884,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 if (dump && tile0 + v < r1 && n < M) dump[(size_t)n * Vr + tile0 + v] = acc[mb][jj];
 #endif
             }
-        if (j == tiles - 1) break;  // the block's last tile: both warpgroups select it, after the loop
+        if (j == tiles - 1) break;  // the block's last tile: selected after the loop
         hp_bar_wg(wg);
         HP_CLOCK(4, -1);
 #ifdef HP_WARP_ROWS

@@ -18,7 +18,7 @@ keys in the order this model does. Its model is checked the same way, over an el
 mutants (a rank or a word too high) must lose a key of the top k. The lane form adds two steps of its own, each
 checked against an independent formulation: a set of 16 values skipped when its float maximum is below the
 threshold's float (it must never skip a key above the threshold, with NaN, -0, Inf and flushed subnormals), and
-the seed's k-th group maximum kept by insertion into 16 registers (against a sort); and its tile-end compaction
+the seed's k-th group maximum kept by insertion into k registers (against a sort); and its tile-end compaction
 (each lane its own row: the kept keys inserted into k registers), in the block model and on its own, with a mutant.
 """
 
@@ -316,14 +316,15 @@ def ftz(z: np.float32) -> np.float32:
     return np.float32(np.copysign(0.0, z)) if z != 0 and abs(z) < np.finfo(np.float32).tiny else np.float32(z)
 
 
-def lane_set_passes(zs: np.ndarray, t: int, strict: bool = False) -> bool:
+def lane_set_passes(zs: np.ndarray, t: int, strict: bool = False, nan_wins: bool = False) -> bool:
     """The set test: every set while the threshold word is 0 or 1; else fmaxf over the set (NaN skipped, operands
-    flushed) against key_float(t) (flushed), >= (the mutant: >)."""
+    flushed) against key_float(t) (flushed), >=. Mutants: strict (>), nan_wins (a maximum that NaN propagates
+    through, as np.maximum)."""
     if (t >> 32) <= 1:
         return True
     m = np.float32(np.nan)
     for z in zs:
-        m = np.fmax(m, ftz(np.float32(z)))
+        m = (np.maximum if nan_wins else np.fmax)(m, ftz(np.float32(z)))
     f = ftz(key_float(t))
     return bool(m > f) if strict else bool(m >= f)
 
@@ -348,9 +349,10 @@ def test_lane_set_test_never_skips_a_key_above_the_threshold(seed, gauss):
         assert lane_set_passes(zs, t)
 
 
-def test_lane_set_test_strict_mutant_skips_a_tie():
+def test_lane_set_test_mutants_skip_needed_sets():
     """The test must be >=: a value equal to the threshold's float with a lower head row has the larger key (ties
-    go to the lower row), and a strict test drops it. So must a test that lets NaN decide the maximum."""
+    go to the lower row), and a strict test drops it. The maximum must skip NaN: one NaN in a set would hide the
+    set's real maximum from a NaN-propagating one."""
     t = fk_key(np.float32(1.0), 50)
     zs = np.full(SET, -1.0, np.float32)
     zs[3] = 1.0
@@ -359,17 +361,20 @@ def test_lane_set_test_strict_mutant_skips_a_tie():
     # -0 against a +0 threshold: the key folds -0 onto +0, the float compare sees -0 == +0
     t0 = fk_key(np.float32(0.0), 50)
     assert fk_key(np.float32(-0.0), 10) > t0 and lane_set_passes(np.array([-0.0] + [-1.0] * 15, np.float32), t0)
+    zn = np.full(SET, -1.0, np.float32)
+    zn[0], zn[5] = np.nan, 2.0
+    assert fk_key(zn[5], 5) > t and lane_set_passes(zn, t) and not lane_set_passes(zn, t, nan_wins=True)
 
 
 def seed_by_insertion(words: list[int], k: int) -> int:
-    """The kernel's seed: the 32 group maxima inserted into 16 descending registers (the larger stays), then the
-    least of the first k."""
-    top = [0] * 16
+    """The kernel's seed: the 32 group maxima inserted into k registers (k steps; the larger stays, the smaller
+    moves on), then the least of them."""
+    top = [0] * k
     for q in range(32):
         w = max(words[4 * q:4 * q + 4])
-        for i in range(16):
+        for i in range(k):
             top[i], w = max(top[i], w), min(top[i], w)
-    return min(top[:k]) << 32
+    return min(top) << 32
 
 
 @settings(max_examples=100, deadline=None)
