@@ -44,7 +44,10 @@ ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``app
 # 7 / 15 / 56 / 120 / 128 rows; 27B candidate_topk k 16: 0.605 / 0.606 / 0.608 / 0.618 / 0.680 / 0.731 ms against
 # 0.653 / 0.668 / 0.673 / 0.688 / 0.751 / 0.756; 35B proposal_head k 1: 0.253 / 0.253 / 0.254 / 0.261 / 0.293 / 0.320
 # against its tuned cuBLASLt GEMM's 0.256 / 0.261 / 0.271 / 0.291 / 0.332 / 0.338). v13's single-tile kernel took
-# candidate_topk up to 16 rows only.
+# candidate_topk up to 16 rows only. Session v15's selection (v15-f, the same rows, Op against Op): 27B 0.615 / 0.619 /
+# 0.622 / 0.628 / 0.661 / 0.713 against 0.627 / 0.641 / 0.647 / 0.662 / 0.725 / 0.730; 35B 0.255 / 0.257 / 0.257 /
+# 0.260 / 0.271 / 0.336 against 0.250 / 0.258 / 0.264 / 0.286 / 0.332 / 0.339 (at 1 row 5 us slower, as in v14: no
+# official shape has 1 row).
 MAX_ROWS = {"candidate_topk": 128, "proposal_head": 128}
 ARCH = "sm_90a"
 THREADS = 256
