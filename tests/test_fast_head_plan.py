@@ -49,6 +49,20 @@ def test_probe_reads_the_clocks_as_the_kernel_writes_them():
     assert fast_head_probe.PP_CLOCK_WORDS == _cu_value(8, "HP_PC") == len(fast_head_probe.PP_CLOCKS) + 8 * 4
 
 
+def test_probe_and_round_switches_are_the_kernels():
+    """Every define a probe variant (benchmarks/fast_head_probe.py) or round_ab's head_warp_rows builds with is a
+    switch fast_head.cu tests (#ifdef / #ifndef / #if): a misspelt one would build the default kernel silently and
+    time it under another name."""
+    from benchmarks import fast_head_probe, round_ab
+
+    src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
+    switches = set(re.findall(r"^#\s*(?:ifdef|ifndef|if)\s+(\w+)", src, re.MULTILINE))
+    names = {name for _, _, defines in fast_head_probe.VARIANTS for name, _ in defines}
+    names |= {name for name, _ in round_ab.CONFIGS["head_warp_rows"]["kernels_cu.fast_head.SELECT_DEFINES"]}
+    assert {"HP_WARP_ROWS", "HP_TILE_COMPACT", "HP_PAIR", "HP_SET", "HP_AHEAD"} <= names
+    assert names <= switches, sorted(names - switches)
+
+
 @pytest.mark.parametrize("n", [8, 64, 120, 256])
 def test_wgmma_wrapper_names_n_over_2_accumulators(n):
     src = fast_head.wgmma_wrapper(n)

@@ -7,7 +7,8 @@
   buffers overflow, Inf and NaN logits), vocab_size below the head's rows, k from 1 to 16, 1 to 128 rows,
   fewer eligible rows than k (id -1, score -inf), heads smaller than one tile a block.
 - Logits: within the FP32-accumulation bound of float64 (derived below).
-- Both kernels (fast_head_topk and the ping-pong fast_head_topk_pp, fast_head.PINGPONG) give the same logits.
+- Both kernels (fast_head_topk and the ping-pong fast_head_topk_pp, fast_head.PINGPONG) give the same logits; the
+  selection test runs the ping-pong kernel's v14 form (fast_head.SELECT_DEFINES) too.
 - Routing: FastCudaBackend.candidate_topk / proposal_head take the kernel where fast_head.applies, and
   give what the dump + C4 gives; a shortlist, k > 16 or more than 128 rows keeps the cuBLAS path.
 - Capture: with tensor maps made once in device memory (FastRound's workspaces) a captured launch gives the
@@ -100,11 +101,15 @@ CASES = [  # (kind, M, Vr, H, k, n_elig)
 ]
 
 
-@pytest.mark.parametrize("pingpong", [False, True], ids=["single", "pingpong"])
+@pytest.mark.parametrize(("pingpong", "select"), [(False, ()), (True, ()), (True, (("HP_WARP_ROWS", 1),))],
+                         ids=["single", "pingpong", "pingpong_warp_rows"])
 @pytest.mark.parametrize(("kind", "m", "vr", "h", "k", "n_elig"), CASES)
-def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, monkeypatch, kind, m, vr, h, k, n_elig, pingpong):
-    """Both kernels: fast_head_topk and the ping-pong fast_head_topk_pp (fast_head.PINGPONG)."""
+def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, monkeypatch, kind, m, vr, h, k, n_elig, pingpong, select):
+    """Both kernels: fast_head_topk and the ping-pong fast_head_topk_pp (fast_head.PINGPONG), the latter with its
+    default selection (a lane a hidden row) and v14's (a warp a hidden row: fast_head.SELECT_DEFINES, round_ab's
+    head_warp_rows)."""
     monkeypatch.setattr(fh, "PINGPONG", pingpong)
+    monkeypatch.setattr(fh, "SELECT_DEFINES", select)
     xb, wb = _inputs(kind, m, vr, h, seed=m * 7919 + vr)
     ids, scores, z = _fused(cupy, fh, xb, wb, n_elig, k)
     assert not np.isnan(z).all(axis=1).any(), "the dump missed whole rows"
