@@ -193,6 +193,15 @@ def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, s
          _NULL if scores is None else scores, ids))
 
 
+def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
+    """The fused head (kernels_cu/fast_head.py: the head GEMM with the top-k in its epilogue, one pass over the head,
+    no logits in memory) over x [M, H] and the head w, then fast_select.cu's merge of the blocks' lists partial
+    [M, fast_head.grid(Vr), k] into scores (or None) and ids, the scores read from the keys. maps: None (the tensor
+    maps copied from the host at the launch) or fast_head.device_maps(x, w) (capturable: FastRound's workspaces)."""
+    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps)
+    merge_into(partial, None, None, w.shape[0], k, multiplier, softcap, scores, ids)
+
+
 class FastSelectBackend(CudaBackend):
     """The fast selection, head, target and context Ops over the exact backend (the part of the
     fast mode defined in this module; FastCudaBackend below adds the block and the attention)."""
@@ -336,24 +345,15 @@ class FastSelectBackend(CudaBackend):
         return self.fused_head and fast_head.applies(M, Vr, H, k, shortlist, op)
 
     def _fused_topk(self, x, w, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
-        """The head GEMM with the top-k in its epilogue (kernels_cu/fast_head.py: one pass over the head, no
-        logits in memory), then fast_select.cu's merge of the blocks' lists, the scores read from the keys."""
+        """head_topk_into with its buffers: (scores [M, k] fp32 or None, ids [M, k] int32)."""
         c = cp()
         x = c.ascontiguousarray(x)
         w = c.ascontiguousarray(w)
         M, Vr = x.shape[0], w.shape[0]
         partial = c.empty((M, fast_head.grid(Vr), k), dtype=np.uint64)
-        fast_head.topk_partial_into(x, w, vocab_size, k, partial)
-        return self._merge_partial(partial, Vr, k, multiplier, softcap, want_scores)
-
-    def _merge_partial(self, partial, Vr: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
-        """fast_select.cu's merge of keyed lists partial [M, lists, k] (no logits array: the scores are the keys'
-        logits, multiplier and softcap applied in double) -> (scores [M, k] fp32 or None, ids [M, k] int32)."""
-        c = cp()
-        M = partial.shape[0]
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
-        merge_into(partial, None, None, Vr, k, multiplier, softcap, scores, ids)
+        head_topk_into(x, w, None, vocab_size, k, multiplier, softcap, partial, scores, ids)
         return scores, ids
 
     def _head_logits(self, x, w):

@@ -125,6 +125,15 @@ __device__ __forceinline__ void ht_write_lists(u64* partial, const u64* buf, con
     }
 }
 
+// One hidden row's buffer (its first c <= HT_CAP keys) sorted by the warp, the best k written to slots 0..k-1; returns
+// the k-th, the row's new threshold. Warp-uniform (every compaction of both kernels but the lane form's tile end).
+__device__ __forceinline__ u64 ht_keep_best(u64* row, int c, int k, int lane) {
+    const u64 s = warp_sort_desc(lane < c ? row[lane] : 0ull, lane);
+    __syncwarp();
+    if (lane < k) row[lane] = s;
+    return __shfl_sync(0xffffffffu, s, k - 1);
+}
+
 // Compact the candidate buffers of the hidden rows this warp owns (n = warp, warp + 8, ...) that hold more than
 // `limit` keys (>= k): sorted, the best k kept in slots 0..k-1, the threshold the k-th. Warp-uniform.
 template <int BS = HT_CAP>
@@ -133,11 +142,7 @@ __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, 
     for (int n = warp; n < M; n += HT_THREADS / 32) {
         const int c = cnt[n];
         if (c <= limit) continue;
-        const u64 key = lane < min(c, HT_CAP) ? buf[n * BS + lane] : 0ull;
-        const u64 s = warp_sort_desc(key, lane);
-        __syncwarp();
-        if (lane < k) buf[n * BS + lane] = s;
-        const u64 kth = __shfl_sync(0xffffffffu, s, k - 1);
+        const u64 kth = ht_keep_best(buf + n * BS, min(c, HT_CAP), k, lane);
         if (lane == 0) {
             thr[n] = kth;
             cnt[n] = k;
@@ -505,10 +510,7 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
             ++comps;
 #endif
             __syncwarp();
-            const u64 srt = warp_sort_desc(buf[n * HP_BS + lane], lane);
-            __syncwarp();
-            if (lane < k) buf[n * HP_BS + lane] = srt;
-            t = __shfl_sync(full, srt, k - 1);
+            t = ht_keep_best(buf + n * HP_BS, HT_CAP, k, lane);
             c = k;
 #pragma unroll
             for (int e = 0; e < 4; ++e)
@@ -584,10 +586,6 @@ __device__ __forceinline__ void hp_offer(u64 key, int e, u64 t, u64* rowbuf, int
 
 __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z.x, z.y), fmaxf(z.z, z.w)); }
 
-__device__ __forceinline__ float hp_elem(const float4& q, int e) {  // e a compile-time constant once unrolled
-    return (e & 3) == 0 ? q.x : (e & 3) == 1 ? q.y : (e & 3) == 2 ? q.z : q.w;
-}
-
 __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u64* __restrict__ buf,
                                                 u64* __restrict__ thr, int* __restrict__ cnt, int M, int k, int tile0,
                                                 int nv, int n, int lane
@@ -650,7 +648,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
 #endif
 #pragma unroll
             for (int e = 0; e < 4 * HP_SET; ++e)
-                left |= (u32)((every || hp_elem(z[e >> 2], e) >= f) && v0 + e < nv) << e;
+                left |= (u32)((every || hp_pick(z, e) >= f) && v0 + e < nv) << e;
         }
         // one candidate a lane a step (HP_PAIR: two, picked and keyed independently, offered in order), picked from
         // the set's registers (a shared-memory read would wait behind the other warpgroup's wgmma operand reads): a key
@@ -684,10 +682,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
 #ifdef HT_PROBE_CLOCKS
                 ++comps;
 #endif
-                const u64 srt = warp_sort_desc(buf[nl * HP_BS + lane], lane);
-                __syncwarp();
-                if (lane < k) buf[nl * HP_BS + lane] = srt;
-                const u64 kth = __shfl_sync(full, srt, k - 1);
+                const u64 kth = ht_keep_best(buf + nl * HP_BS, HT_CAP, k, lane);
                 if (lane == L) {
                     t = kth;
                     c = k;

@@ -66,7 +66,7 @@ import numpy as np
 
 from conformance.rounds import ComposedRounds
 from kernels_cu import fast_head, fast_lt, fast_selector, pdl
-from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, merge_into, topk_into, topk_plan
+from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, head_topk_into, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
 from kernels_cu.loader import load_module
 from kernels_cu.ops_select import _SEL_THREADS, _rowdot
@@ -103,14 +103,6 @@ EXACT_SELECTOR = False
 # least fast_lt.MIN_BYTES (a small GEMM's few-percent differences are timing noise, and below it the round keeps
 # the per-Op composition's bits); read at every call. False: gemmEx always.
 HEAD_LT = True
-
-
-def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
-    """The fused head into the workspace's buffers, capturable: fast_head's kernel over x [M, H] and the head w with
-    the workspace's device-resident tensor maps, then fast_select.cu's merge of its lists (the scores read from
-    the keys), as FastSelectBackend._fused_topk launches them for the Ops."""
-    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps)
-    merge_into(partial, None, None, w.shape[0], k, multiplier, softcap, scores, ids)
 
 
 def rowdot_bits_into(x, w, out, *, exact: bool | None = None):

@@ -73,15 +73,16 @@ def _inputs(kind: str, m: int, vr: int, h: int, seed: int):
 
 
 def _fused(cp, fh, xb, wb, n_elig, k, multiplier=0.0, softcap=0.0):
-    """fast.py's fused route by hand, with the dump: (ids, scores, logits)."""
-    from kernels_cu.fast import FastCudaBackend
+    """fast.py's fused route (head_topk_into) by hand, with the dump: (ids, scores, logits)."""
+    from kernels_cu.fast import merge_into
 
     x, w = cp.asarray(xb), cp.asarray(wb)
     m, vr = x.shape[0], w.shape[0]
     dump = cp.full((m, vr), np.nan, np.float32)
     partial = cp.zeros((m, fh.grid(vr), k), np.uint64)
     fh.topk_partial_into(x, w, n_elig, k, partial, dump)
-    scores, ids = FastCudaBackend()._merge_partial(partial, vr, k, multiplier, softcap)
+    scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
+    merge_into(partial, None, None, vr, k, multiplier, softcap, scores, ids)
     return cp.asnumpy(ids), cp.asnumpy(scores), cp.asnumpy(dump)
 
 
