@@ -16,7 +16,8 @@ baseline's, so rounding there is inside the tight bound):
                   gives prepared = BF16(Conv_0(n)) and the BF16 finish delta
     qkv = gemm(n or prepared, [W_q; W_k; W_v])       one GEMM, weights concatenated once, resident
          (each layer GEMM: cuBLAS, or at <= 16 rows kernels_cu/fast_gemv.cu where its grid fits
-         the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait)
+         the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait; at 17..128
+         rows kernels_cu/fast_wgemm.cu's wgmma kernel where fast_wgemm.applies)
     q, k = RoPE(head RMSNorm), v, each rounded once to BF16 and kept as BF16 bits (fb_qkv_post; named
          q, k, v_proj; QKV_BITS False keeps their fp32 values, same numbers)
     a  = attention (kernels_cu.fast_attention.attention_fast when that module exists, else the
@@ -46,7 +47,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kernels_cu import fast_gemv
+from kernels_cu import fast_gemv, fast_wgemm
 from kernels_cu.fast_gemm import _key, gemm_bf16, loaded_library
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import attention as _exact_attention
@@ -365,12 +366,21 @@ class CudaEngine:
         """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
         return fast_gemv.chooses(M, N, K)
 
+    @staticmethod
+    def wgemm_takes(M: int, N: int, K: int) -> bool:
+        """A layer GEMM of this shape runs on kernels_cu/fast_wgemm.cu (whole: no K-split partials)."""
+        return fast_wgemm.applies(M, N, K)
+
     def layer_gemm(self, x_bits, w_bits, out):
         """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
-        its weights before the kernel ahead finishes), else ``gemm``."""
-        if (out.ndim == 2 and self.gemv_takes(out.shape[0], out.shape[1], x_bits.shape[1])
-                and fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out)):
-            return
+        its weights before the kernel ahead finishes), fast_wgemm.cu where wgemm_takes it (up to 128 rows, the
+        weight streamed by every multiprocessor alike), else ``gemm``."""
+        if out.ndim == 2:
+            M, N, K = out.shape[0], out.shape[1], x_bits.shape[1]
+            if self.gemv_takes(M, N, K) and fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):
+                return
+            if self.wgemm_takes(M, N, K) and fast_wgemm.gemm_into(cp().ascontiguousarray(x_bits), w_bits, out):
+                return
         self.gemm(x_bits, w_bits, out)
 
     def mlp_act(self, x_bits, w_bits, gu, act, M, inter):
@@ -490,8 +500,8 @@ class Workspace:
 
 def _split_out(eng, M: int, N: int, K: int):
     """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N] (never for a shape the
-    engine's gemv_takes: that kernel writes the whole sum)."""
-    s = 1 if eng.gemv_takes(M, N, K) else split_k(M, N, K)
+    engine's gemv_takes or wgemm_takes: those kernels write the whole sum)."""
+    s = 1 if eng.gemv_takes(M, N, K) or eng.wgemm_takes(M, N, K) else split_k(M, N, K)
     return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
@@ -664,6 +674,7 @@ class FastBlockMixin:
                                    f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
                                    f"{cluster_capable()}")
         rec["fast_block_gemv"] = fast_gemv.environment()
+        rec["fast_block_wgemm"] = fast_wgemm.environment()
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

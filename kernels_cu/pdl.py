@@ -57,12 +57,25 @@ _SCALARS = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32, np.int64: ctyp
             np.uint64: ctypes.c_uint64, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
 
 
+class ByValue:
+    """A struct kernel parameter passed by value, e.g. a ``__grid_constant__`` tensor map (fast_wgemm.cu):
+    its bytes, laid out as the kernel's parameter type. ``launch`` takes the driver's path for it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = bytes(data)
+
+
 def kernel_arg(a):
     """The ctypes value CuPy's RawKernel would pass for ``a``: a device array's pointer, a NumPy
-    scalar's value at its own width. Anything else (a Python int has no width) is a TypeError."""
+    scalar's value at its own width; a ``ByValue``'s bytes (a struct parameter). Anything else (a Python
+    int has no width, a host array is no device pointer) is a TypeError."""
     ptr = getattr(getattr(a, "data", None), "ptr", None)
     if ptr is not None and hasattr(a, "device"):
         return ctypes.c_void_p(int(ptr))
+    if isinstance(a, ByValue):
+        return (ctypes.c_ubyte * len(a.data)).from_buffer_copy(a.data)
     kind = _SCALARS.get(type(a))
     if kind is None:
         raise TypeError(f"pdl.launch: argument of type {type(a).__name__} (a CuPy array or a NumPy scalar "
@@ -127,18 +140,22 @@ _LAUNCHED: set[int] = set()  # CUfunction handles launched under PDL here (end_c
 
 def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> None:
     """``fn(grid, block, args, shared_mem=shared_mem)`` on the current CuPy stream, with the PDL
-    attribute where ``pdl`` and ``active()``. ``fn`` must follow the module docstring's rules."""
-    if not (pdl and active()):
+    attribute where ``pdl`` and ``active()``. ``fn`` must follow the module docstring's rules. A
+    ``ByValue`` among ``args`` takes the driver's launch either way (CuPy's call has no struct argument)."""
+    use = pdl and active()
+    by_value = any(isinstance(a, ByValue) for a in args)
+    if not (use or by_value):
         fn(grid, block, tuple(args), shared_mem=shared_mem)
         return
     import cupy
 
     launch_ex, _ = _driver()
-    _LAUNCHED.add(int(fn.kernel.ptr))
+    if use:
+        _LAUNCHED.add(int(fn.kernel.ptr))
     values = [kernel_arg(a) for a in args]
     params = (ctypes.c_void_p * max(1, len(values)))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, True)
+    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, use)
     _check(launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None),
            f"cuLaunchKernelEx ({getattr(fn, 'name', fn)})")
 

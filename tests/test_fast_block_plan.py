@@ -87,6 +87,10 @@ class NumpyEngine:
     def gemv_takes(M, N, K):  # CudaEngine's small-M kernel: none here (every GEMM is ``gemm``)
         return False
 
+    @staticmethod
+    def wgemm_takes(M, N, K):  # CudaEngine's wgmma kernel (whole outputs): none here either
+        return False
+
     def layer_gemm(self, x_bits, w_bits, out):
         self.gemm(x_bits, w_bits, out)
 

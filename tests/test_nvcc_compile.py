@@ -132,3 +132,23 @@ def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
     assert "C7515" not in proc.stderr, proc.stderr
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
     assert len(frames) == 2 and all(v == "0" for f in frames for v in f), proc.stderr  # one line a kernel
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
+@pytest.mark.parametrize("n", [24, 128])
+def test_fast_wgemm_builds_for_sm_90a_without_local_memory(tmp_path, n):
+    """kernels_cu/fast_wgemm.cu as fast_wgemm.py hands it to NVRTC (the m64nNk16 wrapper, sm_90a, the loader's
+    options, the default stage count): it compiles, ptxas names no C7515 serialization of the wgmma chain, and
+    reports no spill and no stack frame (the N / 2 accumulators and a cut tile's sum stay in registers)."""
+    from kernels_cu import fast_wgemm
+
+    src = tmp_path / f"fast_wgemm_n{n}.cu"
+    src.write_text(fast_wgemm.source(n, (("WG_STAGES", fast_wgemm.STAGES),)))
+    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"]
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
+           str(loader.KERNEL_DIR), "-o", str(tmp_path / "w.cubin"), str(src)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
+    assert "C7515" not in proc.stderr, proc.stderr
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert len(frames) == 1 and all(v == "0" for v in frames[0]), proc.stderr

@@ -258,3 +258,31 @@ def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form,
     _produce(cp, mod, junk, out)
     assert run(x, w, out)
     assert np.array_equal(raw(out), plain), f"{form} output written before the wait"
+
+
+@pytest.mark.parametrize("M,N,K,blocks", [(128, 2048, 4096, None), (24, 384, 640, 7)])
+def test_wgemm_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, M, N, K, blocks):
+    """fast_wgemm (session v16) asks for its first weight stages before the wait (constants); x must be read, and
+    the output and its cut tiles' scratch written, only after it. A producer that triggers at once writes x (or
+    garbage into the output) 20 ms later."""
+    from kernels_cu import fast_wgemm
+
+    if not fast_wgemm._device_ok():
+        pytest.skip("fast_wgemm needs a compute-capability 9.0 GPU")
+    cp = cupy
+    rng = np.random.default_rng(13)
+
+    def bits(shape):
+        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    w, x = cp.asarray(bits((N, K))), cp.asarray(bits((M, K)))
+    out = cp.empty((M, N), np.float32)
+    assert fast_wgemm.gemm_into(x, w, out, blocks=blocks)
+    plain = cp.asnumpy(out).view(np.uint32).copy()
+    xb = cp.asarray(bits((M, K)))
+    _produce(cp, mod, x, xb)
+    assert fast_wgemm.gemm_into(xb, w, out, blocks=blocks)
+    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "x read before the wait"
+    _produce(cp, mod, cp.full(out.shape, np.nan, np.float32), out)
+    assert fast_wgemm.gemm_into(x, w, out, blocks=blocks)
+    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "output written before the wait"
