@@ -72,6 +72,7 @@
 #   bash tools/h200_runs.sh v15-geo        # session v15: the head Ops' geometries with the lane-form selection
 #   bash tools/h200_runs.sh v15-e          # session v15: the lane form's tile-end compaction: tests, probe, A/Bs
 #   bash tools/h200_runs.sh v15-f          # session v15: insertions in k steps, idle warps skipped: tests, A/Bs
+#   bash tools/h200_runs.sh v16-a          # session v16: fast_wgemm's GPU tests, the GEMM A/B, the round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -474,6 +475,13 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step round-ab timeout 80 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_warp_rows,default \
         --rounds 3 --json "$OUT/round_ab.json"
       step head-ab timeout 40 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
+    v16-a)  # session v16: fast_wgemm (the layer GEMMs at 17..128 rows on wgmma): its GPU tests and PDL race, the GEMM A/B
+      # against cuBLAS at 128 rows (stages 4 and 6 too), the round A/B against cuBLAS, the v15 head test not run yet
+      step wgemm-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_wgemm.py \
+        "tests/gpu/test_pdl.py::test_wgemm_reads_x_and_writes_its_output_only_after_the_wait"
+      step wgemm-ab timeout 120 $PY -m benchmarks.wgemm_ab --rows 128 --stages 4,6 --json "$OUT/wgemm_ab.json"
+      step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs cublas_wide,default \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
