@@ -8,7 +8,6 @@ Per (M, N, K):
               fast_block.GEMM_SPLITS splits the shape (its partials then added by the consumer, not timed here);
   wgemm       fast_wgemm.gemm_into (PDL on: back to back, each call's first weight stages load under the call ahead);
   wgemm_nopdl the same launched the ordinary way;
-  wgemm_nocoop the same launched without the cooperative attribute (what it costs);
   wgemm_sS    STAGES S (``--stages``).
 Also the largest |difference| to cuBLAS relative to max |cuBLAS| (both FP32 accumulation of the same products: a
 few ulps). The floor is the weight, activation and output bytes at the copy bandwidth measured in the run.
@@ -78,9 +77,6 @@ def main(argv=None) -> int:
                 fast_wgemm.PDL = False
                 rec["wgemm_nopdl_us"] = us(lambda j: fast_wgemm.gemm_into(x, ws[j], o), n_w)
                 fast_wgemm.PDL = True
-                fast_wgemm.COOPERATIVE = False
-                rec["wgemm_nocoop_us"] = us(lambda j: fast_wgemm.gemm_into(x, ws[j], o), n_w)
-                fast_wgemm.COOPERATIVE = True
                 default = fast_wgemm.STAGES
                 for st in extra:
                     fast_wgemm.STAGES = st
@@ -94,7 +90,7 @@ def main(argv=None) -> int:
             print(json.dumps(rec), flush=True)
             del x, ws, c, o
             cp.get_default_memory_pool().free_all_blocks()
-    cols = ["cublas_us", "wgemm_us", "wgemm_nopdl_us", "wgemm_nocoop_us", *[f"wgemm_s{st}_us" for st in extra]]
+    cols = ["cublas_us", "wgemm_us", "wgemm_nopdl_us", *[f"wgemm_s{st}_us" for st in extra]]
     print(f"\n{'M':>4} {'N':>6} {'K':>6} {'floor':>6} " + " ".join(f"{c[:-3]:>12}" for c in cols)
           + "  (us per call, graph of back-to-back calls)")
     for r in out:
