@@ -3,24 +3,21 @@
 //
 //   out[m, v] = sum_k x[m, k] W[v, k]   (x: M <= WG_N rows of BF16 bits, W: N weight rows, fp32 out [M, N])
 //
-// Work split (stream-K): the GEMM is T = tiles x KC iterations, a tile being 256 weight rows and an iteration one
+// Work split (stream-K): the GEMM is T = tiles x KC iterations, a tile being 128 weight rows and an iteration one
 // stage of 64 K. Block b of G takes iterations [floor(b T / G), floor((b + 1) T / G)), so every block streams the
-// same number of weight bytes whatever N and K are (the grid is one block a multiprocessor; the 35B layer GEMMs at
-// B8 have 8 to 48 tiles, too few to fill 132 multiprocessors one tile a block). A block's range cuts the tiles it
-// touches into pieces, each summed over K in order, 16 at a time, by the tensor cores (FP32 accumulation, as
-// cuBLAS's). A tile covered by one piece is written straight to out. Otherwise each piece goes to a scratch slot (a
-// block cuts at most its first and its last tile: slots 2 b and 2 b + 1) and is counted on the tile; after its loop
-// a block waits until every piece of each tile it cut has arrived, then the tile's P blocks add the pieces in block
-// order, each its own run of 1/P of the tile, so the sum does not depend on which block came last (the same bits on
-// every run for one G) and no block reads a whole tile alone. Waiting for other blocks needs the whole grid resident:
-// fast_wgemm.py launches it cooperatively.
+// same number of weight bytes whatever N and K are (the grid is one block a multiprocessor; the layer GEMMs of the
+// official geometries have 16 to 96 tiles, too few to fill 132 multiprocessors one tile a block). A block's range
+// cuts the tiles it touches into pieces, each summed over K in order, 16 at a time, by the tensor cores (FP32
+// accumulation, as cuBLAS's). A tile covered by one piece is written straight to out. Otherwise every piece goes to
+// a scratch slot; the block that finishes a tile's last piece (a counter a tile, atomicAdd after a fence) adds the
+// tile's pieces in block order and writes the sum, so the result does not depend on which block came last: the same
+// bits on every run for one G.
 //
-// Each block: two warpgroups, warpgroup w computing weight rows [128 w, 128 w + 128) of the tile as two m64nNk16 wgmma
-// chains (A = weight rows, B = the x rows, N = WG_N, both K-major from shared memory in the tensor copies' 128-byte
-// swizzle: ht_desc). WG_STAGES buffers of [256 weight rows x 64 K | WG_N x rows x 64 K], filled by the tensor copy
-// engine WG_STAGES - 1 ahead, one thread issuing: fast_head.cu's v13 kernel, whose stages had the same shape,
-// streamed the 27B head at 3.85-3.92 TB/s. With 128-row tiles (a stage as much x as weight) the H200 streamed
-// 3.0 TB/s at the 27B gate/up shape (session v16's first form): a multiprocessor took in about 44 GB/s either way.
+// Each block: two warpgroups, warpgroup w computing weight rows [64 w, 64 w + 64) of the tile as one m64nNk16 wgmma
+// chain (A = weight rows, B = the x rows, N = WG_N, both K-major from shared memory in the tensor copies' 128-byte
+// swizzle: ht_desc). WG_STAGES buffers of [128 weight rows x 64 K | WG_N x rows x 64 K], filled by the tensor copy
+// engine WG_STAGES - 1 ahead, one thread issuing (fast_head.cu's v13 kernel streamed the 27B head at 3.85-3.92 TB/s
+// this way).
 //
 // Programmatic dependent launch (kernels_cu/pdl.py's rules): the weights are prepared once and written by no kernel
 // of a round, so the issuing thread asks for the first stages' weight boxes before griddepcontrol.wait and for their
@@ -34,18 +31,18 @@ using dflash::u64;
 #define WG_N 128  // fast_wgemm.py defines it (the rows rounded up to 8); the CI build of this file takes 128
 #endif
 #define WG_THREADS 256
-#define WG_VT 256  // weight rows a tile (two warpgroups' two m64 blocks: a stage is 2 weight bytes to 1 of x at 128 rows)
+#define WG_VT 128  // weight rows a tile (two warpgroups' m64 blocks)
 #define WG_KC 64   // K a stage
 #ifndef WG_STAGES
-#define WG_STAGES 4
+#define WG_STAGES 5
 #endif
 #define WG_W_BYTES (WG_VT * WG_KC * 2)
 #define WG_X_BYTES (WG_N * WG_KC * 2)
 #define WG_STAGE_BYTES (WG_W_BYTES + WG_X_BYTES)
-#define WG_NACC (WG_N / 2)  // fp32 accumulators a thread and m64 block
-#define WG_SLOT4 (WG_THREADS * 2 * WG_NACC / 4)  // float4 of a scratch slot (one piece: every thread's accumulators)
-// dynamic shared memory: up to 1 KiB of alignment slack, the stages, a barrier a stage
-#define WG_SMEM_BYTES (1024 + WG_STAGES * WG_STAGE_BYTES + WG_STAGES * 8)
+#define WG_NACC (WG_N / 2)  // fp32 accumulators a thread
+#define WG_SLOT (WG_THREADS * WG_NACC)  // floats of a scratch slot (one piece: every thread's accumulators)
+// dynamic shared memory: up to 1 KiB of alignment slack, the stages, a barrier a stage, the reducer flag
+#define WG_SMEM_BYTES (1024 + WG_STAGES * WG_STAGE_BYTES + WG_STAGES * 8 + 16)
 
 // A CUtensorMap by value (cuda.h's layout: 128 bytes, 64-byte aligned), passed as a __grid_constant__ parameter:
 // the copies read it from the parameter space, so a CUDA graph keeps the map it was captured with.
@@ -62,7 +59,7 @@ __device__ __forceinline__ int wg_owner(int i, int T, int G) { return ((i + 1) *
 
 __device__ __forceinline__ int wg_first(int b, int T, int G) { return b * T / G; }
 
-// One stage: iteration i's weight box (256 rows of tile i / KC, K from 64 (i % KC)) and, with x, its x box, counted on
+// One stage: iteration i's weight box (128 rows of tile i / KC, K from 64 (i % KC)) and, with_x, its x box, counted on
 // bar, which expects both boxes' bytes (rows past N or past M read as zeros and count as well).
 __device__ __forceinline__ void wg_issue(unsigned sw, unsigned bar, const u64* wmap, const u64* xmap, int i, int KC,
                                          bool expect, bool w, bool x) {
@@ -74,36 +71,32 @@ __device__ __forceinline__ void wg_issue(unsigned sw, unsigned bar, const u64* w
     if (x) ht_tma(sw + WG_W_BYTES, xmap, k0, 0, bar);
 }
 
-// out[n, v] of one float4 of a piece's scratch slot: float4 e holds accumulators 4 j4 .. 4 j4 + 3 of m64 block mb of
-// thread tid (e = (mb WG_NACC / 4 + j4) WG_THREADS + tid). Accumulator j of (tid, mb) is weight row
-// tile0 + 128 wg + 64 mb + 16 (warp % 4) + g + 8 ((j % 4) / 2), x row 8 (j / 4) + 2 t + j % 2 (the m64nN layout).
-__device__ __forceinline__ void wg_store4(float* __restrict__ out, float4 z, int e, int tile0, int M, int N) {
-    const int tid = e % WG_THREADS, q = e / WG_THREADS, mb = q / (WG_NACC / 4), j4 = q - mb * (WG_NACC / 4);
-    const int warp = tid >> 5, lane = tid & 31;
-    const int v = tile0 + 128 * (warp >> 2) + 64 * mb + 16 * (warp & 3) + (lane >> 2), n = 8 * j4 + 2 * (lane & 3);
-    const float w4[4] = {z.x, z.y, z.z, z.w};
+// A thread's accumulator j holds out[n, v] with v = vb + 8 ((j & 3) >> 1), n = 8 (j >> 2) + 2 t + (j & 1) (the
+// m64nN layout; vb the thread's first weight row, t its lane % 4).
+__device__ __forceinline__ void wg_store(float* __restrict__ out, const float (&acc)[WG_NACC], int M, int N, int vb,
+                                         int t) {
 #pragma unroll
-    for (int e4 = 0; e4 < 4; ++e4) {
-        const int vv = v + 8 * (e4 >> 1), nn = n + (e4 & 1);
-        if (nn < M && vv < N) out[(size_t)nn * N + vv] = w4[e4];
+    for (int j = 0; j < WG_NACC; ++j) {
+        const int v = vb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
+        if (n < M && v < N) out[(size_t)n * N + v] = acc[j];
     }
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap xmap_p, int M, int N, int K,
-           float* __restrict__ out, float* __restrict__ scratch, int* __restrict__ arrive, int* __restrict__ depart) {
+           float* __restrict__ out, float* __restrict__ scratch, int* __restrict__ counters) {
     extern __shared__ unsigned char wg_raw[];
     unsigned char* base = wg_raw + ((1024 - (ht_smem_u32(wg_raw) & 1023)) & 1023);
     u64* bars = reinterpret_cast<u64*>(base + WG_STAGES * WG_STAGE_BYTES);
+    int* flag = reinterpret_cast<int*>(bars + WG_STAGES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
     const int KC = K / WG_KC, T = (N + WG_VT - 1) / WG_VT * KC;
     const int i0 = wg_first(b, T, G), i1 = wg_first(b + 1, T, G), n_it = i1 - i0;
     const u64* wmap = wmap_p.v;
     const u64* xmap = xmap_p.v;
-    // No early launch_dependents: the blocks below wait for each other's pieces, so every block of the grid must be
-    // resident (fast_wgemm.py launches the grid cooperatively); dependents start as this grid exits, or, under a
-    // graph's launch-order edge, once every block here has begun.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the next kernel waits for our end anyway
     const unsigned s0 = ht_smem_u32(base), b0 = ht_smem_u32(bars);
     if (tid == 0) {
         for (int st = 0; st < WG_STAGES; ++st)
@@ -118,11 +111,9 @@ fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap x
             wg_issue(s0 + p * WG_STAGE_BYTES, b0 + 8 * p, wmap, xmap, i0 + p, KC, false, false, true);
     }
     __syncthreads();
-    float acc[2][WG_NACC];
+    float acc[WG_NACC];
 #pragma unroll
-    for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-        for (int j = 0; j < WG_NACC; ++j) acc[mb][j] = 0.f;
+    for (int j = 0; j < WG_NACC; ++j) acc[j] = 0.f;
     int piece0 = i0;  // the current piece's first iteration
 #pragma unroll 1
     for (int q = 0; q < n_it; ++q) {
@@ -137,84 +128,53 @@ fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap x
         const int tile = it / KC, kc = it - tile * KC;
         const unsigned sw = s0 + q % WG_STAGES * WG_STAGE_BYTES, sx = sw + WG_W_BYTES;
 #pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-            for (int j = 0; j < WG_NACC; ++j) asm volatile("" : "+f"(acc[mb][j])::"memory");
+        for (int j = 0; j < WG_NACC; ++j) asm volatile("" : "+f"(acc[j])::"memory");
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int s = 0; s < WG_KC / 16; ++s) {
-            const u64 db = ht_desc(sx + 32 * s);
-#pragma unroll
-            for (int mb = 0; mb < 2; ++mb)
-                ht_wgmma(acc[mb], ht_desc(sw + (128 * wg + 64 * mb) * 128 + 32 * s), db, (it != piece0) | s);
-        }
+        for (int s = 0; s < WG_KC / 16; ++s)
+            ht_wgmma(acc, ht_desc(sw + 64 * wg * 128 + 32 * s), ht_desc(sx + 32 * s), (it != piece0) | s);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (kc != KC - 1 && it != i1 - 1) continue;
 
-        // ---- the piece [piece0, it] of `tile` is summed: a whole tile to out, a cut one to this block's slot
+        // ---- the piece [piece0, it] of `tile` is summed
+        const int vb = tile * WG_VT + 64 * wg + 16 * (warp & 3) + g;
+        const int bf = wg_owner(tile * KC, T, G), bl = wg_owner(tile * KC + KC - 1, T, G);
         piece0 = it + 1;
-        if (wg_owner(tile * KC, T, G) == wg_owner(tile * KC + KC - 1, T, G)) {
-#pragma unroll
-            for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-                for (int j4 = 0; j4 < WG_NACC / 4; ++j4)
-                    wg_store4(out, make_float4(acc[mb][4 * j4], acc[mb][4 * j4 + 1], acc[mb][4 * j4 + 2],
-                                               acc[mb][4 * j4 + 3]),
-                              (mb * (WG_NACC / 4) + j4) * WG_THREADS + tid, tile * WG_VT, M, N);
+        if (bf == bl) {  // the whole tile is this block's
+            wg_store(out, acc, M, N, vb, t);
             continue;
         }
         // scratch slot 2 b for the block's first tile, 2 b + 1 for its last (a range cuts at most those two)
         const int slot = 2 * b + (tile != i0 / KC);
-        float4* mine = reinterpret_cast<float4*>(scratch) + (size_t)slot * WG_SLOT4;
+        float4* mine = reinterpret_cast<float4*>(scratch + (size_t)slot * WG_SLOT);
 #pragma unroll
-        for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-            for (int j4 = 0; j4 < WG_NACC / 4; ++j4)
-                mine[(mb * (WG_NACC / 4) + j4) * WG_THREADS + tid] =
-                    make_float4(acc[mb][4 * j4], acc[mb][4 * j4 + 1], acc[mb][4 * j4 + 2], acc[mb][4 * j4 + 3]);
+        for (int j = 0; j < WG_NACC / 4; ++j)
+            mine[j * WG_THREADS + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
         __threadfence();
         __syncthreads();
-        if (tid == 0) atomicAdd(&arrive[tile], 1);
-    }
-    if (n_it == 0) return;
-
-    // ---- the cut tiles this block touched (its first and its last): once all of a tile's P pieces have arrived, the
-    // tile's blocks add them in block order, block bf + c taking the c-th of P equal runs of the slot's float4s, so
-    // the sum does not depend on arrival order. Every block posts all its pieces before it waits: with the whole grid
-    // resident nothing waits on a block that has not run.
-    for (int side = 0; side < 2; ++side) {
-        const int tile = (side == 0 ? i0 : i1 - 1) / KC;
-        if (side == 1 && tile == i0 / KC) break;
-        const int bf = wg_owner(tile * KC, T, G), bl = wg_owner(tile * KC + KC - 1, T, G), P = bl - bf + 1;
-        if (P == 1) continue;
-        if (tid == 0) {
-            int seen;
-            do {
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(arrive + tile) : "memory");
-            } while (seen < P);
-        }
+        if (tid == 0) *flag = atomicAdd(&counters[tile], 1) == bl - bf;  // this piece is the tile's last
         __syncthreads();
-        const int c = b - bf, e0 = (int)((long long)c * WG_SLOT4 / P), e1 = (int)((long long)(c + 1) * WG_SLOT4 / P);
-        for (int e = e0 + tid; e < e1; e += WG_THREADS) {
-            float4 z = __ldcg(reinterpret_cast<const float4*>(scratch) +
-                              (size_t)(2 * bf + (tile != wg_first(bf, T, G) / KC)) * WG_SLOT4 + e);
-            for (int p = bf + 1; p <= bl; ++p) {
-                const float4 y = __ldcg(reinterpret_cast<const float4*>(scratch) +
-                                        (size_t)(2 * p + (tile != wg_first(p, T, G) / KC)) * WG_SLOT4 + e);
-                z.x += y.x, z.y += y.y, z.z += y.z, z.w += y.w;
+        if (!*flag) continue;
+        __threadfence();
+        // the pieces in block order (block p's slot for this tile), the first copied, the rest added
+        float sum[WG_NACC];
+        for (int p = bf; p <= bl; ++p) {
+            const float4* src = reinterpret_cast<const float4*>(
+                scratch + (size_t)(2 * p + (tile != wg_first(p, T, G) / KC)) * WG_SLOT);
+#pragma unroll
+            for (int j = 0; j < WG_NACC / 4; ++j) {
+                const float4 z = __ldcg(src + j * WG_THREADS + tid);
+                const float w4[4] = {z.x, z.y, z.z, z.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sum[4 * j + e] = p == bf ? w4[e] : sum[4 * j + e] + w4[e];
             }
-            wg_store4(out, z, e, tile * WG_VT, M, N);
         }
-        __syncthreads();  // every read of the slots done before this block departs
-        if (tid == 0 && atomicAdd(&depart[tile], 1) == P - 1) {  // the tile's last reader: counters ready for the next launch
-            arrive[tile] = 0;
-            depart[tile] = 0;
-        }
+        wg_store(out, sum, M, N, vb, t);
+        if (tid == 0) counters[tile] = 0;  // ready for the next launch (kernels of one stream run in order)
     }
-    (void)lane;
 }
 
 #else  // plain sm_90 (CI's build of every kernels_cu/*.cu): no wgmma; fast_wgemm.py builds sm_90a only
-extern "C" __global__ void fast_wgemm(const WgMap, const WgMap, int, int, int, float*, float*, int*, int*) { __trap(); }
+extern "C" __global__ void fast_wgemm(const WgMap, const WgMap, int, int, int, float*, float*, int*) { __trap(); }
 #endif

@@ -3,10 +3,9 @@
 At 128 rows (B8 W16) the four cuBLAS GEMMs of a 35B layer took 49.5 us against 27.6 us of weight bytes at 4.1 TB/s
 (docs/PERFORMANCE.md, "Session v12"): their grids leave multiprocessors idle at these N and K, and cuBLAS kernels
 never start before the kernel ahead has finished. This kernel streams the weight once by tensor copies with every
-multiprocessor taking the same share of it (stream-K over 256-row tiles and 64-wide K stages), asks for its first
-weight stages before the PDL wait, and writes the whole fp32 sum (the pieces of a tile cut between blocks are added
-in block order by those blocks, each a run of the tile, once all have arrived: the same bits every run for one grid;
-the grid is launched cooperatively, so that waiting for another block's piece cannot wait on a block not resident).
+multiprocessor taking the same share of it (stream-K over 128-row tiles and 64-wide K stages), asks for its first
+weight stages before the PDL wait, and writes the whole fp32 sum (tiles cut between blocks are added in block order
+by the tile's last block: the same bits every run for one grid).
 
 Built by NVRTC for sm_90a (wgmma), one module per row count rounded up to 8 (the wgmma's N; fast_head.py's m64nNk16
 wrapper). ``applies`` says where: enabled, a compute-capability 9.0 GPU, MIN_ROWS <= M <= 128, K a positive multiple
@@ -31,18 +30,17 @@ PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; t
 MIN_ROWS = 17  # fast_gemv.cu takes the official B1 shapes (8 and 16 rows); above them this kernel
 NMAX = 128  # rows (the wgmma's N; two warpgroups' N / 2 accumulators a thread)
 THREADS = 256
-VT = 256  # weight rows a tile (WG_VT)
+VT = 128  # weight rows a tile (WG_VT)
 KC = 64  # K a stage (WG_KC)
-STAGES = 4  # WG_STAGES (each 32 KiB of weight + 16 KiB of x at 128 rows; read at every launch)
-COOPERATIVE = True  # the grid launched cooperatively (its blocks wait for each other's pieces of cut tiles)
-MAX_TILES = 4096  # counters allocated a stream (two a tile: pieces arrived, readers departed)
+STAGES = 5  # WG_STAGES (each 16 KiB of weight + 16 KiB of x at 128 rows; read at every launch)
+MAX_TILES = 4096  # counters allocated a stream (one a tile)
 # (N, K) the block sends here at MIN_ROWS..NMAX rows; None: every shape ``applies`` otherwise takes.
 SHAPES: frozenset | None = None
 
 
 def smem_bytes(n: int, stages: int = STAGES) -> int:
-    """fast_wgemm.cu WG_SMEM_BYTES: alignment slack, the stages, their barriers."""
-    return 1024 + stages * (VT * KC * 2 + n * KC * 2) + stages * 8
+    """fast_wgemm.cu WG_SMEM_BYTES: alignment slack, the stages, their barriers, the reducer flag."""
+    return 1024 + stages * (VT * KC * 2 + n * KC * 2) + stages * 8 + 16
 
 
 def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
@@ -115,7 +113,6 @@ def grid(N: int, K: int) -> int:
 _MAPS: dict[tuple, object] = {}  # (address, rows, cols, box rows) -> the encoded tensor map (pdl.ByValue)
 _MAPS_MAX = 4096  # entries kept (a map holds only its array's address, shape and box: an entry never goes stale)
 _SCRATCH: dict[tuple, tuple] = {}  # (device, stream) -> (scratch fp32, counters int32)
-SLOT_FLOATS = THREADS * 2 * (NMAX // 2)  # a scratch slot: one piece, every thread's two m64 blocks' accumulators
 
 
 def _map(a, box_rows: int):
@@ -133,9 +130,9 @@ def _map(a, box_rows: int):
 
 
 def _scratch():
-    """The cut tiles' scratch (2 slots a block, SLOT_FLOATS each) and the tile counters (arrived pieces, then departed
-    readers; zero between launches: each tile's last reader resets both), one pair a (device, stream): launches on
-    one stream run in order (under PDL every access follows the kernel ahead's completion)."""
+    """The cut tiles' scratch (2 slots a block of 256 threads x NMAX / 2 floats) and the tile counters (zero between
+    launches: each tile's last block resets its own), one pair a (device, stream): launches on one stream run in
+    order (under PDL every access follows the kernel ahead's completion)."""
     import cupy as cp
 
     key = (cp.cuda.Device().id, cp.cuda.get_current_stream().ptr)
@@ -144,7 +141,8 @@ def _scratch():
         if cp.cuda.get_current_stream().is_capturing():
             raise RuntimeError("fast_wgemm: scratch made during stream capture (run the call eagerly first)")
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        hit = _SCRATCH[key] = (cp.empty(2 * sms * SLOT_FLOATS, np.float32), cp.zeros(2 * MAX_TILES, np.int32))
+        hit = _SCRATCH[key] = (cp.empty(2 * sms * THREADS * (NMAX // 2), np.float32),
+                               cp.zeros(MAX_TILES, np.int32))
     return hit
 
 
@@ -187,12 +185,11 @@ def gemm_into(x, w, out, defines: tuple[tuple[str, int], ...] = (), blocks: int 
     scratch, counters = _scratch()
     G = grid(N, K) if blocks is None else int(blocks)
     T = -(-N // VT) * (K // KC)
-    if not 1 <= G <= min(T, scratch.size // (2 * SLOT_FLOATS)):
+    if not 1 <= G <= min(T, scratch.size // (2 * THREADS * (NMAX // 2))):
         raise ValueError(f"fast_wgemm: {G} blocks; 1 .. min(iterations {T}, one a multiprocessor): a block without "
                          f"an iteration would leave its tile's piece count short")
     launch(fn, (G,), (THREADS,), (_map(w, VT), _map(x, n), np.int32(M), np.int32(N), np.int32(K), out,
-                                            scratch, counters[:MAX_TILES], counters[MAX_TILES:]), smem_bytes(n, STAGES),
-           pdl=PDL, cooperative=COOPERATIVE)
+                                            scratch, counters), smem_bytes(n, STAGES), pdl=PDL)
     return True
 
 

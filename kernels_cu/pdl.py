@@ -40,7 +40,6 @@ import numpy as np
 ENABLED = os.environ.get("DFLASH_PDL", "1") != "0"
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h CUlaunchAttributeID
-_ATTR_COOPERATIVE = 2
 
 
 class _Attr(ctypes.Structure):  # cuda.h CUlaunchAttribute: id, 4 bytes of pad, a 64-byte value union
@@ -91,19 +90,14 @@ def _dim3(d) -> tuple[int, int, int]:
     return tuple(int(x) for x in d) + (1,) * (3 - len(d))
 
 
-def config(grid, block, shared_mem: int, stream_ptr: int, pdl: bool, cooperative: bool = False):
-    """(CUlaunchConfig, its attribute array): kept together, the config points into the array. ``cooperative``:
-    the whole grid resident at once (the launch fails otherwise), for kernels whose blocks wait for each other."""
-    attrs = (_Attr * 2)()
-    n = 0
-    for on, attr in ((pdl, _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION), (cooperative, _ATTR_COOPERATIVE)):
-        if on:
-            attrs[n].id = attr
-            attrs[n].value = (1).to_bytes(4, "little") + bytes(60)  # programmaticStreamSerializationAllowed / cooperative = 1
-            n += 1
+def config(grid, block, shared_mem: int, stream_ptr: int, pdl: bool):
+    """(CUlaunchConfig, its attribute array): kept together, the config points into the array."""
+    attrs = (_Attr * 1)()
+    attrs[0].id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+    attrs[0].value = (1).to_bytes(4, "little") + bytes(60)  # programmaticStreamSerializationAllowed = 1
     g, b = _dim3(grid), _dim3(block)
     cfg = _Config(*g, *b, int(shared_mem), ctypes.c_void_p(int(stream_ptr)),
-                  ctypes.cast(attrs, ctypes.POINTER(_Attr)), n)
+                  ctypes.cast(attrs, ctypes.POINTER(_Attr)), 1 if pdl else 0)
     return cfg, attrs
 
 
@@ -144,14 +138,13 @@ def active() -> bool:
 _LAUNCHED: set[int] = set()  # CUfunction handles launched under PDL here (end_capture relaxes edges into these)
 
 
-def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True, cooperative: bool = False) -> None:
+def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> None:
     """``fn(grid, block, args, shared_mem=shared_mem)`` on the current CuPy stream, with the PDL
     attribute where ``pdl`` and ``active()``. ``fn`` must follow the module docstring's rules. A
-    ``ByValue`` among ``args``, or ``cooperative`` (the grid resident at once: CU_LAUNCH_ATTRIBUTE_COOPERATIVE), takes
-    the driver's launch either way."""
+    ``ByValue`` among ``args`` takes the driver's launch either way (CuPy's call has no struct argument)."""
     use = pdl and active()
     by_value = any(isinstance(a, ByValue) for a in args)
-    if not (use or by_value or cooperative):
+    if not (use or by_value):
         fn(grid, block, tuple(args), shared_mem=shared_mem)
         return
     import cupy
@@ -162,7 +155,7 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True, coop
     values = [kernel_arg(a) for a in args]
     params = (ctypes.c_void_p * max(1, len(values)))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, use, cooperative)
+    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, use)
     _check(launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None),
            f"cuLaunchKernelEx ({getattr(fn, 'name', fn)})")
 

@@ -10,7 +10,6 @@
   one tile (a tile of many pieces), N not a multiple of the 128-row tile, M not a multiple of 8, K one stage;
 - integer grids are exact (every partial sum an integer below 2^24), so a piece added twice or dropped shows;
 - the same bits on every call (the pieces added in block order, not arrival order), the tile counters back at 0;
-- a cut tile's readers wait for all its pieces: the grid is launched cooperatively, so its blocks are resident;
 - a captured graph gives the eager bits; arrays outside the contract are refused (False).
 The race against a late producer of x is in tests/gpu/test_pdl.py. Marked ``gpu`` by tests/gpu/conftest.py.
 """
@@ -92,11 +91,11 @@ def test_official_shapes_within_the_fp32_bound_and_repeatable(cupy, fw, M, N, K)
 
 @pytest.mark.parametrize("M,N,K,blocks", [
     (17, 256, 256, 1),      # one block: every tile whole in its range
-    (24, 768, 640, 7),      # ranges cut tiles (T 30 over 7 blocks)
+    (24, 384, 640, 7),      # ranges cut tiles (T 30 over 7 blocks)
     (33, 128, 1024, 12),    # one tile of 16 stages over 12 blocks: ranges inside the tile, 12 pieces
     (40, 128, 1024, 16),    # a piece a stage
-    (100, 200, 192, 3),     # N inside one tile (rows 200..255 past it), M not a multiple of 8, 3 pieces
-    (128, 1000, 64, 3),     # K one stage: ranges of several whole tiles (the last one partly past N)
+    (100, 200, 192, 5),     # N past the last full tile (rows 128..199 of 256), M not a multiple of 8
+    (128, 1000, 64, 3),     # K one stage: each block's range whole tiles and cut ones
     (64, 640, 2048, None),  # the default grid
 ])
 @pytest.mark.parametrize("kind", ["gauss", "grid"])
@@ -109,8 +108,8 @@ def test_stream_k_splits_within_the_bound(cupy, fw, M, N, K, blocks, kind):
 def test_the_split_model_names_cut_and_whole_tiles(fw):
     """The case list above reaches both branches of the epilogue (the model is fast_wgemm.pieces)."""
     cut = whole = 0
-    for N, K, G in ((256, 256, 1), (768, 640, 7), (128, 1024, 12), (200, 192, 3), (1000, 64, 3)):
-        KC, tiles = K // 64, -(-N // fw.VT)
+    for N, K, G in ((256, 256, 1), (384, 640, 7), (128, 1024, 12), (200, 192, 5), (1000, 64, 3)):
+        KC, tiles = K // 64, -(-N // 128)
         for t in range(tiles):
             p = fw.pieces(t, KC, tiles * KC, G)
             cut += p[0][1] >= 0
