@@ -39,8 +39,11 @@ over ``--rounds`` passes, each a set of module attributes:
   head_unfused  the head GEMM and the split top-k (fast_head.ENABLED False; default: the fused head,
               kernels_cu/fast_head.py, where it applies)
   head_warp_rows  the fused head with v14's selection, a warp a hidden row (fast_head.SELECT_DEFINES)
-  cublas_wide the layer GEMMs at 17..128 rows on cuBLAS (fast_wgemm.ENABLED False; default: kernels_cu/fast_wgemm.cu)
-  wgemm_nopdl fast_wgemm launched the ordinary way (fast_wgemm.PDL False)
+  head_lanes_all  the fused head's lane form at every row count (fast_head.WARP_FORM_MAX_ROWS 0; default: v14's warp
+              form up to 8 rows)
+  wgemm       the layer GEMMs at 17..128 rows on kernels_cu/fast_wgemm.cu (fast_wgemm.ENABLED True; default: cuBLAS,
+              session v16 measured the kernel slower)
+  wgemm_nopdl the same, launched the ordinary way (fast_wgemm.PDL False)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
 path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, each
 configuration against the first, the last one against the floors (weights + rings, and weights only,
@@ -69,8 +72,9 @@ CONFIGS = {
     "head_gemmex": {"kernels_cu.fast_round.HEAD_LT": False},
     "head_unfused": {"kernels_cu.fast_head.ENABLED": False},
     "head_warp_rows": {"kernels_cu.fast_head.SELECT_DEFINES": (("HP_WARP_ROWS", 1),)},
-    "cublas_wide": {"kernels_cu.fast_wgemm.ENABLED": False},
-    "wgemm_nopdl": {"kernels_cu.fast_wgemm.PDL": False},
+    "head_lanes_all": {"kernels_cu.fast_head.WARP_FORM_MAX_ROWS": 0},
+    "wgemm": {"kernels_cu.fast_wgemm.ENABLED": True},
+    "wgemm_nopdl": {"kernels_cu.fast_wgemm.ENABLED": True, "kernels_cu.fast_wgemm.PDL": False},
     "nopdl": {"kernels_cu.pdl.ENABLED": False},
     "nopdl_glue": {"kernels_cu.fast_block.PDL_GLUE": False},
     "no_launch_order": {"kernels_cu.pdl.LAUNCH_ORDER": False},

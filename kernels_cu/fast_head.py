@@ -8,7 +8,8 @@ the final k; the logits never reach memory. Two kernels (``PINGPONG`` picks, def
 
 - fast_head_topk_pp: two consumer warpgroups take turns over 128-row tiles, one computing on the stream while the
   other selects from the tile's logits staged in shared memory (a lane a hidden row, each row compacted at the
-  tile's end; ``SELECT_DEFINES`` builds v14's warp-a-row form instead), a producer warpgroup issuing the tensor
+  tile's end; up to ``WARP_FORM_MAX_ROWS`` hidden rows, or wherever ``SELECT_DEFINES`` says so, v14's warp-a-row
+  form), a producer warpgroup issuing the tensor
   copies (fast_head.cu's header says how the turns keep the barriers' phases apart);
 - fast_head_topk (v13): 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56
   rows on (its selection is not hidden), kept as the switch's other side and the probe's reference.
@@ -75,6 +76,20 @@ PINGPONG = True  # candidate_topk / proposal_head launch fast_head_topk_pp (the 
 # Extra defines of the Ops' build of fast_head.cu: () is the lane-a-row selection (hp_select_lanes);
 # (("HP_WARP_ROWS", 1),) the v14 warp-a-row form (benchmarks/round_ab.py's config head_warp_rows)
 SELECT_DEFINES: tuple[tuple[str, int], ...] = ()
+WARP_FORM = (("HP_WARP_ROWS", 1),)
+# Hidden rows up to which the Ops' build takes v14's warp form while SELECT_DEFINES is empty: the lane form's seed and
+# first scan cost the same at any row count, and at 7 rows every round A/B of session v15 measured it 2-7 us slower
+# (v15-f, ms: 35B B1 W8 0.646 against 0.653, 27B B1 W8 1.716 against 1.720; docs/reports/h200-round-ab-v15-f.json).
+# 0: the lane form at every row count (round_ab's config head_lanes_all).
+WARP_FORM_MAX_ROWS = 8
+
+
+def select_defines(M: int) -> tuple[tuple[str, int], ...]:
+    """The selection's defines for M hidden rows: SELECT_DEFINES where set, else the warp form up to
+    WARP_FORM_MAX_ROWS rows and the lane form above."""
+    if SELECT_DEFINES:
+        return SELECT_DEFINES
+    return WARP_FORM if M <= WARP_FORM_MAX_ROWS else ()
 PP_THREADS = 384  # fast_head.cu HP_THREADS
 PP_VT = 128  # HP_VT
 PP_LS = 132  # HP_LS: floats a hidden row of the staged logits
@@ -235,7 +250,7 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
     if dump is not None and (tuple(dump.shape) != (M, Vr) or dump.dtype != np.float32):
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
-    defines = SELECT_DEFINES + (() if dump is None else (("HT_DUMP", 1),))  # the dump stores: the tests' build
+    defines = (select_defines(M) if PINGPONG else ()) + (() if dump is None else (("HT_DUMP", 1),))  # dump: tests
     if maps is not None and (maps.shape != (32,) or maps.dtype != np.uint64):
         raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s (32,) uint64")
     _, fn = _kernel(n, defines, None, PINGPONG)

@@ -25,7 +25,15 @@ import numpy as np
 from kernels_cu import fast_head
 from kernels_cu.loader import KERNEL_DIR, nvrtc_arch_module
 
-ENABLED = True  # CudaEngine.layer_gemm routes the shapes ``applies`` takes here; False: cuBLAS everywhere
+# CudaEngine.layer_gemm routes the shapes ``applies`` takes here when True. False (the default): the H200 measured this
+# kernel slower than the cuBLAS path at every layer shape of both geometries at 128 rows (benchmarks/wgemm_ab.py,
+# docs/reports/h200-wgemm-ab-v16.json, us a call: 35B q/k/v 18.1 against 9.1, o 18.9 / 7.8, gate/up 25.8 / 17.7,
+# down 21.2 / 10.4; 27B gate/up 119.0 / 98.5) and the rounds at B8 W16 slower (35B 1.196 against 0.973 ms, 27B 2.344
+# against 2.073; h200-round-ab-v16-a.json). Why (docs/PERFORMANCE.md "Session v16"): a stage brings as many x bytes
+# as weight bytes and a multiprocessor took in about 44 GB/s, so the weight streamed at 3.0 TB/s at best; and with
+# 132 blocks over tens of tiles most tiles are cut, each piece a 64 KiB fp32 round trip through L2 and one block
+# adding them. Kept, tested, for the next step (x shared by a cluster's blocks through multicast copies, no cuts).
+ENABLED = False
 PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; the weights staged before the wait)
 MIN_ROWS = 17  # fast_gemv.cu takes the official B1 shapes (8 and 16 rows); above them this kernel
 NMAX = 128  # rows (the wgmma's N; two warpgroups' N / 2 accumulators a thread)

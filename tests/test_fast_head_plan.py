@@ -59,6 +59,7 @@ def test_probe_and_round_switches_are_the_kernels():
     switches = set(re.findall(r"^#\s*(?:ifdef|ifndef|if)\s+(\w+)", src, re.MULTILINE))
     names = {name for _, _, defines in fast_head_probe.VARIANTS for name, _ in defines}
     names |= {name for name, _ in round_ab.CONFIGS["head_warp_rows"]["kernels_cu.fast_head.SELECT_DEFINES"]}
+    names |= {name for name, _ in fast_head.WARP_FORM}
     assert {"HP_WARP_ROWS", "HP_TILE_COMPACT", "HP_PAIR", "HP_SET", "HP_AHEAD"} <= names
     assert names <= switches, sorted(names - switches)
 
@@ -119,3 +120,15 @@ def test_fast_round_routes_its_head_as_the_ops_do(monkeypatch):
         assert not be._head_route(129, 248320, 2048, 1, None, "proposal_head")
     monkeypatch.setattr(FastRound, "fused_head", False)  # off for the round: its Ops off too
     assert not FastRound()._head_route(7, 248320, 5120, 16, None, "candidate_topk")
+
+
+def test_the_ops_take_the_warp_form_up_to_its_rows(monkeypatch):
+    """fast_head.select_defines: v14's warp form up to WARP_FORM_MAX_ROWS hidden rows (faster there, session v15),
+    the lane form above; SELECT_DEFINES, where set, at every row count; WARP_FORM_MAX_ROWS 0, the lane form
+    everywhere."""
+    assert fast_head.select_defines(1) == fast_head.select_defines(8) == fast_head.WARP_FORM
+    assert fast_head.select_defines(9) == fast_head.select_defines(128) == ()
+    monkeypatch.setattr(fast_head, "WARP_FORM_MAX_ROWS", 0)
+    assert fast_head.select_defines(1) == ()
+    monkeypatch.setattr(fast_head, "SELECT_DEFINES", (("HP_PAIR", 1),))
+    assert fast_head.select_defines(1) == fast_head.select_defines(128) == (("HP_PAIR", 1),)

@@ -73,6 +73,7 @@
 #   bash tools/h200_runs.sh v15-e          # session v15: the lane form's tile-end compaction: tests, probe, A/Bs
 #   bash tools/h200_runs.sh v15-f          # session v15: insertions in k steps, idle warps skipped: tests, A/Bs
 #   bash tools/h200_runs.sh v16-a          # session v16: fast_wgemm's GPU tests, the GEMM A/B, the round A/B
+#   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
 set -uo pipefail
@@ -480,7 +481,14 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step wgemm-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_wgemm.py \
         "tests/gpu/test_pdl.py::test_wgemm_reads_x_and_writes_its_output_only_after_the_wait"
       step wgemm-ab timeout 120 $PY -m benchmarks.wgemm_ab --rows 128 --stages 4,6 --json "$OUT/wgemm_ab.json"
-      step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs cublas_wide,default \
+      step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs default,wgemm \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
+    v16-b)  # session v16: fast_wgemm off by default, the fused head's warp form up to 8 rows: the fused head's GPU tests
+      # (the warp form's C4 case first run), fast_wgemm's at its final state, the round A/B of the head's forms
+      step head-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step wgemm-tests timeout 100 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_wgemm.py \
+        "tests/gpu/test_pdl.py::test_wgemm_reads_x_and_writes_its_output_only_after_the_wait"
+      step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_lanes_all,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac

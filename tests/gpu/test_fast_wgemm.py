@@ -142,8 +142,8 @@ def test_refuses_what_it_cannot_run(cupy, fw):
 
 
 def test_block_suite_on_fast_wgemm_wherever_it_takes_the_shape(cupy, monkeypatch):
-    """The block's layer GEMMs on fast_wgemm wherever ``takes`` accepts the shape (MIN_ROWS 1 and fast_gemv off, so
-    the vectors' small blocks reach it), through the masked_block and draft_layer vectors: no FAIL or ERROR, and
+    """The block's layer GEMMs on fast_wgemm wherever ``takes`` accepts the shape (ENABLED, MIN_ROWS 1 and fast_gemv
+    off, so the vectors' small blocks reach it), through the masked_block and draft_layer vectors: no FAIL or ERROR, and
     the kernel ran. A fresh backend, so no workspace made under other switches is reused."""
     from collections import Counter
     from pathlib import Path
@@ -156,6 +156,7 @@ def test_block_suite_on_fast_wgemm_wherever_it_takes_the_shape(cupy, monkeypatch
 
     if not fw._device_ok():
         pytest.skip("fast_wgemm needs a compute-capability 9.0 GPU")
+    monkeypatch.setattr(fw, "ENABLED", True)
     monkeypatch.setattr(fw, "MIN_ROWS", 1)
     monkeypatch.setattr(fg, "GEMV", False)
     ran = []
