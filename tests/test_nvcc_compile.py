@@ -113,6 +113,23 @@ def test_wgmma_probe_builds_for_sm_90a(tmp_path):
     assert "C7515" not in proc.stderr, proc.stderr
 
 
+def _sm_90a_frames(tmp_path, name: str, text: str) -> list[tuple[str, str, str]]:
+    """Build ``text`` (a module's NVRTC source) with nvcc for sm_90a and the loader's options; assert it compiles and
+    ptxas names no C7515 serialization of a wgmma chain; return ptxas's (stack frame, spill stores, spill loads) per
+    kernel."""
+    src = tmp_path / f"{name}.cu"
+    src.write_text(text)
+    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"]
+    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
+           str(loader.KERNEL_DIR), "-o", str(tmp_path / f"{name}.cubin"), str(src)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
+    assert "C7515" not in proc.stderr, proc.stderr
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert frames, proc.stderr
+    return frames
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
 @pytest.mark.parametrize("n", [8, 120, 128])
 def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
@@ -122,16 +139,8 @@ def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
     selection) ptxas reports no spill and no stack frame, which would put accumulators in local memory."""
     from kernels_cu import fast_head
 
-    src = tmp_path / f"fast_head_n{n}.cu"
-    src.write_text(fast_head.source(n))
-    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"]
-    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
-           str(loader.KERNEL_DIR), "-o", str(tmp_path / "h.cubin"), str(src)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
-    assert "C7515" not in proc.stderr, proc.stderr
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
-    assert len(frames) == 2 and all(v == "0" for f in frames for v in f), proc.stderr  # one line a kernel
+    frames = _sm_90a_frames(tmp_path, f"fast_head_n{n}", fast_head.source(n))
+    assert len(frames) == 2 and all(v == "0" for f in frames for v in f), frames  # one line a kernel
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
@@ -142,13 +151,5 @@ def test_fast_wgemm_builds_for_sm_90a_without_local_memory(tmp_path, n):
     reports no spill and no stack frame (the N / 2 accumulators and a cut tile's sum stay in registers)."""
     from kernels_cu import fast_wgemm
 
-    src = tmp_path / f"fast_wgemm_n{n}.cu"
-    src.write_text(fast_wgemm.source(n, (("WG_STAGES", fast_wgemm.STAGES),)))
-    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"]
-    cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
-           str(loader.KERNEL_DIR), "-o", str(tmp_path / "w.cubin"), str(src)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
-    assert "C7515" not in proc.stderr, proc.stderr
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
-    assert len(frames) == 1 and all(v == "0" for v in frames[0]), proc.stderr
+    frames = _sm_90a_frames(tmp_path, f"fast_wgemm_n{n}", fast_wgemm.source(n, (("WG_STAGES", fast_wgemm.STAGES),)))
+    assert len(frames) == 1 and all(v == "0" for v in frames[0]), frames

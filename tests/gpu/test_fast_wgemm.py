@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.block_suite import block_suite_clean
 from tests.gpu.graphs import eager_and_replayed
 
 pytestmark = pytest.mark.gpu
@@ -145,14 +146,8 @@ def test_block_suite_on_fast_wgemm_wherever_it_takes_the_shape(cupy, monkeypatch
     """The block's layer GEMMs on fast_wgemm wherever ``takes`` accepts the shape (ENABLED, MIN_ROWS 1 and fast_gemv
     off, so the vectors' small blocks reach it), through the masked_block and draft_layer vectors: no FAIL or ERROR, and
     the kernel ran. A fresh backend, so no workspace made under other switches is reused."""
-    from collections import Counter
-    from pathlib import Path
-
     import kernels_cu.fast_gemv as fg
     import kernels_cu.fast_wgemm as fw
-    from conformance.compare import Result
-    from conformance.runner import run_suite
-    from kernels_cu.fast import FastCudaBackend
 
     if not fw._device_ok():
         pytest.skip("fast_wgemm needs a compute-capability 9.0 GPU")
@@ -168,10 +163,5 @@ def test_block_suite_on_fast_wgemm_wherever_it_takes_the_shape(cupy, monkeypatch
         return ok
 
     monkeypatch.setattr(fw, "gemm_into", spy)
-    root = Path(__file__).resolve().parents[2]
-    results = run_suite(FastCudaBackend(), root / "vectors", ops_pattern="masked_block,draft_layer")
-    counts = Counter(r.result.name for r in results)
-    bad = [r for r in results if r.result in (Result.FAIL, Result.ERROR, Result.NOT_IMPLEMENTED)]
+    block_suite_clean()
     assert any(ok for ok, _ in ran), f"fast_wgemm never ran: {ran[:5]}"
-    assert len(results) == 40 and not bad, f"{counts}: " + "; ".join(
-        f"{r.op}/{r.case} {r.result.name}: {r.detail}" for r in bad[:20])
