@@ -17,7 +17,8 @@ baseline's, so rounding there is inside the tight bound):
     qkv = gemm(n or prepared, [W_q; W_k; W_v])       one GEMM, weights concatenated once, resident
          (each layer GEMM: cuBLAS, or at <= 16 rows kernels_cu/fast_gemv.cu where its grid fits
          the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait; at 17..128
-         rows kernels_cu/fast_wgemm.cu's wgmma kernel where fast_wgemm.applies)
+         rows kernels_cu/fast_wgemm.cu's wgmma kernel where fast_wgemm.applies: off by default,
+         measured slower than cuBLAS in session v16)
     q, k = RoPE(head RMSNorm), v, each rounded once to BF16 and kept as BF16 bits (fb_qkv_post; named
          q, k, v_proj; QKV_BITS False keeps their fp32 values, same numbers)
     a  = attention (kernels_cu.fast_attention.attention_fast when that module exists, else the

@@ -73,8 +73,9 @@ def smem_bytes(n: int, stages: int = STAGES) -> int:
 
 PINGPONG = True  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
 # tiles, the selection of one under the other's stream, from logits staged in shared memory) instead of fast_head_topk
-# Extra defines of the Ops' build of fast_head.cu: () is the lane-a-row selection (hp_select_lanes);
-# (("HP_WARP_ROWS", 1),) the v14 warp-a-row form (benchmarks/round_ab.py's config head_warp_rows)
+# Extra defines of the Ops' build of fast_head.cu at every row count; () leaves the choice to select_defines (the
+# lane-a-row selection, hp_select_lanes, above WARP_FORM_MAX_ROWS rows); (("HP_WARP_ROWS", 1),) is the v14 warp-a-row
+# form everywhere (benchmarks/round_ab.py's config head_warp_rows)
 SELECT_DEFINES: tuple[tuple[str, int], ...] = ()
 WARP_FORM = (("HP_WARP_ROWS", 1),)
 # Hidden rows up to which the Ops' build takes v14's warp form while SELECT_DEFINES is empty: the lane form's seed and
@@ -90,6 +91,8 @@ def select_defines(M: int) -> tuple[tuple[str, int], ...]:
     if SELECT_DEFINES:
         return SELECT_DEFINES
     return WARP_FORM if M <= WARP_FORM_MAX_ROWS else ()
+
+
 PP_THREADS = 384  # fast_head.cu HP_THREADS
 PP_VT = 128  # HP_VT
 PP_LS = 132  # HP_LS: floats a hidden row of the staged logits

@@ -3,6 +3,9 @@
 //
 //   out[m, v] = sum_k x[m, k] W[v, k]   (x: M <= WG_N rows of BF16 bits, W: N weight rows, fp32 out [M, N])
 //
+// Off by default (fast_wgemm.ENABLED): the H200 measured it slower than the cuBLAS path at every layer shape at 128
+// rows, fast_wgemm.py and docs/PERFORMANCE.md ("Session v16") say by how much and why.
+//
 // Work split (stream-K): the GEMM is T = tiles x KC iterations, a tile being 128 weight rows and an iteration one
 // stage of 64 K. Block b of G takes iterations [floor(b T / G), floor((b + 1) T / G)), so every block streams the
 // same number of weight bytes whatever N and K are (the grid is one block a multiprocessor; the layer GEMMs of the
