@@ -8,7 +8,9 @@ Per (M, N, K):
               fast_block.GEMM_SPLITS splits the shape (its partials then added by the consumer, not timed here);
   wgemm       fast_wgemm.gemm_into (PDL on: back to back, each call's first weight stages load under the call ahead);
   wgemm_nopdl the same launched the ordinary way;
-  wgemm_sS    STAGES S (``--stages``).
+  wgemm_sS    STAGES S (``--stages``);
+  wgemm_gG    a grid of G blocks (``--blocks``): with the x rows per stage (``--rows``, ``--min-rows``) it tells a
+              limit a multiprocessor (the rate falls with the blocks) from one of the whole chip.
 Also the largest |difference| to cuBLAS relative to max |cuBLAS| (both FP32 accumulation of the same products: a
 few ulps). The floor is the weight, activation and output bytes at the copy bandwidth measured in the run.
 
@@ -32,6 +34,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="128", help="comma-separated M")
     ap.add_argument("--stages", default="", help="extra STAGES values to time, comma-separated")
+    ap.add_argument("--shapes", default="", help="only these N x K, comma-separated (e.g. 34816x5120); default all")
+    ap.add_argument("--min-rows", type=int, default=None, help="fast_wgemm.MIN_ROWS for this run (rows below 17)")
+    ap.add_argument("--blocks", default="", help="also time fast_wgemm at these grids, comma-separated (at most one a "
+                                                 "multiprocessor): how the weight rate scales with the blocks streaming")
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=9)
     ap.add_argument("--json", default=None)
@@ -50,47 +56,59 @@ def main(argv=None) -> int:
     cap = CaptureGemm()
     stream = cp.cuda.Stream(non_blocking=True)
     extra = [int(s) for s in args.stages.split(",") if s]
+    grids = [int(b) for b in args.blocks.split(",") if b]
+    only = {tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s}
+    if args.min_rows is not None:
+        fast_wgemm.MIN_ROWS = args.min_rows
 
     def us(launch, n_w):
         return round(graph_timer.graph_us(cp, stream, launch, calls=args.calls, replays=args.replays, sets=n_w,
                                           warm=n_w), 2)
 
+    def probe(m, n, k):
+        n_w = max(2, min(16, -(-(128 << 20) // (n * k * 2))))
+        x = (cp.random.standard_normal((m, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        ws = [(cp.random.standard_normal((n, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+              for _ in range(n_w)]
+        s = split_k(m, n, k)
+        c = cp.empty((s, m, n) if s > 1 else (m, n), np.float32)
+        o = cp.empty((m, n), np.float32)
+        rec = {"M": m, "N": n, "K": k, "weights": n_w, "cublas_split": s,
+               "floor_us": round((n * k * 2 + m * k * 2 + m * n * 4) / copy_bw * 1e6, 2)}
+
+        def ours(j, blocks=None):
+            fast_wgemm.gemm_into(x, ws[j], o, blocks=blocks)
+
+        with stream:
+            rec["cublas_us"] = us(lambda j: cap(x, ws[j], c), n_w)
+            if not fast_wgemm.takes(m, n, k):
+                return rec
+            rec["wgemm_us"] = us(ours, n_w)
+            fast_wgemm.PDL = False
+            rec["wgemm_nopdl_us"] = us(ours, n_w)
+            fast_wgemm.PDL = True
+            default = fast_wgemm.STAGES
+            for st in extra:
+                fast_wgemm.STAGES = st
+                rec[f"wgemm_s{st}_us"] = us(ours, n_w)
+            fast_wgemm.STAGES = default
+            for g in grids:
+                rec[f"wgemm_g{g}_us"] = us(lambda j, g=g: ours(j, g), n_w)
+            rec["weight_TBps"] = round(n * k * 2 / (rec["wgemm_us"] * 1e-6) / 1e12, 3)
+            ours(0)
+            ref = gemm_bf16(x, ws[0])
+            stream.synchronize()
+            rec["rel_diff"] = float(cp.abs(o - ref).max() / (cp.abs(ref).max() + 1e-30))
+        return rec
+
     out = []
     for m in (int(r) for r in args.rows.split(",")):
-        for n, k in SHAPES:
-            n_w = max(2, min(16, -(-(128 << 20) // (n * k * 2))))
-            x = (cp.random.standard_normal((m, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-            ws = [(cp.random.standard_normal((n, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-                  for _ in range(n_w)]
-            s = split_k(m, n, k)
-            c = cp.empty((s, m, n) if s > 1 else (m, n), np.float32)
-            o = cp.empty((m, n), np.float32)
-            rec = {"M": m, "N": n, "K": k, "weights": n_w, "cublas_split": s,
-                   "floor_us": round((n * k * 2 + m * k * 2 + m * n * 4) / copy_bw * 1e6, 2)}
-            with stream:
-                rec["cublas_us"] = us(lambda j: cap(x, ws[j], c), n_w)
-                if not fast_wgemm.takes(m, n, k):
-                    out.append(rec)
-                    print(json.dumps(rec), flush=True)
-                    continue
-                rec["wgemm_us"] = us(lambda j: fast_wgemm.gemm_into(x, ws[j], o), n_w)
-                fast_wgemm.PDL = False
-                rec["wgemm_nopdl_us"] = us(lambda j: fast_wgemm.gemm_into(x, ws[j], o), n_w)
-                fast_wgemm.PDL = True
-                default = fast_wgemm.STAGES
-                for st in extra:
-                    fast_wgemm.STAGES = st
-                    rec[f"wgemm_s{st}_us"] = us(lambda j: fast_wgemm.gemm_into(x, ws[j], o), n_w)
-                fast_wgemm.STAGES = default
-                fast_wgemm.gemm_into(x, ws[0], o)
-                ref = gemm_bf16(x, ws[0])
-                stream.synchronize()
-                rec["rel_diff"] = float(cp.abs(o - ref).max() / (cp.abs(ref).max() + 1e-30))
-            out.append(rec)
-            print(json.dumps(rec), flush=True)
-            del x, ws, c, o
+        for n, k in [sh for sh in SHAPES if not only or sh in only]:
+            out.append(probe(m, n, k))
+            print(json.dumps(out[-1]), flush=True)
             cp.get_default_memory_pool().free_all_blocks()
-    cols = ["cublas_us", "wgemm_us", "wgemm_nopdl_us", *[f"wgemm_s{st}_us" for st in extra]]
+    cols = ["cublas_us", "wgemm_us", "wgemm_nopdl_us", *[f"wgemm_s{st}_us" for st in extra],
+            *[f"wgemm_g{g}_us" for g in grids]]
     print(f"\n{'M':>4} {'N':>6} {'K':>6} {'floor':>6} " + " ".join(f"{c[:-3]:>12}" for c in cols)
           + "  (us per call, graph of back-to-back calls)")
     for r in out:
