@@ -19,8 +19,8 @@
 // Each block: two warpgroups, warpgroup w computing weight rows [64 w, 64 w + 64) of the tile as one m64nNk16 wgmma
 // chain (A = weight rows, B = the x rows, N = WG_N, both K-major from shared memory in the tensor copies' 128-byte
 // swizzle: ht_desc). WG_STAGES buffers of [128 weight rows x 64 K | WG_N x rows x 64 K], filled by the tensor copy
-// engine WG_STAGES - 1 ahead, one thread issuing (fast_head.cu's v13 kernel streamed the 27B head at 3.85-3.92 TB/s
-// this way).
+// engine WG_STAGES - 1 ahead, one thread issuing after a block-wide barrier each stage (fast_head.cu's v13 form; at
+// 128 rows it took in 37-46 GB/s a multiprocessor on the H200, docs/PERFORMANCE.md "Session v16").
 //
 // Programmatic dependent launch (kernels_cu/pdl.py's rules): the weights are prepared once and written by no kernel
 // of a round, so the issuing thread asks for the first stages' weight boxes before griddepcontrol.wait and for their
