@@ -19,11 +19,13 @@
 // Each block: two warpgroups, warpgroup w computing weight rows [64 w, 64 w + 64) of the tile as one m64nNk16 wgmma
 // chain (A = weight rows, B = the x rows, N = WG_N, both K-major from shared memory in the tensor copies' 128-byte
 // swizzle: ht_desc). WG_STAGES buffers of [128 weight rows x 64 K | WG_N x rows x 64 K], filled by the tensor copy
-// engine WG_STAGES - 1 ahead, one thread issuing after a block-wide barrier each stage (fast_head.cu's v13 form; at
-// 128 rows it took in 37-46 GB/s a multiprocessor on the H200, docs/PERFORMANCE.md "Session v16").
+// engine by a producer warpgroup (one lane issues each stage once both consumer warpgroups have retired its buffer's
+// last use: an empty barrier a stage, as fast_head.cu's ping-pong kernel). Session v16's first form issued from a
+// consumer thread after a block-wide barrier each stage (fast_head.cu's v13 form): at 128 rows it took in 37-46 GB/s
+// a multiprocessor on the H200, where the ping-pong kernel takes in about 57 (docs/PERFORMANCE.md "Session v16").
 //
 // Programmatic dependent launch (kernels_cu/pdl.py's rules): the weights are prepared once and written by no kernel
-// of a round, so the issuing thread asks for the first stages' weight boxes before griddepcontrol.wait and for their
+// of a round, so the issuing lane asks for the first stages' weight boxes before griddepcontrol.wait and for their
 // x boxes after it; every other read and every write of this kernel follows a stage whose x box was issued after the
 // wait. Launched the ordinary way, the wait is a no-op.
 #include "philox.cuh"
@@ -33,7 +35,8 @@ using dflash::u64;
 #ifndef WG_N
 #define WG_N 128  // fast_wgemm.py defines it (the rows rounded up to 8); the CI build of this file takes 128
 #endif
-#define WG_THREADS 256
+#define WG_THREADS 384  // two consumer warpgroups and a producer warpgroup (one lane of it issues)
+#define WG_CONSUMERS 256
 #define WG_VT 128  // weight rows a tile (two warpgroups' m64 blocks)
 #define WG_KC 64   // K a stage
 #ifndef WG_STAGES
@@ -43,9 +46,9 @@ using dflash::u64;
 #define WG_X_BYTES (WG_N * WG_KC * 2)
 #define WG_STAGE_BYTES (WG_W_BYTES + WG_X_BYTES)
 #define WG_NACC (WG_N / 2)  // fp32 accumulators a thread
-#define WG_SLOT (WG_THREADS * WG_NACC)  // floats of a scratch slot (one piece: every thread's accumulators)
-// dynamic shared memory: up to 1 KiB of alignment slack, the stages, a barrier a stage, the reducer flag
-#define WG_SMEM_BYTES (1024 + WG_STAGES * WG_STAGE_BYTES + WG_STAGES * 8 + 16)
+#define WG_SLOT (WG_CONSUMERS * WG_NACC)  // floats of a scratch slot (one piece: every consumer's accumulators)
+// dynamic shared memory: up to 1 KiB of alignment slack, the stages, a full and an empty barrier a stage, the flag
+#define WG_SMEM_BYTES (1024 + WG_STAGES * WG_STAGE_BYTES + 2 * WG_STAGES * 8 + 16)
 
 // A CUtensorMap by value (cuda.h's layout: 128 bytes, 64-byte aligned), passed as a __grid_constant__ parameter:
 // the copies read it from the parameter space, so a CUDA graph keeps the map it was captured with.
@@ -85,51 +88,63 @@ __device__ __forceinline__ void wg_store(float* __restrict__ out, const float (&
     }
 }
 
+// The consumers' barrier (named barrier 1, the 256 consumer threads; the producer warpgroup never joins it).
+__device__ __forceinline__ void wg_sync_consumers() { asm volatile("bar.sync 1, %0;\n" ::"r"(WG_CONSUMERS) : "memory"); }
+
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap xmap_p, int M, int N, int K,
            float* __restrict__ out, float* __restrict__ scratch, int* __restrict__ counters) {
     extern __shared__ unsigned char wg_raw[];
     unsigned char* base = wg_raw + ((1024 - (ht_smem_u32(wg_raw) & 1023)) & 1023);
     u64* bars = reinterpret_cast<u64*>(base + WG_STAGES * WG_STAGE_BYTES);
-    int* flag = reinterpret_cast<int*>(bars + WG_STAGES);
+    int* flag = reinterpret_cast<int*>(bars + 2 * WG_STAGES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-    const int g = lane >> 2, t = lane & 3;
     const int G = gridDim.x, b = blockIdx.x;
     const int KC = K / WG_KC, T = (N + WG_VT - 1) / WG_VT * KC;
     const int i0 = wg_first(b, T, G), i1 = wg_first(b + 1, T, G), n_it = i1 - i0;
-    const u64* wmap = wmap_p.v;
-    const u64* xmap = xmap_p.v;
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the next kernel waits for our end anyway
-    const unsigned s0 = ht_smem_u32(base), b0 = ht_smem_u32(bars);
+    const unsigned s0 = ht_smem_u32(base), full0 = ht_smem_u32(bars), empty0 = full0 + 8 * WG_STAGES;
     if (tid == 0) {
-        for (int st = 0; st < WG_STAGES; ++st)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(b0 + 8 * st) : "memory");
+        for (int st = 0; st < WG_STAGES; ++st) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * st) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(empty0 + 8 * st), "r"(WG_CONSUMERS)
+                         : "memory");
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const int pre = min(WG_STAGES - 1, n_it);
-        for (int p = 0; p < pre; ++p)  // the weights before the wait (written by no kernel of the sequence)
-            wg_issue(s0 + p * WG_STAGE_BYTES, b0 + 8 * p, wmap, xmap, i0 + p, KC, true, true, false);
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the kernel ahead (x's writer) completed
-        for (int p = 0; p < pre; ++p)
-            wg_issue(s0 + p * WG_STAGE_BYTES, b0 + 8 * p, wmap, xmap, i0 + p, KC, false, false, true);
     }
     __syncthreads();
+    if (wg == 2) {  // the producer warpgroup (384 threads start capped at 168 registers; it keeps 40)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp == 8 && lane == 0) {
+            const u64* wmap = wmap_p.v;
+            const u64* xmap = xmap_p.v;
+            const int pre = min(WG_STAGES, n_it);
+            for (int q = 0; q < pre; ++q)  // the weights before the wait (written by no kernel of the sequence)
+                wg_issue(s0 + q * WG_STAGE_BYTES, full0 + 8 * q, wmap, xmap, i0 + q, KC, true, true, false);
+            asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the kernel ahead (x's writer) completed
+            for (int q = 0; q < pre; ++q)
+                wg_issue(s0 + q * WG_STAGE_BYTES, full0 + 8 * q, wmap, xmap, i0 + q, KC, false, false, true);
+            for (int q = pre; q < n_it; ++q) {
+                const int st = q % WG_STAGES;
+                ht_bar_wait(empty0 + 8 * st, (q / WG_STAGES - 1) & 1);  // its last use retired in both consumers
+                wg_issue(s0 + st * WG_STAGE_BYTES, full0 + 8 * st, wmap, xmap, i0 + q, KC, true, true, true);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int g = lane >> 2, t = lane & 3;
     float acc[WG_NACC];
 #pragma unroll
     for (int j = 0; j < WG_NACC; ++j) acc[j] = 0.f;
     int piece0 = i0;  // the current piece's first iteration
 #pragma unroll 1
     for (int q = 0; q < n_it; ++q) {
-        const int it = i0 + q;
-        ht_bar_wait(b0 + 8 * (q % WG_STAGES), (q / WG_STAGES) & 1);  // stage q landed
-        __syncthreads();  // and every wgmma of q - 1 retired: its buffer may be refilled
-        if (tid == 0 && q + WG_STAGES - 1 < n_it) {
-            const int nx = q + WG_STAGES - 1;
-            wg_issue(s0 + nx % WG_STAGES * WG_STAGE_BYTES, b0 + 8 * (nx % WG_STAGES), wmap, xmap, i0 + nx, KC, true,
-                     true, true);
-        }
+        const int it = i0 + q, st = q % WG_STAGES;
+        ht_bar_wait(full0 + 8 * st, (q / WG_STAGES) & 1);  // stage q landed
         const int tile = it / KC, kc = it - tile * KC;
-        const unsigned sw = s0 + q % WG_STAGES * WG_STAGE_BYTES, sx = sw + WG_W_BYTES;
+        const unsigned sw = s0 + st * WG_STAGE_BYTES, sx = sw + WG_W_BYTES;
 #pragma unroll
         for (int j = 0; j < WG_NACC; ++j) asm volatile("" : "+f"(acc[j])::"memory");
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -138,6 +153,7 @@ fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap x
             ht_wgmma(acc, ht_desc(sw + 64 * wg * 128 + 32 * s), ht_desc(sx + 32 * s), (it != piece0) | s);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
         if (kc != KC - 1 && it != i1 - 1) continue;
 
         // ---- the piece [piece0, it] of `tile` is summed
@@ -153,12 +169,14 @@ fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap x
         float4* mine = reinterpret_cast<float4*>(scratch + (size_t)slot * WG_SLOT);
 #pragma unroll
         for (int j = 0; j < WG_NACC / 4; ++j)
-            mine[j * WG_THREADS + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            mine[j * WG_CONSUMERS + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
         __threadfence();
-        __syncthreads();
+        wg_sync_consumers();
         if (tid == 0) *flag = atomicAdd(&counters[tile], 1) == bl - bf;  // this piece is the tile's last
-        __syncthreads();
-        if (!*flag) continue;
+        wg_sync_consumers();
+        const bool last = *flag;
+        wg_sync_consumers();  // every consumer read the flag before the next piece's write of it
+        if (!last) continue;
         __threadfence();
         // the pieces in block order (block p's slot for this tile), the first copied, the rest added
         float sum[WG_NACC];
@@ -167,7 +185,7 @@ fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap x
                 scratch + (size_t)(2 * p + (tile != wg_first(p, T, G) / KC)) * WG_SLOT);
 #pragma unroll
             for (int j = 0; j < WG_NACC / 4; ++j) {
-                const float4 z = __ldcg(src + j * WG_THREADS + tid);
+                const float4 z = __ldcg(src + j * WG_CONSUMERS + tid);
                 const float w4[4] = {z.x, z.y, z.z, z.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sum[4 * j + e] = p == bf ? w4[e] : sum[4 * j + e] + w4[e];

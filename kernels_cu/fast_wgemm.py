@@ -38,7 +38,8 @@ ENABLED = False
 PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; the weights staged before the wait)
 MIN_ROWS = 17  # fast_gemv.cu takes the official B1 shapes (8 and 16 rows); above them this kernel
 NMAX = 128  # rows (the wgmma's N; two warpgroups' N / 2 accumulators a thread)
-THREADS = 256
+THREADS = 384  # WG_THREADS: two consumer warpgroups and a producer warpgroup
+CONSUMERS = 256  # WG_CONSUMERS: the threads whose accumulators a scratch slot holds
 VT = 128  # weight rows a tile (WG_VT)
 KC = 64  # K a stage (WG_KC)
 STAGES = 5  # WG_STAGES (each 16 KiB of weight + 16 KiB of x at 128 rows; read at every launch)
@@ -48,8 +49,8 @@ SHAPES: frozenset | None = None
 
 
 def smem_bytes(n: int, stages: int = STAGES) -> int:
-    """fast_wgemm.cu WG_SMEM_BYTES: alignment slack, the stages, their barriers, the reducer flag."""
-    return 1024 + stages * (VT * KC * 2 + n * KC * 2) + stages * 8 + 16
+    """fast_wgemm.cu WG_SMEM_BYTES: alignment slack, the stages, their full and empty barriers, the reducer flag."""
+    return 1024 + stages * (VT * KC * 2 + n * KC * 2) + 2 * stages * 8 + 16
 
 
 def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
@@ -139,7 +140,7 @@ def _map(a, box_rows: int):
 
 
 def _scratch():
-    """The cut tiles' scratch (2 slots a block of 256 threads x NMAX / 2 floats) and the tile counters (zero between
+    """The cut tiles' scratch (2 slots a block of CONSUMERS threads x NMAX / 2 floats) and the tile counters (zero between
     launches: each tile's last block resets its own), one pair a (device, stream): launches on one stream run in
     order (under PDL every access follows the kernel ahead's completion)."""
     import cupy as cp
@@ -150,7 +151,7 @@ def _scratch():
         if cp.cuda.get_current_stream().is_capturing():
             raise RuntimeError("fast_wgemm: scratch made during stream capture (run the call eagerly first)")
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        hit = _SCRATCH[key] = (cp.empty(2 * sms * THREADS * (NMAX // 2), np.float32),
+        hit = _SCRATCH[key] = (cp.empty(2 * sms * CONSUMERS * (NMAX // 2), np.float32),
                                cp.zeros(MAX_TILES, np.int32))
     return hit
 
@@ -194,7 +195,7 @@ def gemm_into(x, w, out, defines: tuple[tuple[str, int], ...] = (), blocks: int 
     scratch, counters = _scratch()
     G = grid(N, K) if blocks is None else int(blocks)
     T = -(-N // VT) * (K // KC)
-    if not 1 <= G <= min(T, scratch.size // (2 * THREADS * (NMAX // 2))):
+    if not 1 <= G <= min(T, scratch.size // (2 * CONSUMERS * (NMAX // 2))):
         raise ValueError(f"fast_wgemm: {G} blocks; 1 .. min(iterations {T}, one a multiprocessor): a block without "
                          f"an iteration would leave its tile's piece count short")
     launch(fn, (G,), (THREADS,), (_map(w, VT), _map(x, n), np.int32(M), np.int32(N), np.int32(K), out,
@@ -204,5 +205,5 @@ def gemm_into(x, w, out, defines: tuple[tuple[str, int], ...] = (), blocks: int 
 
 def environment() -> str:
     return (f"fast_wgemm.cu (ENABLED={ENABLED}, PDL={PDL}, rows {MIN_ROWS}..{NMAX}, SHAPES={sorted(SHAPES) if SHAPES else SHAPES}, "
-            f"{STAGES} stages of {VT} x {KC}, stream-K over one block a multiprocessor; NVRTC "
+            f"{STAGES} stages of {VT} x {KC} issued by a producer warp, stream-K over one block a multiprocessor; NVRTC "
             f"{' '.join(fast_head.compile_options()[:-1])})")
