@@ -26,14 +26,15 @@ from kernels_cu import fast_head
 from kernels_cu.loader import KERNEL_DIR, nvrtc_arch_module
 
 # CudaEngine.layer_gemm routes the shapes ``applies`` takes here when True. False (the default): the H200 measured this
-# kernel slower than the cuBLAS path at every layer shape of both geometries at 128 rows (benchmarks/wgemm_ab.py,
-# docs/reports/h200-wgemm-ab-v16.json, us a call: 35B q/k/v 18.1 against 9.1, o 18.9 / 7.8, gate/up 25.8 / 17.7,
-# down 21.2 / 10.4; 27B gate/up 119.0 / 98.5) and the rounds at B8 W16 slower (35B 1.196 against 0.973 ms, 27B 2.344
-# against 2.073; h200-round-ab-v16-a.json). Why (docs/PERFORMANCE.md "Session v16"): a stage brings as many x bytes
-# as weight bytes and a multiprocessor took in 37-46 GB/s in this pipeline (h200-wgemm-ingest-v16.json: at 8 rows it
-# streams 4.0 TB/s, at 128 rows 3.0), so the weight streamed at 3.0 TB/s at best; and with 132 blocks over tens of
-# tiles most tiles are cut, each piece a 64 KiB fp32 round trip through L2 and one block adding them. Kept, tested,
-# for the next step (fast_head's producer-warp pipeline, x multicast to a cluster's blocks, fewer cuts).
+# kernel slower than the cuBLAS path at every layer shape of both geometries at 128 rows (benchmarks/wgemm_ab.py, us a
+# call; this form, docs/reports/h200-wgemm-ab-v16-v3.json: 35B q/k/v 17.2 against 9.1, o 19.2 / 7.7, gate/up 24.0 /
+# 17.4, down 20.7 / 9.8; 27B gate/up 103.7 / 97.3), and with the first form on the rounds at B8 W16 were slower (35B
+# 0.973 -> 1.196 ms, 27B 2.073 -> 2.344; h200-round-ab-v16-a.json). Why (docs/PERFORMANCE.md "Session v16"): at 128
+# rows a stage brings as many x bytes as weight bytes and a multiprocessor takes in a bounded rate (the first form,
+# which issued after a block-wide barrier, 37-46 GB/s: h200-wgemm-ingest-v16.json), so the weight streams below the
+# copy rate; and with 132 blocks over tens of tiles most tiles are cut, each piece a 64 KiB fp32 round trip through L2
+# and one block adding a tile's pieces (at the 35B shapes 4-8 pieces a tile: 10-15 us a call beyond the floor). Kept,
+# tested, for the next step (x multicast to a cluster's blocks, splits that cut few tiles).
 ENABLED = False
 PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; the weights staged before the wait)
 MIN_ROWS = 17  # fast_gemv.cu takes the official B1 shapes (8 and 16 rows); above them this kernel
