@@ -614,8 +614,8 @@ class FastBlockMixin:
         cache = getattr(self, "_fb_ws", None)
         if cache is None:
             cache = self._fb_ws = OrderedDict()
-        # the shape, and the switches that make a GEMM output whole (fast_gemv) or K-split (_split_out)
-        key = (dm.key(), fast_gemv.config_key())
+        # the shape, and the switches that make a GEMM output whole (fast_gemv, fast_wgemm) or K-split (_split_out)
+        key = (dm.key(), fast_gemv.config_key(), fast_wgemm.config_key())
         ws = cache.get(key)
         if ws is None:
             ws = cache[key] = Workspace(self._fb_engine(), dm)

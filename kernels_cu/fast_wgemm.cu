@@ -9,7 +9,7 @@
 // Work split (stream-K): the GEMM is T = tiles x KC iterations, a tile being 128 weight rows and an iteration one
 // stage of 64 K. Block b of G takes iterations [floor(b T / G), floor((b + 1) T / G)), so every block streams the
 // same number of weight bytes whatever N and K are (the grid is one block a multiprocessor; the layer GEMMs of the
-// official geometries have 16 to 96 tiles, too few to fill 132 multiprocessors one tile a block). A block's range
+// official geometries have 10 to 272 tiles, most too few to fill 132 multiprocessors one tile a block). A block's range
 // cuts the tiles it touches into pieces, each summed over K in order, 16 at a time, by the tensor cores (FP32
 // accumulation, as cuBLAS's). A tile covered by one piece is written straight to out. Otherwise every piece goes to
 // a scratch slot; the block that finishes a tile's last piece (a counter a tile, atomicAdd after a fence) adds the

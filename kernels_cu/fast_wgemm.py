@@ -33,7 +33,7 @@ from kernels_cu.loader import KERNEL_DIR, nvrtc_arch_module
 # rows a stage brings as many x bytes as weight bytes and a multiprocessor takes in a bounded rate (the first form,
 # which issued after a block-wide barrier, 37-46 GB/s: h200-wgemm-ingest-v16.json), so the weight streams below the
 # copy rate; and with 132 blocks over tens of tiles most tiles are cut, each piece a 64 KiB fp32 round trip through L2
-# and one block adding a tile's pieces (at the 35B shapes 4-8 pieces a tile: 10-15 us a call beyond the floor). Kept,
+# and one block adding a tile's pieces (at the 35B shapes 2-9 pieces a tile: 10-15 us a call beyond the floor). Kept,
 # tested, for the next step (x multicast to a cluster's blocks, splits that cut few tiles).
 ENABLED = False
 PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; the weights staged before the wait)
@@ -143,7 +143,10 @@ def _map(a, box_rows: int):
 def _scratch():
     """The cut tiles' scratch (2 slots a block of CONSUMERS threads x NMAX / 2 floats) and the tile counters (zero between
     launches: each tile's last block resets its own), one pair a (device, stream): launches on one stream run in
-    order (under PDL every access follows the kernel ahead's completion)."""
+    order (under PDL every access follows the kernel ahead's completion). So two launches must never run at once on
+    one pair: a graph captured on a stream is replayed on that stream, not beside eager calls on it (FastRound replays
+    on its capture stream). A launch that died mid-way can leave a counter short of its reset; later results on that
+    stream would then be wrong, as after any device fault. About 17 MB a stream used (132 multiprocessors)."""
     import cupy as cp
 
     key = (cp.cuda.Device().id, cp.cuda.get_current_stream().ptr)
@@ -182,6 +185,8 @@ def gemm_into(x, w, out, defines: tuple[tuple[str, int], ...] = (), blocks: int 
     eager call on the stream made its scratch. ``blocks`` (tests): the grid instead of ``grid``'s, at most one a
     multiprocessor (the scratch's slots) and at most one an iteration (every block between a tile's first and last
     owner must bring a piece)."""
+    if x.ndim != 2 or w.ndim != 2 or out.ndim != 2:
+        return False
     M, K = x.shape
     N = w.shape[0]
     if (not takes(M, N, K) or w.shape[1] != K or tuple(out.shape) != (M, N) or out.dtype != np.float32
@@ -202,6 +207,12 @@ def gemm_into(x, w, out, defines: tuple[tuple[str, int], ...] = (), blocks: int 
     launch(fn, (G,), (THREADS,), (_map(w, VT), _map(x, n), np.int32(M), np.int32(N), np.int32(K), out,
                                             scratch, counters), smem_bytes(n, STAGES), pdl=PDL)
     return True
+
+
+def config_key() -> tuple:
+    """The switches that decide which layer GEMM outputs are whole (this kernel) when a block workspace is made: part
+    of FastBlockMixin's workspace key (as fast_gemv.config_key), so a changed switch gets a new workspace."""
+    return bool(ENABLED), int(MIN_ROWS), None if SHAPES is None else tuple(sorted(SHAPES))
 
 
 def environment() -> str:

@@ -23,6 +23,9 @@ What a kernel launched this way must do (every kernel passed here does it):
   - fast_gemv stages its weight rows, which are prepared once and written by no kernel of a round.
 - a kernel may trigger before its wait: its successor still waits for it to complete, and it
   completes only after its own wait, so the wait in any kernel covers every kernel before it.
+- the wait may run in one thread only when every read and write of the others is ordered after it
+  by the kernel's own synchronisation: fast_wgemm's producer lane waits, then issues the x copies
+  whose completion (an mbarrier) every consumer waits for before it reads or writes anything.
 
 Without a device of compute capability 9.0+, with ``ENABLED`` False (environment variable
 ``DFLASH_PDL=0``), or with ``pdl=False``, ``launch`` is the ordinary CuPy call; the kernels' wait

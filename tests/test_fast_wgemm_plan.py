@@ -108,20 +108,21 @@ class _Spy:
         self.gemv, self.wgemm, self.ok, self.calls = gemv, wgemm, ok, []
 
 
-@pytest.mark.parametrize("gemv,wgemm,ok,expected", [
-    (False, True, True, ["wgemm"]),  # taken and launched: nothing else
-    (False, True, False, ["wgemm", "gemm"]),  # refused: cuBLAS
-    (False, False, True, ["gemm"]),  # not taken: never offered
-    (True, True, True, ["gemv"]),  # fast_gemv first where it takes the shape
+@pytest.mark.parametrize("gemv,gemv_ok,wgemm,ok,expected", [
+    (False, True, True, True, ["wgemm"]),  # taken and launched: nothing else
+    (False, True, True, False, ["wgemm", "gemm"]),  # refused: cuBLAS
+    (False, True, False, True, ["gemm"]),  # not taken: never offered
+    (True, True, True, True, ["gemv"]),  # fast_gemv first where it takes the shape
+    (True, False, True, True, ["gemv", "wgemm"]),  # fast_gemv refused: then the wgmma kernel
 ])
-def test_layer_gemm_routing(monkeypatch, gemv, wgemm, ok, expected):
+def test_layer_gemm_routing(monkeypatch, gemv, gemv_ok, wgemm, ok, expected):
     import kernels_cu.fast_block as fb
     from kernels_cu import fast_gemv
 
     spy = _Spy(gemv, wgemm, ok)
     monkeypatch.setattr(fb, "cp", lambda: np)
     monkeypatch.setattr(fast_gemv, "chooses", lambda M, N, K: spy.gemv)
-    monkeypatch.setattr(fast_gemv, "gemv_into", lambda x, w, out: spy.calls.append("gemv") or True)
+    monkeypatch.setattr(fast_gemv, "gemv_into", lambda x, w, out: spy.calls.append("gemv") or gemv_ok)
     monkeypatch.setattr(fw, "applies", lambda M, N, K: spy.wgemm)
     monkeypatch.setattr(fw, "gemm_into", lambda x, w, out: spy.calls.append("wgemm") or spy.ok)
     eng = fb.CudaEngine(attention=(None, "none"))
@@ -144,3 +145,43 @@ def test_workspace_holds_the_whole_output_where_wgemm_takes_the_shape(monkeypatc
 
     assert fb._split_out(Eng(True), 128, 2048, 4096).shape == (128, 2048)
     assert fb._split_out(Eng(False), 128, 2048, 4096).shape == (4, 128, 2048)
+
+
+def test_the_block_workspace_key_follows_the_wgemm_switches(monkeypatch):
+    """A changed fast_wgemm switch makes a new block workspace (its outputs whole or K-split), as fast_gemv's do."""
+    base = fw.config_key()
+    monkeypatch.setattr(fw, "ENABLED", not fw.ENABLED)
+    assert fw.config_key() != base
+    monkeypatch.setattr(fw, "ENABLED", not fw.ENABLED)
+    monkeypatch.setattr(fw, "MIN_ROWS", fw.MIN_ROWS + 1)
+    assert fw.config_key() != base
+    monkeypatch.setattr(fw, "MIN_ROWS", fw.MIN_ROWS - 1)
+    monkeypatch.setattr(fw, "SHAPES", frozenset({(2048, 4096)}))
+    assert fw.config_key() != base
+
+
+def test_gemm_into_refuses_arrays_that_are_not_matrices():
+    x = np.zeros((2, 32, 64), np.uint16)  # never reaches the device: refused on shape
+    assert fw.gemm_into(x, np.zeros((128, 64), np.uint16), np.zeros((32, 128), np.float32)) is False
+
+
+def test_the_gpu_split_cases_reach_every_branch():
+    """tests/gpu/test_fast_wgemm.py's split cases (N, K, grid) reach both branches of the epilogue (the model is fast_wgemm.pieces), both scratch slots,
+    and blocks whose range holds a whole tile and a cut one (both stores in one range)."""
+    cut = whole = 0
+    slots, mixed = set(), set()
+    for N, K, G in ((256, 256, 1), (384, 640, 7), (128, 1024, 12), (128, 1024, 16), (200, 192, 5), (1000, 64, 3),
+                    (640, 256, 3)):
+        KC, tiles = K // 64, -(-N // fw.VT)
+        kinds = {}
+        for t in range(tiles):
+            p = fw.pieces(t, KC, tiles * KC, G)
+            cut += p[0][1] >= 0
+            whole += p[0][1] < 0
+            for b, slot in p:
+                kinds.setdefault(b, set()).add("cut" if slot >= 0 else "whole")
+                if slot >= 0:
+                    slots.add(slot % 2)
+        mixed |= {(N, K, G) for k in kinds.values() if k == {"cut", "whole"}}
+    assert cut and whole and slots == {0, 1}
+    assert (640, 256, 3) in mixed

@@ -269,6 +269,7 @@ def test_wgemm_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, M, N
 
     if not fast_wgemm._device_ok():
         pytest.skip("fast_wgemm needs a compute-capability 9.0 GPU")
+    assert fast_wgemm.PDL, "fast_wgemm launched without PDL: this race check would be vacuous"
     cp = cupy
     rng = np.random.default_rng(13)
 
