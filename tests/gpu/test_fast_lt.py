@@ -129,10 +129,11 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
     tuning forced onto a cuBLASLt algorithm (margin -1: any algorithm under twice gemmEx's time is kept),
     tunes the shape once and returns the float64 argmax on every row whose top-2 margin exceeds twice the
     FP32 summation bound; the second call reuses the tuning and gives the same ids."""
-    from kernels_cu import fast_lt
+    from kernels_cu import fast_head, fast_lt
     from kernels_cu.fast import FastCudaBackend
 
     monkeypatch.setattr(fast_lt, "MARGIN", -1.0)
+    monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 7, 65536, 2048
     be = FastCudaBackend()
     hh, wh = _bits((M, K), 4), _bits((N, K), 5)
@@ -156,7 +157,7 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
 def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatch):
     """A cuBLASLt failure (here: the tuning raises) leaves the shape on gemmEx: the ids are gemmEx's, the
     error is recorded, and the next call does not try again."""
-    from kernels_cu import fast_lt
+    from kernels_cu import fast_head, fast_lt
     from kernels_cu.fast import FastCudaBackend
     from kernels_cu.fast_gemm import gemm_bf16
 
@@ -167,6 +168,7 @@ def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatc
         raise RuntimeError("LtGemm: cublasLtMatmul returned cuBLAS status 7")
 
     monkeypatch.setattr(fast_lt.LtGemm, "tune", broken)
+    monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 3, 65536, 2048
     hh, wh = cupy.asarray(_bits((M, K), 6)), cupy.asarray(_bits((N, K), 7))
     be = FastCudaBackend()
