@@ -744,12 +744,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     const unsigned s0 = ht_smem_u32(base), full0 = ht_smem_u32(bars), empty0 = full0 + 8 * HP_STAGES;
     if (tid == 0) {
         *turn = *mturn = 0;
-        for (int st = 0; st < HP_STAGES; ++st) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * st) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(empty0 + 8 * st) : "memory");
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        ht_init_stage_bars(full0, empty0, HP_STAGES, 128);
     }
     __syncthreads();
     if (wg == 2) {  // the producer warpgroup (384 threads start capped at 168 registers; it keeps 40)

@@ -104,15 +104,7 @@ fast_wgemm(const __grid_constant__ WgMap wmap_p, const __grid_constant__ WgMap x
     const int i0 = wg_first(b, T, G), i1 = wg_first(b + 1, T, G), n_it = i1 - i0;
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the next kernel waits for our end anyway
     const unsigned s0 = ht_smem_u32(base), full0 = ht_smem_u32(bars), empty0 = full0 + 8 * WG_STAGES;
-    if (tid == 0) {
-        for (int st = 0; st < WG_STAGES; ++st) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * st) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(empty0 + 8 * st), "r"(WG_CONSUMERS)
-                         : "memory");
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    }
+    if (tid == 0) ht_init_stage_bars(full0, empty0, WG_STAGES, WG_CONSUMERS);
     __syncthreads();
     if (wg == 2) {  // the producer warpgroup (384 threads start capped at 168 registers; it keeps 40)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");

@@ -32,3 +32,15 @@ __device__ __forceinline__ void ht_tma(unsigned dst, const u64* map, int k0, int
         ::"r"(dst), "l"(map), "r"(k0), "r"(row), "r"(bar)
         : "memory");
 }
+
+// One thread of the block: each stage's full barrier (one arrival: the issuing thread's expect_tx) and empty barrier
+// (`consumers` arrivals: every thread that reads the stage), then the fences that make them visible to the tensor
+// copies. The block synchronises before any other thread uses them.
+__device__ __forceinline__ void ht_init_stage_bars(unsigned full0, unsigned empty0, int stages, unsigned consumers) {
+    for (int st = 0; st < stages; ++st) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * st) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(empty0 + 8 * st), "r"(consumers) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
