@@ -7,10 +7,11 @@ multiprocessor taking the same share of it (stream-K over 128-row tiles and 64-w
 weight stages before the PDL wait, and writes the whole fp32 sum (tiles cut between blocks are added in block order
 by the tile's last block: the same bits every run for one grid).
 
-Built by NVRTC for sm_90a (wgmma), one module per row count rounded up to 8 (the wgmma's N; fast_head.py's m64nNk16
-wrapper). ``applies`` says where: enabled, a compute-capability 9.0 GPU, MIN_ROWS <= M <= 128, K a positive multiple
-of 64, and the (N, K) in SHAPES (where the H200 measured it faster than the cuBLAS path) unless SHAPES is None.
-CudaEngine.layer_gemm routes there and the workspace then holds the whole output (fast_block._split_out).
+Off by default (``ENABLED``): the H200 measured it slower than the cuBLAS path at every layer shape (below). Built by
+NVRTC for sm_90a (wgmma), one module per row count rounded up to 8 (the wgmma's N; fast_head.py's m64nNk16 wrapper).
+``applies`` says where: enabled, a compute-capability 9.0 GPU, MIN_ROWS <= M <= 128, K a positive multiple of 64, and
+the (N, K) in SHAPES unless SHAPES is None. CudaEngine.layer_gemm routes there and the workspace then holds the whole
+output (fast_block._split_out).
 
 Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``; the only
 floating-point arithmetic besides the wgmma chain is the in-order sum of a cut tile's pieces.
@@ -36,7 +37,8 @@ from kernels_cu.loader import KERNEL_DIR, nvrtc_arch_module
 # and one block adding a tile's pieces (at the 35B shapes 2-9 pieces a tile: 10-15 us a call beyond the floor). Kept,
 # tested, for the next step (x multicast to a cluster's blocks, splits that cut few tiles).
 ENABLED = False
-PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; the weights staged before the wait)
+PDL = True  # launched under programmatic dependent launch (kernels_cu/pdl.py; the first weight stages asked for before
+# the wait)
 MIN_ROWS = 17  # fast_gemv.cu takes the official B1 shapes (8 and 16 rows); above them this kernel
 NMAX = 128  # rows (the wgmma's N; two warpgroups' N / 2 accumulators a thread)
 THREADS = 384  # WG_THREADS: two consumer warpgroups and a producer warpgroup
@@ -45,7 +47,7 @@ VT = 128  # weight rows a tile (WG_VT)
 KC = 64  # K a stage (WG_KC)
 STAGES = 5  # WG_STAGES (each 16 KiB of weight + 16 KiB of x at 128 rows; read at every launch)
 MAX_TILES = 4096  # counters allocated a stream (one a tile)
-# (N, K) the block sends here at MIN_ROWS..NMAX rows; None: every shape ``applies`` otherwise takes.
+# (N, K) the block sends here at MIN_ROWS..NMAX rows while ENABLED; None: every shape ``applies`` otherwise takes.
 SHAPES: frozenset | None = None
 
 

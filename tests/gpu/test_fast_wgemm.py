@@ -5,11 +5,13 @@
   when they align and add: Fasi, Higham, Mikaitis, Pranesh 2021), |fl - exact| <= gamma_K sum |x_k w_k| with unit
   2^-23 (tests/gpu/test_fast_head.py derives the same bound for the head's chain). The bound models the chain as
   two-term additions; Hopper's fused k16 adder aligns 17 terms to the largest and truncates each, whose worst case
-  can exceed it by about 1/16. Random data sits far inside; a wrong index or a lost piece is orders of magnitude out. Planted products in the first
-  and last K columns make a dropped first or last stage visible; a wrong output index or a lost piece is far out;
+  can exceed it by about 1/16. Random data sits far inside. Planted products in the first and last K columns make a
+  dropped first or last stage visible; a wrong output index or a lost piece is orders of magnitude out;
 - at the official B8 W16 shapes (35B and 27B layer GEMMs, 128 rows) and at small shapes that reach every branch
   of the stream-K split: one block (every tile whole in one range), grids whose ranges cut tiles, ranges inside
-  one tile (a tile of many pieces), N not a multiple of the 128-row tile, M not a multiple of 8, K one stage;
+  one tile (a tile of many pieces), whole and cut tiles in one block's range, N not a multiple of the 128-row tile,
+  M not a multiple of 8, K one stage (tests/test_fast_wgemm_plan.py checks on the split's model that the cases
+  reach these);
 - integer grids are exact (every partial sum an integer below 2^24), so a piece added twice or dropped shows;
 - the same bits on every call (the pieces added in block order, not arrival order), the tile counters back at 0;
 - a captured graph gives the eager bits; arrays outside the contract are refused (False).
