@@ -101,12 +101,16 @@ def _device_ok() -> bool:
         return False
 
 
+def iterations(N: int, K: int) -> int:
+    """T: the GEMM's (tile, K stage) iterations, 128-row tiles (the last one partly past N) by 64-wide stages."""
+    return -(-N // VT) * (K // KC)
+
+
 def takes(M: int, N: int, K: int) -> bool:
     """The kernel's own limits (no device query): rows, K a multiple of 64, tiles within the counters, and the
     stream-K arithmetic in 32 bits (T G < 2^31 for G <= 1024 blocks)."""
-    tiles = -(-N // VT)
-    return (MIN_ROWS <= M <= NMAX and K > 0 and K % KC == 0 and N > 0 and tiles <= MAX_TILES
-            and tiles * (K // KC) * 1024 < 2**31)
+    return (MIN_ROWS <= M <= NMAX and K > 0 and K % KC == 0 and N > 0 and -(-N // VT) <= MAX_TILES
+            and iterations(N, K) * 1024 < 2**31)
 
 
 def applies(M: int, N: int, K: int) -> bool:
@@ -120,7 +124,7 @@ def grid(N: int, K: int) -> int:
     import cupy as cp
 
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    return max(1, min(sms, -(-N // VT) * (K // KC)))
+    return max(1, min(sms, iterations(N, K)))
 
 
 _MAPS: dict[tuple, object] = {}  # (address, rows, cols, box rows) -> the encoded tensor map (pdl.ByValue)
@@ -202,7 +206,7 @@ def gemm_into(x, w, out, defines: tuple[tuple[str, int], ...] = (), blocks: int 
     _, fn = _kernel(n, STAGES, defines)
     scratch, counters = _scratch()
     G = grid(N, K) if blocks is None else int(blocks)
-    T = -(-N // VT) * (K // KC)
+    T = iterations(N, K)
     if not 1 <= G <= min(T, scratch.size // (2 * CONSUMERS * (NMAX // 2))):
         raise ValueError(f"fast_wgemm: {G} blocks; 1 .. min(iterations {T}, one a multiprocessor): a block without "
                          f"an iteration would leave its tile's piece count short")

@@ -103,11 +103,6 @@ def test_pdl_passes_a_struct_by_value():
         kernel_arg(m)
 
 
-class _Spy:
-    def __init__(self, gemv: bool, wgemm: bool, ok: bool):
-        self.gemv, self.wgemm, self.ok, self.calls = gemv, wgemm, ok, []
-
-
 @pytest.mark.parametrize("gemv,gemv_ok,wgemm,ok,expected", [
     (False, True, True, True, ["wgemm"]),  # taken and launched: nothing else
     (False, True, True, False, ["wgemm", "gemm"]),  # refused: cuBLAS
@@ -119,16 +114,16 @@ def test_layer_gemm_routing(monkeypatch, gemv, gemv_ok, wgemm, ok, expected):
     import kernels_cu.fast_block as fb
     from kernels_cu import fast_gemv
 
-    spy = _Spy(gemv, wgemm, ok)
+    calls = []
     monkeypatch.setattr(fb, "cp", lambda: np)
-    monkeypatch.setattr(fast_gemv, "chooses", lambda M, N, K: spy.gemv)
-    monkeypatch.setattr(fast_gemv, "gemv_into", lambda x, w, out: spy.calls.append("gemv") or gemv_ok)
-    monkeypatch.setattr(fw, "applies", lambda M, N, K: spy.wgemm)
-    monkeypatch.setattr(fw, "gemm_into", lambda x, w, out: spy.calls.append("wgemm") or spy.ok)
+    monkeypatch.setattr(fast_gemv, "chooses", lambda M, N, K: gemv)
+    monkeypatch.setattr(fast_gemv, "gemv_into", lambda x, w, out: calls.append("gemv") or gemv_ok)
+    monkeypatch.setattr(fw, "applies", lambda M, N, K: wgemm)
+    monkeypatch.setattr(fw, "gemm_into", lambda x, w, out: calls.append("wgemm") or ok)
     eng = fb.CudaEngine(attention=(None, "none"))
-    monkeypatch.setattr(eng, "gemm", lambda x, w, out: spy.calls.append("gemm"))
+    monkeypatch.setattr(eng, "gemm", lambda x, w, out: calls.append("gemm"))
     eng.layer_gemm(np.zeros((128, 64), np.uint16), np.zeros((256, 64), np.uint16), np.zeros((128, 256), np.float32))
-    assert spy.calls == expected
+    assert calls == expected
 
 
 def test_workspace_holds_the_whole_output_where_wgemm_takes_the_shape(monkeypatch):

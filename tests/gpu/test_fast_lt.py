@@ -22,20 +22,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.bf16 import gauss_bits as _bits
+from tests.gpu.bf16 import to_f64 as _f64
 from tests.gpu.graphs import eager_and_replayed
 
 pytestmark = pytest.mark.gpu
 U = 2.0**-24
-
-
-def _bits(shape, seed):
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal(shape).astype(np.float32)
-    return (a.view(np.uint32) >> 16).astype(np.uint16)  # BF16 by truncation: any BF16 values will do
-
-
-def _f64(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 @pytest.fixture(scope="module", params=[(7, 65536, 2048), (120, 32768, 5120)], ids=["M7", "M120"])

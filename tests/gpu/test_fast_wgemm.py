@@ -23,6 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.bf16 import gauss_bits as _bits
+from tests.gpu.bf16 import to_f64 as _f64
+from tests.gpu.bf16 import truncate
 from tests.gpu.block_suite import block_suite_clean
 from tests.gpu.graphs import eager_and_replayed
 
@@ -39,21 +42,12 @@ def fw(cupy):
     return fast_wgemm
 
 
-def _bits(shape, seed):
-    a = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return (a.view(np.uint32) >> 16).astype(np.uint16)
-
-
-def _f64(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
 def _case(M, N, K, kind="gauss"):
     if kind == "grid":  # small integers: every partial sum exact
         rng = np.random.default_rng(M + N + K)
         xf = rng.integers(-3, 4, (M, K)).astype(np.float32)
         wf = rng.integers(-3, 4, (N, K)).astype(np.float32)
-        return (xf.view(np.uint32) >> 16).astype(np.uint16), (wf.view(np.uint32) >> 16).astype(np.uint16)
+        return truncate(xf), truncate(wf)
     xh, wh = _bits((M, K), M * 7 + 1), _bits((N, K), N + K)
     for k in (0, K - 1):  # planted products (8 x 8) in the first and the last stage of every row
         xh[:, k] = 0x4100

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.gpu.bf16 import gauss_bits
+
 pytestmark = pytest.mark.gpu
 
 _SRC = r"""
@@ -137,7 +139,7 @@ def _attention_case(cp, b, w, window, seed):
     hq, hk, d, cap, front = 32, 8, 128, 4096, 4096
 
     def bits(shape):
-        return cp.asarray((rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+        return cp.asarray(gauss_bits(rng, shape))
 
     new = [bits(s) for s in ((b, w, hq, d), (b, w, hk, d), (b, w, hk, d))]
     old = [bits(x.shape) for x in new]
@@ -226,6 +228,24 @@ def test_glue_kernels_read_only_after_the_wait(cupy, mod):
         twice(qkv, {"qkv": cp.asarray(rng.standard_normal((mq, (hq + 2 * hk) * d)).astype(np.float32))})
 
 
+def _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, junk, what):
+    """run(x, w, out) the ordinary way, then twice with the kernel ahead a producer that triggers at once and writes
+    20 ms later: x's values into xb (which held other values), then junk into the output. The output's bits must be
+    the first run's both times."""
+
+    def raw(a):  # the output's bits
+        return cp.asnumpy(a).view(np.uint32 if a.dtype == np.float32 else np.uint16)
+
+    assert run(x, w, out)
+    plain = raw(out).copy()
+    _produce(cp, mod, x, xb)
+    assert run(xb, w, out)
+    assert np.array_equal(raw(out), plain), f"{what}: x read before the wait"
+    _produce(cp, mod, junk, out)
+    assert run(x, w, out)
+    assert np.array_equal(raw(out), plain), f"{what}: output written before the wait"
+
+
 @pytest.mark.parametrize("form,M,N,K", [("plain", 8, 2048, 6144), ("plain", 16, 1280, 5120), ("act", 8, 12288, 2048)])
 def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form, M, N, K):
     """fast_gemv stages its weight rows before the wait (constants); x must be read, and the output (out, or act
@@ -236,28 +256,11 @@ def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form,
     cp = cupy
     rng = np.random.default_rng(11 if form == "plain" else 12)
     run = fast_gemv.gemv_into if form == "plain" else fast_gemv.act_into
-
-    def bits(shape):
-        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-    def raw(a):  # the output's bits
-        return cp.asnumpy(a).view(np.uint32 if a.dtype == np.float32 else np.uint16)
-
-    w = cp.asarray(bits((N, K)))
-    x = cp.asarray(bits((M, K)))
+    w, x, xb = (cp.asarray(gauss_bits(rng, shape)) for shape in ((N, K), (M, K), (M, K)))
     out = cp.empty((M, N), np.float32) if form == "plain" else cp.empty((M, N // 2), np.uint16)
-    assert run(x, w, out)
-    plain = raw(out).copy()
-    # x produced late: the old contents are other values
-    xb = cp.asarray(bits((M, K)))
-    _produce(cp, mod, x, xb)
-    assert run(xb, w, out)
-    assert np.array_equal(raw(out), plain), "x read before the wait"
-    # the output overwritten late by the producer (NaN patterns): the kernel's stores must come after it
+    # NaN patterns as the late junk in the output
     junk = cp.full(out.shape, np.nan, np.float32) if form == "plain" else cp.full(out.shape, 0x7fc0, np.uint16)
-    _produce(cp, mod, junk, out)
-    assert run(x, w, out)
-    assert np.array_equal(raw(out), plain), f"{form} output written before the wait"
+    _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, junk, form)
 
 
 @pytest.mark.parametrize("M,N,K,blocks", [(128, 2048, 4096, None), (24, 384, 640, 7)])
@@ -272,18 +275,11 @@ def test_wgemm_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, M, N
     assert fast_wgemm.PDL, "fast_wgemm launched without PDL: this race check would be vacuous"
     cp = cupy
     rng = np.random.default_rng(13)
-
-    def bits(shape):
-        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-    w, x = cp.asarray(bits((N, K))), cp.asarray(bits((M, K)))
+    w, x, xb = (cp.asarray(gauss_bits(rng, shape)) for shape in ((N, K), (M, K), (M, K)))
     out = cp.empty((M, N), np.float32)
-    assert fast_wgemm.gemm_into(x, w, out, blocks=blocks)
-    plain = cp.asnumpy(out).view(np.uint32).copy()
-    xb = cp.asarray(bits((M, K)))
-    _produce(cp, mod, x, xb)
-    assert fast_wgemm.gemm_into(xb, w, out, blocks=blocks)
-    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "x read before the wait"
-    _produce(cp, mod, cp.full(out.shape, np.nan, np.float32), out)
-    assert fast_wgemm.gemm_into(x, w, out, blocks=blocks)
-    assert np.array_equal(cp.asnumpy(out).view(np.uint32), plain), "output written before the wait"
+
+    def run(x_, w_, out_):
+        return fast_wgemm.gemm_into(x_, w_, out_, blocks=blocks)
+
+    _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, cp.full(out.shape, np.nan, np.float32),
+                                              "wgemm")
