@@ -73,6 +73,7 @@
 #   bash tools/h200_runs.sh v15-e          # session v15: the lane form's tile-end compaction: tests, probe, A/Bs
 #   bash tools/h200_runs.sh v15-f          # session v15: insertions in k steps, idle warps skipped: tests, A/Bs
 #   bash tools/h200_runs.sh v16-a          # session v16: fast_wgemm's GPU tests, the GEMM A/B, the round A/B
+#   bash tools/h200_runs.sh v17-a          # session v17: the GPU files v16 left unrun, the attention benchmark
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -490,6 +491,12 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         "tests/gpu/test_pdl.py::test_wgemm_reads_x_and_writes_its_output_only_after_the_wait"
       step round-ab timeout 120 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_lanes_all,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
+    v17-a)  # session v17: the GPU test files not run at v16's final tree (a2379cd), the attention benchmark (before)
+      step tests-v16-rest timeout 420 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
+        tests/gpu/test_fast_gemv.py tests/gpu/test_fast_lt.py tests/gpu/test_fast_wgemm.py \
+        tests/gpu/test_fast_selector.py tests/gpu/test_fast_target.py tests/gpu/test_kernels_attention.py \
+        tests/gpu/test_kernels_select.py tests/gpu/test_philox_gpu.py tests/gpu/test_round_gpu.py
+      step attn-bench timeout 120 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn_bench.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -32,7 +32,7 @@ U = 2.0**-24
 
 
 def _case(M, N, K):
-    xh, wh = _bits((M, K), M * 7 + 1), _bits((N, K), N + K)
+    xh, wh = _bits(M * 7 + 1, (M, K)), _bits(N + K, (N, K))
     for k in (0, K - 1):  # planted products (8 x 8) in the first and the last chunk of every row
         xh[:, k] = 0x4100
         wh[:, k] = 0x4100
@@ -87,7 +87,7 @@ def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
 def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
     from kernels_cu import fast_gemv
 
-    x, w = cupy.asarray(_bits((8, 2048), 1)), cupy.asarray(_bits((12288, 2048), 2))
+    x, w = cupy.asarray(_bits(1, (8, 2048))), cupy.asarray(_bits(2, (12288, 2048)))
     out = cupy.empty((8, 12288), np.float32)
     # the copies above ran on the legacy stream, which a non-blocking stream does not wait for (a pageable
     # copy returns before its DMA lands; without this the eager call raced w's upload: session v9's failure)
@@ -137,7 +137,7 @@ def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, 
 def test_act_form_in_a_graph_and_its_refusals(cupy, monkeypatch):
     from kernels_cu import fast_gemv
 
-    x, w = cupy.asarray(_bits((8, 2048), 3)), cupy.asarray(_bits((12288, 2048), 4))
+    x, w = cupy.asarray(_bits(3, (8, 2048))), cupy.asarray(_bits(4, (12288, 2048)))
     act = cupy.empty((8, 6144), np.uint16)
     cupy.cuda.Device().synchronize()  # the uploads ran on the legacy stream (see the graph test above)
     eager, replayed = eager_and_replayed(cupy, lambda: fast_gemv.act_into(x, w, act), act)

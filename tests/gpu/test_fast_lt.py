@@ -38,7 +38,7 @@ def case(cupy, request):
 
     M, N, K = request.param
     gemm_bf16(cupy.zeros((2, 8), np.uint16), cupy.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
-    xh, wh = _bits((M, K), 1), _bits((N, K), 2)
+    xh, wh = _bits(1, (M, K)), _bits(2, (N, K))
     x, w = cupy.asarray(xh), cupy.asarray(wh)
     out = cupy.empty((M, N), np.float32)
     g = LtGemm(M, N, K, CaptureGemm())
@@ -128,7 +128,7 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
     monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 7, 65536, 2048
     be = FastCudaBackend()
-    hh, wh = _bits((M, K), 4), _bits((N, K), 5)
+    hh, wh = _bits(4, (M, K)), _bits(5, (N, K))
     assert wh.nbytes >= fast_lt.MIN_BYTES
     head = cupy.asarray(wh)
     ids = cupy.asnumpy(be.proposal_head(hidden=cupy.asarray(hh), head=head, vocab_size=N)["tokens"])
@@ -162,7 +162,7 @@ def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatc
     monkeypatch.setattr(fast_lt.LtGemm, "tune", broken)
     monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 3, 65536, 2048
-    hh, wh = cupy.asarray(_bits((M, K), 6)), cupy.asarray(_bits((N, K), 7))
+    hh, wh = cupy.asarray(_bits(6, (M, K))), cupy.asarray(_bits(7, (N, K)))
     be = FastCudaBackend()
     for _ in range(2):
         ids = cupy.asnumpy(be.proposal_head(hidden=hh, head=wh, vocab_size=N)["tokens"])

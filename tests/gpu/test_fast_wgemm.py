@@ -48,7 +48,7 @@ def _case(M, N, K, kind="gauss"):
         xf = rng.integers(-3, 4, (M, K)).astype(np.float32)
         wf = rng.integers(-3, 4, (N, K)).astype(np.float32)
         return truncate(xf), truncate(wf)
-    xh, wh = _bits((M, K), M * 7 + 1), _bits((N, K), N + K)
+    xh, wh = _bits(M * 7 + 1, (M, K)), _bits(N + K, (N, K))
     for k in (0, K - 1):  # planted products (8 x 8) in the first and the last stage of every row
         xh[:, k] = 0x4100
         wh[:, k] = 0x4100
@@ -107,7 +107,7 @@ def test_stream_k_splits_within_the_bound(cupy, fw, M, N, K, blocks, kind):
 
 
 def test_graph_replay_gives_the_eager_bits(cupy, fw):
-    x, w = cupy.asarray(_bits((128, 2048), 1)), cupy.asarray(_bits((6144, 2048), 2))
+    x, w = cupy.asarray(_bits(1, (128, 2048))), cupy.asarray(_bits(2, (6144, 2048)))
     out = cupy.empty((128, 6144), np.float32)
     cupy.cuda.Device().synchronize()  # the uploads landed before the non-blocking stream runs
     eager, replayed = eager_and_replayed(cupy, lambda: fw.gemm_into(x, w, out), out)
