@@ -14,10 +14,12 @@ kernels' own durations from a CUPTI trace of 20 replays (torch.profiler, medians
 reads them. Floor: the K and V ring rows a query can see, B x n_ctx x Hk x D x 2 bytes x 2, at the measured
 copy bandwidth.
 
-Variants: new f / new b (this tree's kernel with FP32 q/k/v or BF16 bits); with --before PATH, v4 f / v4 b
+Variants: new f / new b (this tree's mma.sync kernel with FP32 q/k/v or BF16 bits); wg b s2 / wg b s3 (the wgmma
+form, fast_attention.WGMMA, at 2 and 3 K/V stages, where it takes the shape: 64 query rows); with --before PATH, v4 f / v4 b
 (the kernel source at PATH, e.g. `git show 86941ea:kernels_cu/fast_attention.cu`, launched as 86941ea's
 attention_fast did: its split heuristic and its combine kernel). Checks printed with the table: new f and
-new b give the same bits; new and v4 give the same bits (one split, and their default splits).
+new b give the same bits; the wgmma form against new b (bits equal, elements differing, largest difference); new and
+v4 give the same bits (one split, and their default splits).
 
     python -m benchmarks.bench_fast_attention [--before PATH] [--sweep] [--cupti] [--draft-attention]
                                               [--json out.json]
@@ -120,6 +122,18 @@ class V4:
 # --- timing ---------------------------------------------------------------------------------------
 
 
+def with_settings(mod, settings, fn):
+    """fn() with the module's switches set as given (launch-time settings: a graph captured inside keeps them)."""
+    old = {k: getattr(mod, k) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(mod, k, v)
+        return fn()
+    finally:
+        for k, v in old.items():
+            setattr(mod, k, v)
+
+
 def graph_of(cp, fn):
     """(graph, output, stream): fn captured on a fresh CuPy stream after one eager call there."""
     s = cp.cuda.Stream(non_blocking=True)
@@ -180,24 +194,33 @@ def main(argv=None) -> int:
             outs = {}
             newf = functools.partial(fa.attention_fast, *x["f32"], *common, f32_out=False, bf16_out=True)
             newb = functools.partial(fa.attention_fast, *x["bits"], *common, f32_out=False, bf16_out=True)
-            variants = [("new f", lambda f=newf: f()[1]), ("new b", lambda f=newb: f()[1])]
+            mma = {"WGMMA": False}
+            variants = [("new f", lambda f=newf: f()[1], mma), ("new b", lambda f=newb: f()[1], mma)]
+            mt = fa._mt(min(w * HQ // HK, 64))
+            if fa.wg_shape(fa._dp(D), D, mt, True, False):  # the wgmma form (fast_attention.WGMMA), 2 and 3 stages
+                variants += [(f"wg b s{st}", lambda f=newb: f()[1], {"WGMMA": True, "STAGES": st}) for st in (2, 3)]
             if v4:
-                variants += [("v4 f", functools.partial(v4, *x["f32"], *common)),
-                             ("v4 b", functools.partial(v4, *x["bits"], *common))]
-            for name, fn in variants:
-                ms, out, (g, s) = time_graph(cp, timer, fn)
+                variants += [("v4 f", functools.partial(v4, *x["f32"], *common), {}),
+                             ("v4 b", functools.partial(v4, *x["bits"], *common), {})]
+            for name, fn, settings in variants:
+                ms, out, (g, s) = with_settings(fa, settings, lambda fn=fn: time_graph(cp, timer, fn))
                 outs[name] = cp.asnumpy(out)
                 r = {"shape": shape, "variant": name, "graph_us": ms * 1e3, "floor_us": floor_us}
                 if args.cupti:
                     r["kernels_us"], r["kernels"] = cupti_us(cp, torch, g, s)
-                if name.startswith("new"):
-                    mt = fa._mt(min(w * HQ // HK, 64))
-                    r["stages"] = fa.stages_for()
-                    r["resident"] = fa.resident_blocks(fa._dp(D), mt, name == "new f", r["stages"])
+                if not name.startswith("v4"):
+                    wg = bool(settings.get("WGMMA"))
+                    r["stages"] = settings.get("STAGES") or fa.stages_for()
+                    r["resident"] = fa.resident_blocks(fa._dp(D), mt, name == "new f", r["stages"], wg=wg)
                     r["splits"] = fa.splits_for(b, HK, -(-(w * HQ // HK) // 64), cap, window, r["resident"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
             c = {"shape": shape, "new f == new b (bits)": bool(np.array_equal(outs["new f"], outs["new b"]))}
+            for name in (n for n in outs if n.startswith("wg")):
+                c[f"{name} == new b (bits)"] = bool(np.array_equal(outs[name], outs["new b"]))
+                as_f = lambda u: (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+                c[f"{name} vs new b: differing elements"] = int((outs[name] != outs["new b"]).sum())
+                c[f"{name} vs new b: max |diff|"] = float(np.nanmax(np.abs(as_f(outs[name]) - as_f(outs["new b"]))))
             if v4:
                 as_f = lambda u: (u.astype(np.uint32) << 16).view(np.float32)
                 c["max |new - v4| (bf16 out)"] = float(np.nanmax(np.abs(as_f(outs["new f"]) - as_f(outs["v4 f"]))))

@@ -44,6 +44,9 @@ over ``--rounds`` passes, each a set of module attributes:
   wgemm       the layer GEMMs at 17..128 rows on kernels_cu/fast_wgemm.cu (fast_wgemm.ENABLED True; default: cuBLAS,
               session v16 measured the kernel slower)
   wgemm_nopdl the same, launched the ordinary way (fast_wgemm.PDL False)
+  attn_mma    the attention on the mma.sync kernel at every shape (fast_attention.WGMMA False; default: the wgmma
+              form where it takes the shape, 64 query rows at D 128 on sm_90)
+  attn_wg_s3  the wgmma form with 3 K/V stages (fast_attention.STAGES 3; default 2)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
 path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, each
 configuration against the first, the last one against the floors (weights + rings, and weights only,
@@ -75,6 +78,8 @@ CONFIGS = {
     "head_lanes_all": {"kernels_cu.fast_head.WARP_FORM_MAX_ROWS": 0},
     "wgemm": {"kernels_cu.fast_wgemm.ENABLED": True},
     "wgemm_nopdl": {"kernels_cu.fast_wgemm.ENABLED": True, "kernels_cu.fast_wgemm.PDL": False},
+    "attn_mma": {"kernels_cu.fast_attention.WGMMA": False},
+    "attn_wg_s3": {"kernels_cu.fast_attention.WGMMA": True, "kernels_cu.fast_attention.STAGES": 3},
     "nopdl": {"kernels_cu.pdl.ENABLED": False},
     "nopdl_glue": {"kernels_cu.fast_block.PDL_GLUE": False},
     "no_launch_order": {"kernels_cu.pdl.LAUNCH_ORDER": False},

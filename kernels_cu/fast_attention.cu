@@ -45,6 +45,17 @@ using dfl::u16;
 #ifndef FA_ALIAS
 #define FA_ALIAS 0  // 1: the aliased shared-memory layout (attn_body's ALIAS)
 #endif
+// FA_WG=1 (built for sm_90a only, fast_attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
+// one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
+#ifndef FA_WG_VLEAD
+#define FA_WG_VLEAD 2048  // V's descriptor (wg_desc): leading offset, the next 8 keys (a probe swaps the two)
+#define FA_WG_VSTRIDE 128 // and stride offset, the next 8 columns
+#endif
+#if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_WG_ARCH 1
+#else
+#define FA_WG_ARCH 0
+#endif
 
 // Phase timing for benchmarks/attn_phases.py (-DFA_TIMING only): thread 0 of each block stamps the SM
 // clock at each phase (fa_clock) and the global timer at entry (fa_start).
@@ -119,6 +130,78 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], u
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// wgmma (WG): a warpgroup's 64 rows, warp w rows 16 w .. 16 w + 15 with the mma.sync m16n8k16 fragment layouts (A
+// fragments as qa / pa, the accumulator's n-tile j in x[j][0..3]), so the softmax and the epilogue are unchanged.
+// The tiles sit in shared memory as 8 x 8 core matrices without swizzle (el_off): the 16 bytes of one key row's 8
+// columns, 8 key rows a core matrix (128 B), the D / 8 core matrices of 8 keys in a row (8 D elements), then the next
+// 8 keys. Descriptor: start address, leading byte offset, stride byte offset (each >> 4), layout type 0 (none).
+// K as QK's B (K-major: d contiguous): leading = the next 8 columns (128 B), stride = the next 8 keys (16 D B).
+// V as PV's B (MN-major, transposed: d is N): leading = the next 8 keys along K (16 D B), stride = the next 8
+// columns along N (128 B); the CUTLASS canonical forms ((8,m),(T,2)):((1T,SBO),(1,LBO)) and
+// ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lead, unsigned stride) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lead >> 4) << 16) |
+           ((unsigned long long)(stride >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() {
+#if FA_WG_ARCH
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit_wait() {
+#if FA_WG_ARCH
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// shared memory written by the generic proxy (cp.async, stores) visible to wgmma's reads (the async proxy)
+__device__ __forceinline__ void wg_proxy_fence() {
+#if FA_WG_ARCH
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+#define FA_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
+#define FA_ACC32(x) \
+    FA_ACC4(x, 0), FA_ACC4(x, 1), FA_ACC4(x, 2), FA_ACC4(x, 3), FA_ACC4(x, 4), FA_ACC4(x, 5), FA_ACC4(x, 6), FA_ACC4(x, 7)
+#define FA_ACC64(x)                                                                                           \
+    FA_ACC32(x), FA_ACC4(x, 8), FA_ACC4(x, 9), FA_ACC4(x, 10), FA_ACC4(x, 11), FA_ACC4(x, 12), FA_ACC4(x, 13), \
+        FA_ACC4(x, 14), FA_ACC4(x, 15)
+#define FA_REGS32                                                                                              \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FA_REGS64                                                                                                 \
+    FA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, " \
+              "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// s (64 rows x 64 keys) = (acc ? s : 0) + A (Q, BF16, registers) . B (K tile, K-major)
+__device__ __forceinline__ void wg_qk(float (&s)[8][4], const unsigned (&a)[4], unsigned long long db, int acc) {
+#if FA_WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" FA_REGS32
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : FA_ACC32(s)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+#endif
+}
+// o (64 rows x 128 columns) += A (P, FP16 or BF16, registers) . B (V tile, MN-major)
+template <bool HALF>
+__device__ __forceinline__ void wg_pv(float (&o)[16][4], const unsigned (&a)[4], unsigned long long db) {
+#if FA_WG_ARCH
+    if constexpr (HALF) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" FA_REGS64
+                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : FA_ACC64(o)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FA_REGS64
+                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : FA_ACC64(o)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    }
+#endif
 }
 
 // two values packed, `lo` in the low half (the lower column / key index), each rounded RNE
@@ -259,7 +342,26 @@ __device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ
     __syncwarp();
 }
 
-template <int DP, int MT, int NS, bool F32, bool ALIAS>
+// WG: s = Q . K^T over a tile (KS k16 steps of the K-major K tile, 256 bytes apart), then wait
+template <int KS>
+__device__ __forceinline__ void wg_qk_tile(float (&s)[8][4], const unsigned (&q)[KS][4], const u16* ktile) {
+    const unsigned a = smem_addr(ktile);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) wg_qk(s, q[ks], wg_desc(a + 256 * ks, 128, 8 * 2 * 128), ks);
+    wg_commit_wait();
+}
+// WG: o += P . V over a tile (KK k16 steps of 16 keys, two 8-key core rows of 2 KiB apart each), then wait
+template <int KK, bool HALF>
+__device__ __forceinline__ void wg_pv_tile(float (&o)[16][4], const unsigned (&p)[KK][4], const u16* vtile) {
+    const unsigned a = smem_addr(vtile);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk) wg_pv<HALF>(o, p[kk], wg_desc(a + 2 * 2048 * kk, FA_WG_VLEAD, FA_WG_VSTRIDE));
+    wg_commit_wait();
+}
+
+template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, const long long* __restrict__ frontier,
@@ -277,8 +379,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     constexpr int QL = F32 ? KS : 1;
 
     static_assert(NS >= 2 && NS <= 4, "2 to 4 stages (cp_wait_n)");
-    u16* sK = reinterpret_cast<u16*>(smem);                     // [NS stages][FA_NT][ST]
-    u16* sV = sK + NS * FA_NT * ST;                             // [NS stages][FA_NT][ST]
+    static_assert(!WG || (DP == 128 && MT == 4 && FA_WARPS == 4 && !F32 && !ALIAS),
+                  "wgmma: one warpgroup over 64 rows, D 128, BF16 bits, the default layout");
+    // a K / V tile: [FA_NT][ST] rows padded 16 bytes (ldmatrix without conflicts), or (WG) 8 x 8 core matrices
+    // (wg_desc's layout, no padding; the launcher takes D == DP there)
+    constexpr int TILE = WG ? FA_NT * DP : FA_NT * ST;
+    auto el = [](int row, int col) {
+        return WG ? (row >> 3) * (8 * DP) + (col >> 3) * 64 + (row & 7) * 8 + (col & 7) : row * ST + col;
+    };
+    u16* sK = reinterpret_cast<u16*>(smem);                     // [NS stages][TILE]
+    u16* sV = sK + NS * TILE;                                   // [NS stages][TILE]
     // q's rows [16 MT][ST] (BF16 bits, read into registers before the loop) share their region with the
     // per-warp P scratch [FA_WARPS][16][NKW] fp32 (the non-finite V path, inside the loop only): the region
     // is the larger of the two (fast_attention.py smem_bytes), so q costs no occupancy.
@@ -288,7 +398,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     constexpr int QROWS = 16 * MT;
     static_assert(!ALIAS || (QROWS <= FA_NT && FA_WARPS * 16 * NKW * 4 <= FA_NT * ST * 2),
                   "aliased: a K tile holds q's rows and the P scratch");
-    u16* sQ = ALIAS ? sK + (NS - 1) * FA_NT * ST : sV + NS * FA_NT * ST;
+    u16* sQ = ALIAS ? sK + (NS - 1) * FA_NT * ST : sV + NS * TILE;
     float* ps = reinterpret_cast<float*>(ALIAS ? sK : sQ);  // aliased: stage st's K tile is ps + st * KTF
     constexpr int KTF = FA_NT * ST / 2;                      // a K tile in floats
 
@@ -350,7 +460,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     };
     // every stage row and sQ's, once; sK's stages, sV's and sQ's rows are contiguous (aliased: sQ is in a stage)
-    if (D < DP) zero_pads(sK, 2 * NS * FA_NT + (ALIAS ? 0 : QROWS));
+    if (!WG && D < DP) zero_pads(sK, 2 * NS * FA_NT + (ALIAS ? 0 : QROWS));
 
     float m[2] = {dfl::neg_inf(), dfl::neg_inf()}, l[2] = {0.f, 0.f};
     float o[ND][4];
@@ -367,9 +477,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     const int key0 = kg * NKW;
 
     // a thread copies one 16-byte chunk column (lch) of every RPP-th key row: compile-time strides, no division
-    // per chunk; a chunk past D (D < DP) or a key past n_ctx is zero-filled
+    // per chunk; a chunk past D (D < DP) or a key past n_ctx is zero-filled. WG: a warp's threads take 8 key rows
+    // (one core matrix's) of 4 chunks, so the 16-byte writes of a warp fill four whole 128-byte core matrices
     constexpr int CPRC = DP / 8, RPP = FA_WARPS * 32 / CPRC;
-    const int lch = threadIdx.x % CPRC, lrow = threadIdx.x / CPRC;
+    const int lch = WG ? threadIdx.x / RPP : threadIdx.x % CPRC, lrow = WG ? threadIdx.x % RPP : threadIdx.x / CPRC;
     const bool ch_ok = lch < CPR;
     auto load_ctx = [&](int t, int st) {
         const int kb0 = t * FA_NT;
@@ -381,7 +492,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             long long slot = slot0 + (kk < n_ctx ? kk : 0);
             if (slot >= C) slot -= C;
             const long long goff = ok ? slot * row_el + lch * 8 : 0;
-            const int so = (st * FA_NT + row) * ST + lch * 8;
+            const int so = WG ? st * TILE + el(row, lch * 8) : (st * FA_NT + row) * ST + lch * 8;
             cp_async16(smem_addr(sK + so), kcb + goff, ok ? 16 : 0);
             cp_async16(smem_addr(sV + so), vcb + goff, ok ? 16 : 0);
         }
@@ -466,7 +577,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
             const bool ok = row < lve;
             const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
-            const int so = (st * FA_NT + row) * ST + ch * 8;
+            const int so = WG ? st * TILE + el(row, ch * 8) : (st * FA_NT + row) * ST + ch * 8;
             cp_async16(smem_addr(sK + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
             cp_async16(smem_addr(sV + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
         }
@@ -481,18 +592,19 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     for (int t = t_lo; t < t_hi; ++t) {
         const int st = (t - t_lo) % NS;
         cp_wait_n((t_hi - 1 - t < NS - 1 ? t_hi - 1 - t : NS - 1) + (blk_issued ? 1 : 0));
+        if constexpr (WG) wg_proxy_fence();
         __syncthreads();
         if (t == t_lo) FA_MARK(6);  // the first context tile in shared memory
         const int kb0 = t * FA_NT;
-        const u16* kt = sK + st * FA_NT * ST;
-        const u16* vt = sV + st * FA_NT * ST;
+        const u16* kt = sK + st * TILE;
+        const u16* vt = sV + st * TILE;
         // a window cuts this tile between live rows: scan its V for a non-finite value
         bool slow = false;
         if (window > 0 && (long long)kb0 <= (long long)lve - 1 + n_ctx - window) {
             bool found = false;
             for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
                 const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(vt + row * ST + ch * 8);
+                const uint4 u = *reinterpret_cast<const uint4*>(vt + el(row, ch * 8));
                 found |= f16_pair_nonfinite(u.x) | f16_pair_nonfinite(u.y) | f16_pair_nonfinite(u.z) |
                          f16_pair_nonfinite(u.w);
             }
@@ -501,7 +613,11 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        qk_tile<KS, NJ, ST>(s, qa, kt, key0, lane);
+        if constexpr (WG) {
+            wg_qk_tile<KS>(s, qa, kt);
+        } else {
+            qk_tile<KS, NJ, ST>(s, qa, kt, key0, lane);
+        }
         if constexpr (F32) {
             if (qlo) qk_tile<KS, NJ, ST>(s, ql, kt, key0, lane);
         }
@@ -537,13 +653,17 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pa[kk][r] = pack_f16(p0, p1);
                 }
             }
-            pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
+            if constexpr (WG) {
+                wg_pv_tile<NJ / 2, true>(o, pa, vt);
+            } else {
+                pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
+            }
         } else {
             // aliased: the scratch goes in this tile's K once every warp is done with its QK, over K's pad columns,
             // which only load_ctx writes again: zeroed for a block tile that may come into this stage
             if constexpr (ALIAS) __syncthreads();
             pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + st * KTF : pw, key0, lane,
-                                   [&](int key, int d) { return dfl::f16_to_f32(vt[key * ST + d]); });
+                                   [&](int key, int d) { return dfl::f16_to_f32(vt[el(key, d)]); });
             if (ALIAS && D < DP) {
                 __syncthreads();
                 zero_pads(sK + st * FA_NT * ST, FA_NT);
@@ -569,10 +689,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             // load latency per iteration on the kernel's critical path: ~20 us whatever the split count)
             if (!blk_issued) issue_block(0);
             cp_wait<0>();
+            if constexpr (WG) wg_proxy_fence();
             __syncthreads();
             for (int idx = threadIdx.x; idx < lve * CPR; idx += FA_WARPS * 32) {
                 const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(sV + (bst * FA_NT + row) * ST + ch * 8);
+                const uint4 u = *reinterpret_cast<const uint4*>(sV + (WG ? bst * TILE + el(row, ch * 8)
+                                                                          : (bst * FA_NT + row) * ST + ch * 8));
                 found |= bf16_pair_nonfinite(u.x) | bf16_pair_nonfinite(u.y) | bf16_pair_nonfinite(u.z) |
                          bf16_pair_nonfinite(u.w);
             }
@@ -599,12 +721,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         const bool slow = __syncthreads_or(found);
         const bool klo = F32 ? __syncthreads_or(klo_any) != 0 : false;
         const bool vlo = F32 ? __syncthreads_or(vlo_any) != 0 : false;
-        const u16* bK = sK + bst * FA_NT * ST;
-        const u16* bV = sV + bst * FA_NT * ST;
+        const u16* bK = sK + bst * TILE;
+        const u16* bV = sV + bst * TILE;
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        qk_tile<KS, NJ, ST>(s, qa, bK, key0, lane);
+        if constexpr (WG) {
+            wg_qk_tile<KS>(s, qa, bK);
+        } else {
+            qk_tile<KS, NJ, ST>(s, qa, bK, key0, lane);
+        }
         if constexpr (F32) {
             if (qlo) qk_tile<KS, NJ, ST>(s, ql, bK, key0, lane);
             if (klo) qk_tile<KS, NJ, ST>(s, qa, sK + FA_NT * ST, key0, lane);
@@ -631,13 +757,18 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pl[kk][r] = pack_bf16(pj[0] - h0, pj[1] - h1);
                 }
             }
-            pv_tile<NJ, ND, ST, false>(o, ph, bV, key0, lane);
-            pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);
+            if constexpr (WG) {
+                wg_pv_tile<NJ / 2, false>(o, ph, bV);
+                wg_pv_tile<NJ / 2, false>(o, pl, bV);
+            } else {
+                pv_tile<NJ, ND, ST, false>(o, ph, bV, key0, lane);
+                pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);
+            }
             if (F32 && vlo) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
         } else {
             if constexpr (ALIAS) __syncthreads();  // every QK pass is done: the scratch goes in the block tile's K
             pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + bst * KTF : pw, key0, lane, [&](int key, int d) {
-                float x = dfl::bf16_to_f32(bV[key * ST + d]);
+                float x = dfl::bf16_to_f32(bV[el(key, d)]);
                 if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
                 return x;
             });
@@ -837,7 +968,9 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0>(q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,    \
+        fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0,                                                        \
+                      FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(                             \
+            q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,                                               \
                                                        window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
                                                        fa_smem);                                                \
     }

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, allow_dynamic_shared_memory
+from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, ModuleFunction, allow_dynamic_shared_memory, nvrtc_arch_module
 from kernels_cu.ops_attention import attention, bf16_bits, device, f16_bits, f32
 from kernels_cu.pdl import active as _pdl_active
 from kernels_cu.pdl import launch
@@ -55,7 +55,8 @@ def cp():
 
 
 def last_path() -> str | None:
-    """'fast' or 'exact-fallback (<why>)' for the latest attention_fast call."""
+    """'fast', 'fast-wgmma' (the wgmma form, WGMMA) or 'exact-fallback (<why>)' for the latest attention_fast
+    call."""
     return _last["path"]
 
 
@@ -67,11 +68,12 @@ def _mt(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def smem_bytes(dp: int, mt: int, stages: int = 2, alias: bool = False) -> int:
-    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit), then one region shared by the q rows
-    [16 mt][dp + 8] (16-bit) and the per-warp P scratch [4][16][16 mt] fp32: the larger of the two.
-    ``alias`` (the aliased layout, ALIAS): no such region, q's rows and the scratch sit in K tiles."""
-    tiles = 2 * stages * _NT * (dp + 8) * 2
+def smem_bytes(dp: int, mt: int, stages: int = 2, alias: bool = False, wg: bool = False) -> int:
+    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit; ``wg``, the wgmma form's core-matrix layout:
+    [64][dp], no padding), then one region shared by the q rows [16 mt][dp + 8] (16-bit) and the per-warp P
+    scratch [4][16][16 mt] fp32: the larger of the two. ``alias`` (the aliased layout, ALIAS): no such region,
+    q's rows and the scratch sit in K tiles."""
+    tiles = 2 * stages * _NT * (dp if wg else dp + 8) * 2
     return tiles if alias else tiles + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4)
 
 
@@ -103,39 +105,88 @@ def alias_for(dp: int, alias: bool | None = None) -> bool:
     return (bool(ALIAS) and dp == _MAX_D) if alias is None else bool(alias)
 
 
-EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
+# The wgmma form (fast_attention.cu -DFA_WG=1, attn_body's WG; NVRTC for sm_90a): the BF16-bits kernel at D 128 with
+# 64 query rows a block (masked_block's call at B8 W16: a GQA group of 4 x 16 rows) computes each tile's QK^T and
+# PV as one warpgroup on wgmma, K and V read by the tensor cores from shared memory once a tile instead of once a
+# warp through ldmatrix. The tiles sit as 8 x 8 core matrices (no padding). Same softmax, masks, slow paths and
+# epilogue. None: on where wg_capable() (a compute-capability 9.0 GPU); False: never; True: wherever the shape
+# takes it (an error off sm_90 when built).
+WGMMA: bool | None = None
 
 
-def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
-            alias: bool | None = None):
-    """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses. ``alias`` None: alias_for(dp),
-    the layout attention_fast launches."""
-    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias))
+def wg_shape(dp: int, d: int, mt: int, bits: bool, alias: bool) -> bool:
+    """Whether the wgmma form covers this call's variant: D 128 (no padded columns), 4 m-tiles (a warpgroup over
+    64 rows), BF16 bits, the default shared-memory layout."""
+    return dp == _MAX_D and d == _MAX_D and mt == 4 and bits and not alias
+
+
+def wg_for(dp: int, d: int, mt: int, bits: bool, alias: bool) -> bool:
+    """The form attention_fast launches: wg_shape, and WGMMA (None: wg_capable())."""
+    if not wg_shape(dp, d, mt, bits, alias) or WGMMA is False:
+        return False
+    return True if WGMMA else wg_capable()
 
 
 @functools.cache
-def _module_built(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int, alias: bool):
+def wg_capable() -> bool:
+    try:
+        return cp().cuda.Device().compute_capability == "90"
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU
+        return False
+
+
+EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
+
+
+def module_options(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
+                   alias: bool = False, wg: bool = False) -> tuple[str, ...]:
+    """NVRTC's options for one variant (FA_SINGLE); the wgmma form adds -DFA_WG=1 (the caller names sm_90a)."""
+    return (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}", f"-DFA_NS={stages}",
+            f"-DFA_F32={int(f32_inputs)}", *(("-DFA_ALIAS=1",) if alias else ()), *(("-DFA_WG=1",) if wg else ()),
+            *extra)
+
+
+def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
+            alias: bool | None = None, wg: bool = False):
+    """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses. ``alias`` None: alias_for(dp),
+    the layout attention_fast launches."""
+    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias), wg)
+
+
+@functools.cache
+def _module_built(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int, alias: bool,
+                  wg: bool = False):
     import cupy
 
     if alias and dp != _MAX_D:
         raise ValueError(f"the aliased layout is built at D {_MAX_D} only, not {dp}")
+    if wg and not wg_shape(dp, dp, mt, not f32_inputs, alias):
+        raise ValueError(f"the wgmma form is built for BF16 bits at D {_MAX_D}, 4 m-tiles, the default layout")
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
-    opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}", f"-DFA_NS={stages}",
-            f"-DFA_F32={int(f32_inputs)}", *(("-DFA_ALIAS=1",) if alias else ()), *extra)
+    opts = module_options(dp, mt, f32_inputs, extra, stages, alias, wg)
+    if wg:  # CuPy's RawModule picks plain sm_90, which has no wgmma
+        return nvrtc_arch_module(code, "fast_attention_wg.cu", ["--gpu-architecture=sm_90a", *opts])
     return cupy.RawModule(code=code, options=opts)
 
 
-def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None):
-    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages, alias_for(dp, alias))
+def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None, wg: bool = False):
+    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages, alias_for(dp, alias), wg)
 
 
 @functools.cache
-def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int = 2, alias: bool = False):
-    mod = _module(dp, mt, f32_inputs, extra, stages, alias)
-    main = mod.get_function(f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}")
-    smem = smem_bytes(dp, mt, stages, alias)
+def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int = 2, alias: bool = False,
+                  wg: bool = False):
+    mod = _module(dp, mt, f32_inputs, extra, stages, alias, wg)
+    name = f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}"
+    smem = smem_bytes(dp, mt, stages, alias, wg)
+    combine_names = {cb: f"fast_attn_combine_d{dp}_c{cb}" for cb in COMBINE_BATCHES}
+    if wg:
+        main = ModuleFunction(mod.get_function(name), name, smem)
+        combine = {cb: ModuleFunction(mod.get_function(n), n) for cb, n in combine_names.items()}
+        return main, combine, smem
+    main = mod.get_function(name)
     allow_dynamic_shared_memory(main, smem)
-    combine = {cb: mod.get_function(f"fast_attn_combine_d{dp}_c{cb}") for cb in COMBINE_BATCHES}
+    combine = {cb: mod.get_function(n) for cb, n in combine_names.items()}
     return main, combine, smem
 
 
@@ -154,16 +205,18 @@ def _sm_count(dev_id: int) -> int:
     return int(cp().cuda.Device(dev_id).attributes["MultiProcessorCount"])
 
 
-def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None) -> int:
+def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None,
+                    wg: bool = False) -> int:
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
     in units of 256) and its shared memory (plus the per-block reservation) against the device's.
     ``alias`` None: alias_for(dp)."""
-    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages, alias_for(dp, alias))
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages, alias_for(dp, alias), wg)
 
 
 @functools.cache
-def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int, stages: int = 2, alias: bool = False) -> int:
-    main, _, smem = _kernels(dp, mt, f32_inputs, stages, alias)
+def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int, stages: int = 2, alias: bool = False,
+                     wg: bool = False) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs, stages, alias, wg)
     try:  # the driver's occupancy calculator, where CuPy exposes it
         return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
                                                                                         smem)))
@@ -253,8 +306,10 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
     stages, alias = stages_for(), alias_for(dp)
-    main, combine, smem = _kernels(dp, mt, not bits, stages, alias)
-    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias))
+    wg = wg_for(dp, d, mt, bits, alias)
+    _last["path"] = "fast-wgmma" if wg else "fast"
+    main, combine, smem = _kernels(dp, mt, not bits, stages, alias, wg)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias, wg))
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)

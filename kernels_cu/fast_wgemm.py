@@ -24,7 +24,7 @@ import functools
 import numpy as np
 
 from kernels_cu import fast_head
-from kernels_cu.loader import KERNEL_DIR, nvrtc_arch_module
+from kernels_cu.loader import KERNEL_DIR, ModuleFunction, nvrtc_arch_module
 
 # CudaEngine.layer_gemm routes the shapes ``applies`` takes here when True. False (the default): the H200 measured this
 # kernel slower than the cuBLAS path at every layer shape of both geometries at 128 rows (benchmarks/wgemm_ab.py, us a
@@ -68,26 +68,11 @@ def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
     return lines + head + sep + fast_head.wgmma_wrapper(n) + rest
 
 
-class _Launchable:
-    """A module function in the shape kernels_cu.pdl.launch takes (``.kernel.ptr`` and the call)."""
-
-    def __init__(self, fn):
-        self.kernel, self.name = fn, "fast_wgemm"
-
-    def __call__(self, grid, block, args, shared_mem=0):
-        self.kernel(grid, block, args, shared_mem=shared_mem)
-
-
 @functools.cache
 def _kernel(n: int, stages: int, defines: tuple[tuple[str, int], ...] = ()):
-    import cupy as cp
-
     mod = nvrtc_arch_module(source(n, (("WG_STAGES", stages), *defines)), f"fast_wgemm_n{n}.cu",
                             fast_head.compile_options())
-    fn = mod.get_function("fast_wgemm")
-    cp.cuda.driver.funcSetAttribute(fn.ptr, cp.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    smem_bytes(n, stages))
-    return mod, _Launchable(fn)
+    return mod, ModuleFunction(mod.get_function("fast_wgemm"), "fast_wgemm", smem_bytes(n, stages))
 
 
 @functools.cache

@@ -65,6 +65,30 @@ def nvrtc_arch_module(src: str, name: str, options: list[str]):
     return mod
 
 
+class ModuleFunction:
+    """A function of an ``nvrtc_arch_module`` in the shape CuPy's RawKernel has where the kernels use it: the call
+    ``(grid, block, args, shared_mem=)``, ``.kernel.ptr`` (kernels_cu.pdl.launch, the occupancy query), ``.name`` and
+    ``.attributes["num_regs"]``. ``smem``: the dynamic shared memory it may launch with, raised once here."""
+
+    def __init__(self, fn, name: str, smem: int = 0):
+        self.kernel, self.name = fn, name
+        if smem > 48 * 1024:
+            import cupy
+
+            cupy.cuda.driver.funcSetAttribute(fn.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                              int(smem))
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.kernel(grid, block, args, shared_mem=shared_mem)
+
+    @property
+    def attributes(self) -> dict:
+        import cupy
+
+        return {"num_regs": cupy.cuda.driver.funcGetAttribute(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_NUM_REGS,
+                                                               self.kernel.ptr)}
+
+
 _SMEM_ALLOWED: dict[int, tuple] = {}  # id(kernel) -> (kernel, dynamic shared memory it may launch with)
 
 

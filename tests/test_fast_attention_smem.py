@@ -33,3 +33,25 @@ def test_alias_only_at_d128(monkeypatch):
     assert not any(fa.alias_for(dp) for dp in (16, 32, 64, 128))
     monkeypatch.setattr(fa, "ALIAS", True)
     assert [fa.alias_for(dp) for dp in (16, 32, 64, 128)] == [False, False, False, True]
+
+
+def test_wgmma_form_smem_and_its_shapes(monkeypatch):
+    """The wgmma form's tiles are [64][128] without padding (8 x 8 core matrices): 32 KiB a K/V stage against 34 KiB,
+    plus the q / P-scratch region; at 3 stages two blocks still fit a multiprocessor of 228 KB (1 KB reserved each),
+    exactly. It takes only D 128 (no padded columns), 4 m-tiles, BF16 bits and the default layout; WGMMA False turns
+    it off, True asks for it wherever the shape takes it."""
+    from kernels_cu import fast_attention as fa
+
+    stage = 2 * 64 * 128 * 2
+    assert fa.smem_bytes(128, 4, 2, wg=True) == 2 * stage + 17408 == 82944
+    assert fa.smem_bytes(128, 4, 3, wg=True) == 3 * stage + 17408 == 115712
+    assert 2 * (115712 + RESERVED_PER_BLOCK) <= H200_SMEM_PER_SM
+    assert fa.wg_shape(128, 128, 4, True, False)
+    assert not fa.wg_shape(128, 120, 4, True, False)  # D 120 pads to 128
+    assert not fa.wg_shape(128, 128, 2, True, False)  # 32 rows: two warps' m-tiles, not a warpgroup's 64
+    assert not fa.wg_shape(128, 128, 4, False, False)  # FP32 q/k/v: the split path
+    assert not fa.wg_shape(128, 128, 4, True, True)  # the aliased layout
+    monkeypatch.setattr(fa, "WGMMA", False)
+    assert not fa.wg_for(128, 128, 4, True, False)
+    monkeypatch.setattr(fa, "WGMMA", True)
+    assert fa.wg_for(128, 128, 4, True, False) and not fa.wg_for(128, 128, 2, True, False)

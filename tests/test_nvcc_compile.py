@@ -23,6 +23,7 @@ from kernels_cu import loader
 pytestmark = pytest.mark.nvcc
 
 NVCC = shutil.which("nvcc")
+NVDISASM = shutil.which("nvdisasm")
 VARIANTS = {"headers": (), "ptx_fallback": ("-DDFLASH_NO_CUDA_FP_HEADERS",)}
 SOURCES = loader.sources()
 # the fallback macro only changes sources that include common.cuh; building the others twice
@@ -113,13 +114,13 @@ def test_wgmma_probe_builds_for_sm_90a(tmp_path):
     assert "C7515" not in proc.stderr, proc.stderr
 
 
-def _sm_90a_frames(tmp_path, name: str, text: str) -> list[tuple[str, str, str]]:
-    """Build ``text`` (a module's NVRTC source) with nvcc for sm_90a and the loader's options; assert it compiles and
-    ptxas names no C7515 serialization of a wgmma chain; return ptxas's (stack frame, spill stores, spill loads) per
-    kernel."""
+def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """Build ``text`` (a module's NVRTC source) with nvcc for sm_90a and the loader's options (and ``extra``); assert
+    it compiles and ptxas names no C7515 serialization of a wgmma chain; return ptxas's (stack frame, spill stores,
+    spill loads) per kernel. The cubin is left at tmp_path / f"{name}.cubin"."""
     src = tmp_path / f"{name}.cu"
     src.write_text(text)
-    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"]
+    opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"] + list(extra)
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
            str(loader.KERNEL_DIR), "-o", str(tmp_path / f"{name}.cubin"), str(src)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
@@ -153,3 +154,29 @@ def test_fast_wgemm_builds_for_sm_90a_without_local_memory(tmp_path, n):
 
     frames = _sm_90a_frames(tmp_path, f"fast_wgemm_n{n}", fast_wgemm.source(n, (("WG_STAGES", fast_wgemm.STAGES),)))
     assert len(frames) == 1 and all(v == "0" for v in frames[0]), frames
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
+@pytest.mark.parametrize("stages", [2, 3])
+def test_fast_attention_wgmma_form_builds_for_sm_90a_without_local_memory(tmp_path, stages):
+    """kernels_cu/fast_attention.cu's wgmma form with the options fast_attention.py gives NVRTC for it (FA_SINGLE at
+    D 128, 4 m-tiles, BF16 bits, -DFA_WG=1; sm_90a): it compiles, no C7515, no spill or stack frame in the main kernel
+    and the three combine kernels (the 64 + 32 accumulators stay in registers), and (where nvdisasm is here) the main
+    kernel's SASS holds the warpgroup MMAs: 8 k16 steps of QK and 4 of PV a context tile, 8 + 8 for the block tile's
+    QK and its two PV passes = 28 HGMMA. The same options without -DFA_WG=1 build the mma.sync kernel (no HGMMA)."""
+    from kernels_cu import fast_attention as fa
+
+    text = (loader.KERNEL_DIR / "fast_attention.cu").read_text()
+    counts = {}
+    for wg in (True, False):
+        opts = tuple(o for o in fa.module_options(128, 4, False, (), stages, False, wg)
+                     if o not in loader.NVRTC_OPTIONS and not o.startswith("-I"))
+        name = f"fast_attention_{'wg' if wg else 'mma'}_s{stages}"
+        frames = _sm_90a_frames(tmp_path, name, text, opts)
+        assert len(frames) == 4 and all(v == "0" for f in frames for v in f), frames
+        if NVDISASM:
+            sass = subprocess.run([NVDISASM, str(tmp_path / f"{name}.cubin")], check=True, capture_output=True,
+                                  text=True, timeout=120).stdout
+            counts[wg] = len(re.findall(r"\bHGMMA\.", sass))
+    if NVDISASM:
+        assert counts == {True: 28, False: 0}, counts

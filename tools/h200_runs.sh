@@ -74,6 +74,7 @@
 #   bash tools/h200_runs.sh v15-f          # session v15: insertions in k steps, idle warps skipped: tests, A/Bs
 #   bash tools/h200_runs.sh v16-a          # session v16: fast_wgemm's GPU tests, the GEMM A/B, the round A/B
 #   bash tools/h200_runs.sh v17-a          # session v17: the GPU files v16 left unrun, the attention benchmark
+#   bash tools/h200_runs.sh v17-b          # session v17: the attention's wgmma form: tests, benchmark, round A/B
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -497,6 +498,13 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         tests/gpu/test_fast_selector.py tests/gpu/test_fast_target.py tests/gpu/test_kernels_attention.py \
         tests/gpu/test_kernels_select.py tests/gpu/test_philox_gpu.py tests/gpu/test_round_gpu.py
       step attn-bench timeout 120 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn_bench.json" ;;
+    v17-b)  # session v17: the attention's wgmma form: its GPU tests, the attention benchmark (mma / wgmma, 2 and 3
+      # stages), the round A/B
+      step attn-tests timeout 300 env FAST_ATTENTION_REPORT="$OUT/attn_report.json" $PY -m pytest -q -p no:cacheprovider \
+        tests/gpu/test_fast_attention.py -k "wgmma or nonfinite or graph"
+      step attn-bench timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn_bench.json"
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs attn_mma,default,attn_wg_s3 \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -24,6 +24,7 @@ FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSO
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -44,9 +45,14 @@ U = 2.0**-24  # FP32 unit roundoff
 
 @pytest.fixture(scope="module")
 def fa(cupy):
+    """The module with the wgmma form off (WGMMA False): the tests below that name no form check the mma.sync
+    kernels; the wgmma form's tests (the last section) turn it on."""
     from kernels_cu import fast_attention
 
+    wgmma = fast_attention.WGMMA
+    fast_attention.WGMMA = False
     yield fast_attention
+    fast_attention.WGMMA = wgmma
     path = os.environ.get("FAST_ATTENTION_REPORT")
     if path:
         Path(path).write_text(json.dumps(REPORT, indent=1, default=str))
@@ -232,7 +238,12 @@ def make_case(name, rng, fp32_inputs):
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def random_case(request):
-    name = request.param
+    return request.param, _prepared(request.param)
+
+
+@functools.cache
+def _prepared(name):
+    """{fp32_inputs: (case, float64 reference, derived bound, float64 pass)} of CASES[name]."""
     out = {}
     for fp32_inputs in (False, True):
         rng = np.random.default_rng(sum(map(ord, name)))
@@ -242,7 +253,7 @@ def random_case(request):
         bound, y = derived_bound(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"],
                                  case["live"], case["window"], fp32_inputs=fp32_inputs, ns_max=64)
         out[fp32_inputs] = (case, ref, bound, y)
-    return name, out
+    return out
 
 
 def _device_args(cp, case, fp32_inputs):
@@ -259,18 +270,26 @@ def _device_args(cp, case, fp32_inputs):
 @pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
 def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp32_inputs, splits, stages):
     name, by_mode = random_case
-    case, ref, bound, y = by_mode[fp32_inputs]
     monkeypatch.setattr(fa, "SPLITS", splits)
     monkeypatch.setattr(fa, "STAGES", stages)
+    _against_reference(cupy, fa, by_mode[fp32_inputs], fp32_inputs, "fast",
+                       f"{name}/{'fp32' if fp32_inputs else 'bf16'}/splits{splits}/stages{stages}")
+
+
+def _against_reference(cupy, fa, prepared, fp32_inputs, path, key):
+    """One attention_fast call on a prepared random case (case, reference, bound, float64 pass): the path taken,
+    every live element within the derived bound, rows >= live zero, the BF16 output the FP32 one rounded once."""
+    case, ref, bound, y = prepared
+    name = key.split("/")[0]
     of, ob = fa.attention_fast(*_device_args(cupy, case, fp32_inputs), f32_out=True, bf16_out=True)
-    assert fa.last_path() == "fast"
+    assert fa.last_path() == path
     out = cupy.asnumpy(of).astype(np.float64)
     rows = np.arange(ref.shape[1])[None, :] < case["live"][:, None]
     # my float64 pass is the reference's math (same masks): it must agree before it sets the bound
     np.testing.assert_allclose(y[rows], ref[rows], rtol=1e-12, atol=1e-12)
     err = np.abs(out - ref)[rows]
     ratio = float((err / bound[rows]).max())
-    REPORT["random"][f"{name}/{'fp32' if fp32_inputs else 'bf16'}/splits{splits}/stages{stages}"] = {
+    REPORT["random"][key] = {
         "max_err_over_bound": ratio, "max_abs_err": float(err.max()), "max_rel_err": float((err / np.abs(ref[rows])).max())}
     assert ratio <= 1.0, f"{name}: error {ratio:.3g} x the derived bound (max abs {err.max():.3g})"
     assert not np.any(out[~rows]) and not np.any(cupy.asnumpy(ob)[~rows]), "rows >= live must be zero"
@@ -286,13 +305,21 @@ STAGES_ALIAS = [(2, False), (4, False), (2, True), (3, True), (4, True)]
 @pytest.mark.parametrize("where", ["ctx_cut", "block_cut"])
 @pytest.mark.parametrize("splits", [None, 2])
 @pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
-@pytest.mark.parametrize("hq,d", [(4, 128), (8, 120)], ids=["mt2_d128", "mt4_d120"])
-def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages, alias, fp32_inputs, hq, d):
+@pytest.mark.parametrize("hq,d,form", [(4, 128, "mma"), (8, 120, "mma"), (8, 128, "wgmma")],
+                         ids=["mt2_d128", "mt4_d120", "mt4_d128_wgmma"])
+def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages, alias, fp32_inputs, hq, d,
+                                           form):
     """An inf V allowed for one row and not for the next: the allowed rows are inf there, the others
     finite and within the bound (a masked 0 * inf on the tensor cores would be NaN). Aliased, the slow
     PV's scratch is the K tile: 4 m-tiles (Hq 8) fill it nearly (16 of 17 KB), and at D 120 the scratch
     covers K's pad columns, which the block tile loaded into that stage (1 split: right after the slow
-    context tile, into its stage) must find zero again."""
+    context tile, into its stage) must find zero again. mt4_d128_wgmma asks for the wgmma form (WGMMA True): it
+    takes BF16 bits in the default layout (the slow PV reads V from the core-matrix layout), and leaves FP32 inputs
+    and the aliased layout to the mma.sync kernel."""
+    if form == "wgmma":
+        if not fa.wg_capable():
+            pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+        monkeypatch.setattr(fa, "WGMMA", True)
     monkeypatch.setattr(fa, "SPLITS", splits)
     monkeypatch.setattr(fa, "STAGES", stages)
     monkeypatch.setattr(fa, "ALIAS", alias)
@@ -318,6 +345,7 @@ def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits,
     if fp32_inputs:  # the same values as FP32 arrays: the split path (fast_attn_*_f)
         args = (*(cupy.asarray(case[n].astype(np.float32)) for n in ("q", "k", "v")), *args[3:])
     of, _ = fa.attention_fast(*args, f32_out=True)
+    assert fa.last_path() == ("fast-wgmma" if form == "wgmma" and not fp32_inputs and not alias else "fast")
     out = cupy.asnumpy(of).astype(np.float64)
     fin = np.isfinite(ref)
     assert not fin[0, hit_rows].all() and fin[0, [i for i in range(w) if i not in hit_rows]].all()
@@ -379,7 +407,11 @@ def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages, alias):
     of none); a call repeated gives the same bits."""
     monkeypatch.setattr(fa, "STAGES", stages)
     monkeypatch.setattr(fa, "ALIAS", alias)
-    _, bits, rest, case = _round_case(cupy, *ROUND_SHAPES[shape])
+    _split_sweep(cupy, fa, monkeypatch, ROUND_SHAPES[shape], "fast")
+
+
+def _split_sweep(cupy, fa, monkeypatch, shape, path):
+    _, bits, rest, case = _round_case(cupy, *shape)
     ref = attend(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"], case["live"],
                  case["window"])
     bound, _ = derived_bound(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"],
@@ -388,6 +420,7 @@ def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages, alias):
     for ns in (1, 2, 3, 5, 16, 33, 64):
         monkeypatch.setattr(fa, "SPLITS", ns)
         first = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0])
+        assert fa.last_path() == path
         for _ in range(2):
             again = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0])
             assert np.array_equal(first.view(np.uint32), again.view(np.uint32)), f"splits {ns}: a repeat differs"
@@ -434,19 +467,101 @@ def test_aliased_layout_fits_two_blocks_at_three_stages(cupy, fa, f32_inputs):
         assert (aliased, default) == (2, 1)
 
 
-def test_graph_replay_gives_the_eager_bits(cupy, fa):
+@pytest.mark.parametrize("form", ["mma_fp32_inputs", "wgmma_bf16_bits"])
+def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
     """A call captured in a CUDA graph (after an eager call on that stream, as FastRound and masked_block
-    capture) and replayed several times gives the eager call's bits (split kernel and combine)."""
-    f32, _, rest, _ = _round_case(cupy, *ROUND_SHAPES["35B_local_B2_W16"])
+    capture) and replayed several times gives the eager call's bits (split kernel and combine): the mma.sync
+    kernel on FP32 inputs, and the wgmma form on BF16 bits (WGMMA True)."""
+    f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES["35B_local_B2_W16"])
+    inputs = f32
+    if form.startswith("wgmma"):
+        if not fa.wg_capable():
+            pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+        monkeypatch.setattr(fa, "WGMMA", True)
+        inputs = bits
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
-        eager = cupy.asnumpy(fa.attention_fast(*f32, *rest, f32_out=False, bf16_out=True)[1])
+        eager = cupy.asnumpy(fa.attention_fast(*inputs, *rest, f32_out=False, bf16_out=True)[1])
+        assert fa.last_path() == ("fast-wgmma" if form.startswith("wgmma") else "fast")
         s.synchronize()
         s.begin_capture()
-        out = fa.attention_fast(*f32, *rest, f32_out=False, bf16_out=True)[1]
+        out = fa.attention_fast(*inputs, *rest, f32_out=False, bf16_out=True)[1]
         g = s.end_capture()
         for _ in range(3):
             out.fill(0)
             g.launch(s)
             s.synchronize()
             assert np.array_equal(cupy.asnumpy(out), eager)
+
+
+# ------------------------------------------------------------------------ the wgmma form (fast_attention.WGMMA)
+
+# the random cases the form takes: D 128 and more than 32 query rows (W x Hq / Hk = 64: one warpgroup)
+WG_CASES = [n for n, c in sorted(CASES.items()) if c[4] == 128 and c[1] * c[2] // c[3] > 32]
+WG_ROUND_SHAPES = {"27B_B2_W16": ROUND_SHAPES["27B_B2_W16"], "35B_local_B2_W16": ROUND_SHAPES["35B_local_B2_W16"],
+                   "35B_local_B8_W16": (8, 16, 4096, 4096, True), "35B_full_B8_W16": (8, 16, 4096, 0, True)}
+
+
+@pytest.fixture
+def wg(fa, monkeypatch):
+    if not fa.wg_capable():
+        pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+    monkeypatch.setattr(fa, "WGMMA", True)
+    return fa
+
+
+def test_wgmma_cases_exist():
+    assert WG_CASES == ["full_B8_W16_Hq8_Hk2_ring_wrap", "local_S2048_C2048_B8_W16"], WG_CASES
+
+
+@pytest.mark.parametrize("stages", [None, 3])
+@pytest.mark.parametrize("splits", [None, 5, 64])
+@pytest.mark.parametrize("name", WG_CASES)
+def test_wgmma_form_against_float64_reference(cupy, wg, monkeypatch, name, splits, stages):
+    """The wgmma form on the random cases it takes (ring wrap, frontiers past 2^31 / 2^32, a window of 2048 cutting
+    tiles, planted keys at the edges, live tails), BF16 bits: every live element within the same derived bound as
+    the mma.sync kernel (its sums are FP32 tensor-core chains over the same D and key counts), 2 and 3 stages."""
+    monkeypatch.setattr(wg, "SPLITS", splits)
+    monkeypatch.setattr(wg, "STAGES", stages)
+    _against_reference(cupy, wg, _prepared(name)[False], False, "fast-wgmma", f"{name}/bf16/wgmma/splits{splits}/stages{stages}")
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_wgmma_form_split_counts_and_repeats(cupy, wg, monkeypatch, stages):
+    """Split counts 1 .. 64 within the derived bound, each repeated with the same bits, at 2 and 3 stages."""
+    monkeypatch.setattr(wg, "STAGES", stages)
+    _split_sweep(cupy, wg, monkeypatch, ROUND_SHAPES["35B_local_B2_W16"], "fast-wgmma")
+
+
+@pytest.mark.parametrize("splits", [None, 1, 7])
+@pytest.mark.parametrize("shape", sorted(WG_ROUND_SHAPES))
+def test_wgmma_form_gives_the_mma_kernels_bits(cupy, fa, monkeypatch, shape, splits):
+    """At masked_block's shapes of 64 query rows the wgmma form and the mma.sync kernel run the same products in the
+    same order: every tile's QK^T as 8 k16 steps over D accumulated in FP32 from 0, its PV as 4 k16 steps of 16 keys
+    into the running output, the softmax and the epilogue unchanged. The tensor cores' k16 step is one operation in
+    both, so the outputs are the same bits (FP32 and BF16), at 2 and 3 stages of the wgmma form."""
+    if not fa.wg_capable():
+        pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+    monkeypatch.setattr(fa, "SPLITS", splits)
+    _, bits, rest, _ = _round_case(cupy, *WG_ROUND_SHAPES[shape])
+    outs = {}
+    for form, stages in (("mma", 2), ("wgmma", 2), ("wgmma", 3)):
+        monkeypatch.setattr(fa, "WGMMA", form == "wgmma")
+        monkeypatch.setattr(fa, "STAGES", stages)
+        a32, a16 = fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)
+        assert fa.last_path() == ("fast-wgmma" if form == "wgmma" else "fast")
+        outs[(form, stages)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))
+    base = outs[("mma", 2)]
+    for key, (a32, a16) in outs.items():
+        differ = int((a32 != base[0]).sum())
+        REPORT.setdefault("wgmma_vs_mma", {})[f"{shape}/splits{splits}/{key}"] = differ
+        assert differ == 0 and np.array_equal(a16, base[1]), f"{key}: {differ} FP32 elements differ"
+
+
+def test_wgmma_form_holds_two_blocks_a_multiprocessor_at_three_stages(cupy, wg):
+    """Its unpadded tiles leave room for two blocks at 3 stages (D 128, 4 m-tiles: 115,712 B each), by the occupancy
+    calculator (registers included), on a device with the H200's 228 KB a multiprocessor."""
+    attrs = cupy.cuda.Device().attributes
+    if int(attrs.get("MaxSharedMemoryPerMultiprocessor", 0)) >= 2 * (wg.smem_bytes(128, 4, 3, wg=True) + 1024):
+        assert wg.resident_blocks(128, 4, False, 3, wg=True) == 2
+    assert wg.resident_blocks(128, 4, False, 2, wg=True) == 2
