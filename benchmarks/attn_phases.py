@@ -4,7 +4,7 @@ block, and the global timer at entry), run at masked_block's four round shapes (
 call), and per phase the mean and max over blocks of the cycles since the block's entry, with the
 spread of block start times (global timer, ns) and the kernel's event time.
 
-    python -m benchmarks.attn_phases [--json out.json]
+    python -m benchmarks.attn_phases [--wgmma on] [--json out.json]
 
 Phases: 1 Q fragments issued / pad zeroed, 6 first context tile in shared memory, 2 context tiles done,
 3 block tile done, 4 key slices merged, 5 outputs written. Timing build only; the stamps cost a few
@@ -21,9 +21,21 @@ TIMING_BLOCKS = 4096  # fast_attention.cu FA_TIMING_BLOCKS: blocks whose stamps 
 PHASES = [(1, "q issued"), (6, "tile 1 in smem"), (2, "ctx done"), (3, "block tile"), (4, "merged"), (5, "written")]
 
 
+def _global(cp, mod, name):
+    """A module's __device__ array: RawModule.get_global, or (an NVRTC module, the wgmma form's) the driver's
+    pointer wrapped."""
+    if hasattr(mod, "get_global"):
+        return mod.get_global(name)
+    ptr = mod.get_global_var(name)
+    ptr = ptr[0] if isinstance(ptr, tuple) else ptr
+    return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(int(ptr), TIMING_BLOCKS * 8 * 8, mod), 0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--wgmma", choices=["off", "on"], default="off",
+                    help="fast_attention.WGMMA False / True (the wgmma form where it takes the shape)")
     args = ap.parse_args(argv)
     import cupy as cp
     import numpy as np
@@ -33,6 +45,7 @@ def main(argv=None) -> int:
     from kernels_cu import fast_attention as fa
 
     fa.EXTRA_OPTIONS = ("-DFA_TIMING",)
+    fa.WGMMA = args.wgmma == "on"
     clock_hz = cp.cuda.Device().attributes["ClockRate"] * 1e3
     out = []
     for label, cap, window, tails in GEOMS:
@@ -44,9 +57,9 @@ def main(argv=None) -> int:
             cp.cuda.runtime.deviceSynchronize()
             mt = fa._mt(min(w * HQ // HK, 64))
             stages = fa.stages_for()
-            mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS, stages)
-            clk = mod.get_global("fa_clock")
-            st = mod.get_global("fa_start")
+            wg = fa.wg_for(fa._dp(D), D, mt, True, fa.alias_for(fa._dp(D)))
+            mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS, stages, wg=wg)
+            clk, st = (_global(cp, mod, n) for n in ("fa_clock", "fa_start"))
             clk_a = cp.ndarray((TIMING_BLOCKS * 8,), dtype=np.uint64, memptr=clk)
             st_a = cp.ndarray((TIMING_BLOCKS,), dtype=np.uint64, memptr=st)
             clk_a.fill(0)
@@ -63,7 +76,7 @@ def main(argv=None) -> int:
             n = int(used.sum())
             c, s = c[used], s[used]
             rel = {name: (c[:, p] - c[:, 0]) / clock_hz * 1e6 for p, name in PHASES}
-            r = {"shape": f"{label} B{b} W{w}", "blocks": n, "event_us": ms * 1e3,
+            r = {"shape": f"{label} B{b} W{w}", "wgmma": wg, "blocks": n, "event_us": ms * 1e3,
                  "start_spread_us": float((s.max() - s.min()) / 1e3),
                  "mean_us": {k: float(v[v >= 0].mean()) if (v >= 0).any() else None for k, v in rel.items()},
                  "max_us": {k: float(v.max()) for k, v in rel.items()}}

@@ -173,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cupti", action="store_true")
     ap.add_argument("--draft-attention", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--wg-extra", action="append", default=[],
+                    help="a further wgmma variant 'wg b x<i>' built with these NVRTC options (probes: -DFA_WG_FENCE=0)")
     args = ap.parse_args(argv)
     from benchmarks import gpu_bench as gb
 
@@ -199,6 +201,8 @@ def main(argv=None) -> int:
             mt = fa._mt(min(w * HQ // HK, 64))
             if fa.wg_shape(fa._dp(D), D, mt, True, False):  # the wgmma form (fast_attention.WGMMA), 2 and 3 stages
                 variants += [(f"wg b s{st}", lambda f=newb: f()[1], {"WGMMA": True, "STAGES": st}) for st in (2, 3)]
+                variants += [(f"wg b x{i}", lambda f=newb: f()[1], {"WGMMA": True, "EXTRA_OPTIONS": tuple(o.split())})
+                             for i, o in enumerate(args.wg_extra)]
             if v4:
                 variants += [("v4 f", functools.partial(v4, *x["f32"], *common), {}),
                              ("v4 b", functools.partial(v4, *x["bits"], *common), {})]

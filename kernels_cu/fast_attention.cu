@@ -51,6 +51,18 @@ using dfl::u16;
 #define FA_WG_VLEAD 2048  // V's descriptor (wg_desc): leading offset, the next 8 keys (a probe swaps the two)
 #define FA_WG_VSTRIDE 128 // and stride offset, the next 8 columns
 #endif
+#ifndef FA_WG_FENCE
+#define FA_WG_FENCE 1  // the proxy fence between the tiles' cp.async and wgmma (0: a probe's, benchmarks only)
+#endif
+#ifndef FA_WG_QK
+#define FA_WG_QK 1  // WG's QK^T on wgmma (0: a probe's, mma.sync reading the core-matrix tile)
+#endif
+#ifndef FA_WG_PV
+#define FA_WG_PV 1  // WG's PV on wgmma (0: a probe's, mma.sync reading the core-matrix tile)
+#endif
+#ifndef FA_WG_LOADMAP
+#define FA_WG_LOADMAP 1  // WG's copy mapping, 8 rows x 4 chunks a warp (0: the mma.sync kernel's, 2 rows x 16)
+#endif
 #if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_WG_ARCH 1
 #else
@@ -158,7 +170,7 @@ __device__ __forceinline__ void wg_commit_wait() {
 }
 // shared memory written by the generic proxy (cp.async, stores) visible to wgmma's reads (the async proxy)
 __device__ __forceinline__ void wg_proxy_fence() {
-#if FA_WG_ARCH
+#if FA_WG_ARCH && FA_WG_FENCE
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
@@ -237,16 +249,20 @@ __device__ __forceinline__ bool bf16_pair_nonfinite(unsigned w) {
 // s[j] (16 rows x 8 keys each) += Q (16 x DP, A fragments) . K^T for keys key0 .. key0 + 8 NJ - 1
 // of a [64][ST] BF16 tile. ldmatrix (no transpose) of K rows: matrices (keys +0, d +0), (keys +0,
 // d +8), (keys +8, d +0), (keys +8, d +8) are b0/b1 of two adjacent n-tiles.
-template <int KS, int NJ, int ST>
+// CORE (a probe's, FA_WG_QK / FA_WG_PV 0): the tile in WG's core-matrix layout, ST then the row width DP (a row
+// of a core matrix is 16 contiguous bytes, as ldmatrix reads it)
+template <int KS, int NJ, int ST, bool CORE = false>
 __device__ __forceinline__ void qk_tile(float (&s)[NJ][4], const unsigned (&q)[KS][4], const u16* kbuf, int key0,
                                         int lane) {
-    const u16* base = kbuf + (key0 + (lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3);
+    const int r0 = key0 + (lane & 7) + ((lane >> 4) << 3), c0 = ((lane >> 3) & 1) << 3;
+    const u16* base = CORE ? kbuf + (r0 >> 3) * 8 * ST + (c0 >> 3) * 64 + (r0 & 7) * 8
+                           : kbuf + (key0 + (lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3);
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
         for (int np = 0; np < NJ / 2; ++np) {
             unsigned r0, r1, r2, r3;
-            ldsm_x4(base + 16 * np * ST + 16 * ks, r0, r1, r2, r3);
+            ldsm_x4(base + (CORE ? 2 * np * 8 * ST + 2 * ks * 64 : 16 * np * ST + 16 * ks), r0, r1, r2, r3);
             mma_bf16(s[2 * np], q[ks], r0, r1);
             mma_bf16(s[2 * np + 1], q[ks], r2, r3);
         }
@@ -256,16 +272,18 @@ __device__ __forceinline__ void qk_tile(float (&s)[NJ][4], const unsigned (&q)[K
 // o[n] (16 rows x 8 dims each) += P (16 x 8 NJ keys, A fragments per 16 keys) . V, V a [64][ST]
 // tile read with ldmatrix.trans: matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8),
 // (keys +8, d +8) are b0/b1 of the n-tiles d and d + 8.
-template <int NJ, int ND, int ST, bool HALF>
+template <int NJ, int ND, int ST, bool HALF, bool CORE = false>
 __device__ __forceinline__ void pv_tile(float (&o)[ND][4], const unsigned (&pa)[NJ / 2][4], const u16* vbuf, int key0,
                                         int lane) {
-    const u16* base = vbuf + (key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3);
+    const int r0 = key0 + (lane & 7) + (((lane >> 3) & 1) << 3), c0 = (lane >> 4) << 3;
+    const u16* base = CORE ? vbuf + (r0 >> 3) * 8 * ST + (c0 >> 3) * 64 + (r0 & 7) * 8
+                           : vbuf + (key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3);
 #pragma unroll
     for (int kk = 0; kk < NJ / 2; ++kk) {
 #pragma unroll
         for (int np = 0; np < ND / 2; ++np) {
             unsigned r0, r1, r2, r3;
-            ldsm_x4_t(base + 16 * kk * ST + 16 * np, r0, r1, r2, r3);
+            ldsm_x4_t(base + (CORE ? 2 * kk * 8 * ST + 2 * np * 64 : 16 * kk * ST + 16 * np), r0, r1, r2, r3);
             if (HALF) {
                 mma_f16(o[2 * np], pa[kk], r0, r1);
                 mma_f16(o[2 * np + 1], pa[kk], r2, r3);
@@ -480,7 +498,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // per chunk; a chunk past D (D < DP) or a key past n_ctx is zero-filled. WG: a warp's threads take 8 key rows
     // (one core matrix's) of 4 chunks, so the 16-byte writes of a warp fill four whole 128-byte core matrices
     constexpr int CPRC = DP / 8, RPP = FA_WARPS * 32 / CPRC;
-    const int lch = WG ? threadIdx.x / RPP : threadIdx.x % CPRC, lrow = WG ? threadIdx.x % RPP : threadIdx.x / CPRC;
+    constexpr bool WGMAP = WG && FA_WG_LOADMAP;
+    const int lch = WGMAP ? threadIdx.x / RPP : threadIdx.x % CPRC, lrow = WGMAP ? threadIdx.x % RPP : threadIdx.x / CPRC;
     const bool ch_ok = lch < CPR;
     auto load_ctx = [&](int t, int st) {
         const int kb0 = t * FA_NT;
@@ -613,8 +632,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        if constexpr (WG) {
+        if constexpr (WG && FA_WG_QK) {
             wg_qk_tile<KS>(s, qa, kt);
+        } else if constexpr (WG) {
+            qk_tile<KS, NJ, DP, true>(s, qa, kt, key0, lane);
         } else {
             qk_tile<KS, NJ, ST>(s, qa, kt, key0, lane);
         }
@@ -653,8 +674,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pa[kk][r] = pack_f16(p0, p1);
                 }
             }
-            if constexpr (WG) {
+            if constexpr (WG && FA_WG_PV) {
                 wg_pv_tile<NJ / 2, true>(o, pa, vt);
+            } else if constexpr (WG) {
+                pv_tile<NJ, ND, DP, true, true>(o, pa, vt, key0, lane);
             } else {
                 pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
             }
@@ -726,8 +749,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        if constexpr (WG) {
+        if constexpr (WG && FA_WG_QK) {
             wg_qk_tile<KS>(s, qa, bK);
+        } else if constexpr (WG) {
+            qk_tile<KS, NJ, DP, true>(s, qa, bK, key0, lane);
         } else {
             qk_tile<KS, NJ, ST>(s, qa, bK, key0, lane);
         }
@@ -757,9 +782,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pl[kk][r] = pack_bf16(pj[0] - h0, pj[1] - h1);
                 }
             }
-            if constexpr (WG) {
+            if constexpr (WG && FA_WG_PV) {
                 wg_pv_tile<NJ / 2, false>(o, ph, bV);
                 wg_pv_tile<NJ / 2, false>(o, pl, bV);
+            } else if constexpr (WG) {
+                pv_tile<NJ, ND, DP, false, true>(o, ph, bV, key0, lane);
+                pv_tile<NJ, ND, DP, false, true>(o, pl, bV, key0, lane);
             } else {
                 pv_tile<NJ, ND, ST, false>(o, ph, bV, key0, lane);
                 pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);

@@ -505,6 +505,17 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step attn-bench timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn_bench.json"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs attn_mma,default,attn_wg_s3 \
         --rounds 3 --json "$OUT/round_ab.json" ;;
+    v17-c)  # session v17: why the wgmma form is slower: probes without the proxy fence and with the mma.sync kernel's
+      # copy mapping, the phases of both forms
+      step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_FENCE=0 \
+        --wg-extra=-DFA_WG_LOADMAP=0 --wg-extra="-DFA_WG_FENCE=0 -DFA_WG_LOADMAP=0" --json "$OUT/attn_probe.json"
+      step phases-mma timeout 60 $PY -m benchmarks.attn_phases --json "$OUT/phases_mma.json"
+      step phases-wg timeout 60 $PY -m benchmarks.attn_phases --wgmma on --json "$OUT/phases_wg.json" ;;
+    v17-d)  # session v17: which of the wgmma form's two products is slow: QK^T or PV back on mma.sync (ldmatrix from the
+      # core-matrix tiles), both; the phases of the wgmma form
+      step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_QK=0 \
+        --wg-extra=-DFA_WG_PV=0 --wg-extra="-DFA_WG_QK=0 -DFA_WG_PV=0" --json "$OUT/attn_probe.json"
+      step phases-wg timeout 60 $PY -m benchmarks.attn_phases --wgmma on --json "$OUT/phases_wg.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
