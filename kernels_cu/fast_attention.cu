@@ -60,6 +60,9 @@ using dfl::u16;
 #ifndef FA_WG_PV
 #define FA_WG_PV 1  // WG's PV on wgmma (0: a probe's, mma.sync reading the core-matrix tile)
 #endif
+#ifndef FA_WG_FORM
+#define FA_WG_FORM 1  // 0 (a probe's): built as the wgmma form's module, the mma.sync kernel's code and layout
+#endif
 #ifndef FA_WG_LOADMAP
 #define FA_WG_LOADMAP 1  // WG's copy mapping, 8 rows x 4 chunks a warp (0: the mma.sync kernel's, 2 rows x 16)
 #endif
@@ -997,7 +1000,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
         fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0,                                                        \
-                      FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(                             \
+                      FA_WG_ARCH && FA_WG_FORM && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(               \
             q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,                                               \
                                                        window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
                                                        fa_smem);                                                \

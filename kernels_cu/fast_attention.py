@@ -178,7 +178,9 @@ def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], st
                   wg: bool = False):
     mod = _module(dp, mt, f32_inputs, extra, stages, alias, wg)
     name = f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}"
-    smem = smem_bytes(dp, mt, stages, alias, wg)
+    # a probe's -DFA_WG_FORM=0 (benchmarks/bench_fast_attention.py --wg-extra) builds the mma.sync kernel in the wgmma
+    # form's module: its padded tiles; -DFA_PROBE_PAD (no effect in the .cu) launches the form with that much too
+    smem = smem_bytes(dp, mt, stages, alias, wg and "-DFA_WG_FORM=0" not in extra and "-DFA_PROBE_PAD" not in extra)
     combine_names = {cb: f"fast_attn_combine_d{dp}_c{cb}" for cb in COMBINE_BATCHES}
     if wg:
         main = ModuleFunction(mod.get_function(name), name, smem)

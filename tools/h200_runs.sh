@@ -516,6 +516,13 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_QK=0 \
         --wg-extra=-DFA_WG_PV=0 --wg-extra="-DFA_WG_QK=0 -DFA_WG_PV=0" --json "$OUT/attn_probe.json"
       step phases-wg timeout 60 $PY -m benchmarks.attn_phases --wgmma on --json "$OUT/phases_wg.json" ;;
+    v17-e)  # session v17: the mma.sync kernel built and launched as the wgmma form's module (FA_WG_FORM=0), and the core-matrix
+      # layout alone (both products on mma.sync, no fence, the mma.sync kernel's copy mapping)
+      step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_FORM=0 \
+        --wg-extra="-DFA_WG_QK=0 -DFA_WG_PV=0 -DFA_WG_FENCE=0 -DFA_WG_LOADMAP=0" --json "$OUT/attn_probe.json" ;;
+    v17-f)  # session v17: the wgmma form launched with the mma.sync kernel's dynamic shared memory (FA_PROBE_PAD)
+      step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_PROBE_PAD \
+        --wg-extra="-DFA_PROBE_PAD -DFA_WG_QK=0 -DFA_WG_PV=0" --json "$OUT/attn_probe.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
