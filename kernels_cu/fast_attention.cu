@@ -47,25 +47,6 @@ using dfl::u16;
 #endif
 // FA_WG=1 (built for sm_90a only, fast_attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
 // one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
-#ifndef FA_WG_VLEAD
-#define FA_WG_VLEAD 2048  // V's descriptor (wg_desc): leading offset, the next 8 keys (a probe swaps the two)
-#define FA_WG_VSTRIDE 128 // and stride offset, the next 8 columns
-#endif
-#ifndef FA_WG_FENCE
-#define FA_WG_FENCE 1  // the proxy fence between the tiles' cp.async and wgmma (0: a probe's, benchmarks only)
-#endif
-#ifndef FA_WG_QK
-#define FA_WG_QK 1  // WG's QK^T on wgmma (0: a probe's, mma.sync reading the core-matrix tile)
-#endif
-#ifndef FA_WG_PV
-#define FA_WG_PV 1  // WG's PV on wgmma (0: a probe's, mma.sync reading the core-matrix tile)
-#endif
-#ifndef FA_WG_FORM
-#define FA_WG_FORM 1  // 0 (a probe's): built as the wgmma form's module, the mma.sync kernel's code and layout
-#endif
-#ifndef FA_WG_LOADMAP
-#define FA_WG_LOADMAP 1  // WG's copy mapping, 8 rows x 4 chunks a warp (0: the mma.sync kernel's, 2 rows x 16)
-#endif
 #if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_WG_ARCH 1
 #else
@@ -149,16 +130,18 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], u
 
 // wgmma (WG): a warpgroup's 64 rows, warp w rows 16 w .. 16 w + 15 with the mma.sync m16n8k16 fragment layouts (A
 // fragments as qa / pa, the accumulator's n-tile j in x[j][0..3]), so the softmax and the epilogue are unchanged.
-// The tiles sit in shared memory as 8 x 8 core matrices without swizzle (el_off): the 16 bytes of one key row's 8
-// columns, 8 key rows a core matrix (128 B), the D / 8 core matrices of 8 keys in a row (8 D elements), then the next
-// 8 keys. Descriptor: start address, leading byte offset, stride byte offset (each >> 4), layout type 0 (none).
-// K as QK's B (K-major: d contiguous): leading = the next 8 columns (128 B), stride = the next 8 keys (16 D B).
-// V as PV's B (MN-major, transposed: d is N): leading = the next 8 keys along K (16 D B), stride = the next 8
-// columns along N (128 B); the CUTLASS canonical forms ((8,m),(T,2)):((1T,SBO),(1,LBO)) and
-// ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)).
+// The tiles sit in shared memory with the 128-byte swizzle (attn_body's el): two halves of 64 columns (8 KiB each,
+// 1024-byte aligned), each 64 key rows of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8). (Session v17
+// measured an unswizzled core-matrix layout first: its copies either cut the rows into 64-byte pieces or met the
+// same banks 16 times, and every form on it, mma.sync too, ran 1.5x slower.) Descriptor: start address, leading
+// byte offset, stride byte offset (each >> 4), layout type 1 (128-byte swizzle) in bits 62-63.
+// K as QK's B (K-major: d contiguous): stride = the next 8 keys (1024 B), leading unused (1); the k16 steps of a half
+// start 32 bytes apart, the second half 8 KiB on. V as PV's B (MN-major, transposed: d is N): leading = the next 64
+// columns (the other half, 8 KiB), stride = the next 8 keys (1024 B); a k16 step is 16 keys (2 KiB). The CUTLASS
+// canonical forms ((8,m),(T,2k)):((8T,SBO),(1,T)) and ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) under Swizzle<3,4,3>.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lead, unsigned stride) {
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lead >> 4) << 16) |
-           ((unsigned long long)(stride >> 4) << 32);
+           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ void wg_fence() {
 #if FA_WG_ARCH
@@ -173,7 +156,7 @@ __device__ __forceinline__ void wg_commit_wait() {
 }
 // shared memory written by the generic proxy (cp.async, stores) visible to wgmma's reads (the async proxy)
 __device__ __forceinline__ void wg_proxy_fence() {
-#if FA_WG_ARCH && FA_WG_FENCE
+#if FA_WG_ARCH
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
@@ -252,20 +235,16 @@ __device__ __forceinline__ bool bf16_pair_nonfinite(unsigned w) {
 // s[j] (16 rows x 8 keys each) += Q (16 x DP, A fragments) . K^T for keys key0 .. key0 + 8 NJ - 1
 // of a [64][ST] BF16 tile. ldmatrix (no transpose) of K rows: matrices (keys +0, d +0), (keys +0,
 // d +8), (keys +8, d +0), (keys +8, d +8) are b0/b1 of two adjacent n-tiles.
-// CORE (a probe's, FA_WG_QK / FA_WG_PV 0): the tile in WG's core-matrix layout, ST then the row width DP (a row
-// of a core matrix is 16 contiguous bytes, as ldmatrix reads it)
-template <int KS, int NJ, int ST, bool CORE = false>
+template <int KS, int NJ, int ST>
 __device__ __forceinline__ void qk_tile(float (&s)[NJ][4], const unsigned (&q)[KS][4], const u16* kbuf, int key0,
                                         int lane) {
-    const int r0 = key0 + (lane & 7) + ((lane >> 4) << 3), c0 = ((lane >> 3) & 1) << 3;
-    const u16* base = CORE ? kbuf + (r0 >> 3) * 8 * ST + (c0 >> 3) * 64 + (r0 & 7) * 8
-                           : kbuf + (key0 + (lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3);
+    const u16* base = kbuf + (key0 + (lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3);
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
         for (int np = 0; np < NJ / 2; ++np) {
             unsigned r0, r1, r2, r3;
-            ldsm_x4(base + (CORE ? 2 * np * 8 * ST + 2 * ks * 64 : 16 * np * ST + 16 * ks), r0, r1, r2, r3);
+            ldsm_x4(base + 16 * np * ST + 16 * ks, r0, r1, r2, r3);
             mma_bf16(s[2 * np], q[ks], r0, r1);
             mma_bf16(s[2 * np + 1], q[ks], r2, r3);
         }
@@ -275,18 +254,16 @@ __device__ __forceinline__ void qk_tile(float (&s)[NJ][4], const unsigned (&q)[K
 // o[n] (16 rows x 8 dims each) += P (16 x 8 NJ keys, A fragments per 16 keys) . V, V a [64][ST]
 // tile read with ldmatrix.trans: matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8),
 // (keys +8, d +8) are b0/b1 of the n-tiles d and d + 8.
-template <int NJ, int ND, int ST, bool HALF, bool CORE = false>
+template <int NJ, int ND, int ST, bool HALF>
 __device__ __forceinline__ void pv_tile(float (&o)[ND][4], const unsigned (&pa)[NJ / 2][4], const u16* vbuf, int key0,
                                         int lane) {
-    const int r0 = key0 + (lane & 7) + (((lane >> 3) & 1) << 3), c0 = (lane >> 4) << 3;
-    const u16* base = CORE ? vbuf + (r0 >> 3) * 8 * ST + (c0 >> 3) * 64 + (r0 & 7) * 8
-                           : vbuf + (key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3);
+    const u16* base = vbuf + (key0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3);
 #pragma unroll
     for (int kk = 0; kk < NJ / 2; ++kk) {
 #pragma unroll
         for (int np = 0; np < ND / 2; ++np) {
             unsigned r0, r1, r2, r3;
-            ldsm_x4_t(base + (CORE ? 2 * kk * 8 * ST + 2 * np * 64 : 16 * kk * ST + 16 * np), r0, r1, r2, r3);
+            ldsm_x4_t(base + 16 * kk * ST + 16 * np, r0, r1, r2, r3);
             if (HALF) {
                 mma_f16(o[2 * np], pa[kk], r0, r1);
                 mma_f16(o[2 * np + 1], pa[kk], r2, r3);
@@ -363,22 +340,22 @@ __device__ __forceinline__ void pv_scalar(float (&o)[ND][4], const float (&p)[NJ
     __syncwarp();
 }
 
-// WG: s = Q . K^T over a tile (KS k16 steps of the K-major K tile, 256 bytes apart), then wait
+// WG: s = Q . K^T over a tile (KS k16 steps of the K-major K tile: 32 bytes apart in a half, 8 KiB a half), then wait
 template <int KS>
 __device__ __forceinline__ void wg_qk_tile(float (&s)[8][4], const unsigned (&q)[KS][4], const u16* ktile) {
     const unsigned a = smem_addr(ktile);
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks) wg_qk(s, q[ks], wg_desc(a + 256 * ks, 128, 8 * 2 * 128), ks);
+    for (int ks = 0; ks < KS; ++ks) wg_qk(s, q[ks], wg_desc(a + (ks >> 2) * 8192 + (ks & 3) * 32, 16, 1024), ks);
     wg_commit_wait();
 }
-// WG: o += P . V over a tile (KK k16 steps of 16 keys, two 8-key core rows of 2 KiB apart each), then wait
+// WG: o += P . V over a tile (KK k16 steps of 16 keys, 2 KiB apart), then wait
 template <int KK, bool HALF>
 __device__ __forceinline__ void wg_pv_tile(float (&o)[16][4], const unsigned (&p)[KK][4], const u16* vtile) {
     const unsigned a = smem_addr(vtile);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < KK; ++kk) wg_pv<HALF>(o, p[kk], wg_desc(a + 2 * 2048 * kk, FA_WG_VLEAD, FA_WG_VSTRIDE));
+    for (int kk = 0; kk < KK; ++kk) wg_pv<HALF>(o, p[kk], wg_desc(a + 2048 * kk, 8192, 1024));
     wg_commit_wait();
 }
 
@@ -402,12 +379,14 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     static_assert(NS >= 2 && NS <= 4, "2 to 4 stages (cp_wait_n)");
     static_assert(!WG || (DP == 128 && MT == 4 && FA_WARPS == 4 && !F32 && !ALIAS),
                   "wgmma: one warpgroup over 64 rows, D 128, BF16 bits, the default layout");
-    // a K / V tile: [FA_NT][ST] rows padded 16 bytes (ldmatrix without conflicts), or (WG) 8 x 8 core matrices
-    // (wg_desc's layout, no padding; the launcher takes D == DP there)
+    // a K / V tile: [FA_NT][ST] rows padded 16 bytes (ldmatrix without conflicts), or (WG) two swizzled halves of
+    // [FA_NT][64] (wg_desc's layout, no padding, 1024-byte aligned: the launcher takes D == DP and gives 1 KiB slack)
     constexpr int TILE = WG ? FA_NT * DP : FA_NT * ST;
     auto el = [](int row, int col) {
-        return WG ? (row >> 3) * (8 * DP) + (col >> 3) * 64 + (row & 7) * 8 + (col & 7) : row * ST + col;
+        return WG ? (col >> 6) * (FA_NT * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7)
+                  : row * ST + col;
     };
+    if constexpr (WG) smem += (1024 - (smem_addr(smem) & 1023)) & 1023;
     u16* sK = reinterpret_cast<u16*>(smem);                     // [NS stages][TILE]
     u16* sV = sK + NS * TILE;                                   // [NS stages][TILE]
     // q's rows [16 MT][ST] (BF16 bits, read into registers before the loop) share their region with the
@@ -498,11 +477,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     const int key0 = kg * NKW;
 
     // a thread copies one 16-byte chunk column (lch) of every RPP-th key row: compile-time strides, no division
-    // per chunk; a chunk past D (D < DP) or a key past n_ctx is zero-filled. WG: a warp's threads take 8 key rows
-    // (one core matrix's) of 4 chunks, so the 16-byte writes of a warp fill four whole 128-byte core matrices
+    // per chunk; a chunk past D (D < DP) or a key past n_ctx is zero-filled. A warp takes two whole key rows: in WG's
+    // swizzled tiles each row's 128-byte halves are whole 128-byte lines, so its writes meet no bank twice
     constexpr int CPRC = DP / 8, RPP = FA_WARPS * 32 / CPRC;
-    constexpr bool WGMAP = WG && FA_WG_LOADMAP;
-    const int lch = WGMAP ? threadIdx.x / RPP : threadIdx.x % CPRC, lrow = WGMAP ? threadIdx.x % RPP : threadIdx.x / CPRC;
+    const int lch = threadIdx.x % CPRC, lrow = threadIdx.x / CPRC;
     const bool ch_ok = lch < CPR;
     auto load_ctx = [&](int t, int st) {
         const int kb0 = t * FA_NT;
@@ -626,7 +604,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             bool found = false;
             for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
                 const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(vt + el(row, ch * 8));
+                const uint4 u = *reinterpret_cast<const uint4*>(vt + (WG ? el(row, ch * 8) : row * ST + ch * 8));
                 found |= f16_pair_nonfinite(u.x) | f16_pair_nonfinite(u.y) | f16_pair_nonfinite(u.z) |
                          f16_pair_nonfinite(u.w);
             }
@@ -635,10 +613,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        if constexpr (WG && FA_WG_QK) {
+        if constexpr (WG) {
             wg_qk_tile<KS>(s, qa, kt);
-        } else if constexpr (WG) {
-            qk_tile<KS, NJ, DP, true>(s, qa, kt, key0, lane);
         } else {
             qk_tile<KS, NJ, ST>(s, qa, kt, key0, lane);
         }
@@ -677,10 +653,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pa[kk][r] = pack_f16(p0, p1);
                 }
             }
-            if constexpr (WG && FA_WG_PV) {
+            if constexpr (WG) {
                 wg_pv_tile<NJ / 2, true>(o, pa, vt);
-            } else if constexpr (WG) {
-                pv_tile<NJ, ND, DP, true, true>(o, pa, vt, key0, lane);
             } else {
                 pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
             }
@@ -689,7 +663,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             // which only load_ctx writes again: zeroed for a block tile that may come into this stage
             if constexpr (ALIAS) __syncthreads();
             pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + st * KTF : pw, key0, lane,
-                                   [&](int key, int d) { return dfl::f16_to_f32(vt[el(key, d)]); });
+                                   [&](int key, int d) { return dfl::f16_to_f32(vt[WG ? el(key, d) : key * ST + d]); });
             if (ALIAS && D < DP) {
                 __syncthreads();
                 zero_pads(sK + st * FA_NT * ST, FA_NT);
@@ -752,10 +726,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-        if constexpr (WG && FA_WG_QK) {
+        if constexpr (WG) {
             wg_qk_tile<KS>(s, qa, bK);
-        } else if constexpr (WG) {
-            qk_tile<KS, NJ, DP, true>(s, qa, bK, key0, lane);
         } else {
             qk_tile<KS, NJ, ST>(s, qa, bK, key0, lane);
         }
@@ -785,12 +757,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                     pl[kk][r] = pack_bf16(pj[0] - h0, pj[1] - h1);
                 }
             }
-            if constexpr (WG && FA_WG_PV) {
+            if constexpr (WG) {
                 wg_pv_tile<NJ / 2, false>(o, ph, bV);
                 wg_pv_tile<NJ / 2, false>(o, pl, bV);
-            } else if constexpr (WG) {
-                pv_tile<NJ, ND, DP, false, true>(o, ph, bV, key0, lane);
-                pv_tile<NJ, ND, DP, false, true>(o, pl, bV, key0, lane);
             } else {
                 pv_tile<NJ, ND, ST, false>(o, ph, bV, key0, lane);
                 pv_tile<NJ, ND, ST, false>(o, pl, bV, key0, lane);
@@ -799,7 +768,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         } else {
             if constexpr (ALIAS) __syncthreads();  // every QK pass is done: the scratch goes in the block tile's K
             pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + bst * KTF : pw, key0, lane, [&](int key, int d) {
-                float x = dfl::bf16_to_f32(bV[el(key, d)]);
+                float x = dfl::bf16_to_f32(bV[WG ? el(key, d) : key * ST + d]);
                 if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
                 return x;
             });
@@ -1000,7 +969,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
         fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0,                                                        \
-                      FA_WG_ARCH && FA_WG_FORM && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(               \
+                      FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(                             \
             q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,                                               \
                                                        window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
                                                        fa_smem);                                                \

@@ -69,11 +69,11 @@ def _mt(rows: int) -> int:
 
 
 def smem_bytes(dp: int, mt: int, stages: int = 2, alias: bool = False, wg: bool = False) -> int:
-    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit; ``wg``, the wgmma form's core-matrix layout:
-    [64][dp], no padding), then one region shared by the q rows [16 mt][dp + 8] (16-bit) and the per-warp P
-    scratch [4][16][16 mt] fp32: the larger of the two. ``alias`` (the aliased layout, ALIAS): no such region,
-    q's rows and the scratch sit in K tiles."""
-    tiles = 2 * stages * _NT * (dp if wg else dp + 8) * 2
+    """``stages`` stages of K and V tiles [64][dp + 8] (16-bit; ``wg``, the wgmma form's swizzled layout: [64][dp],
+    no padding, after up to 1 KiB of slack that aligns them to 1024 bytes), then one region shared by the q rows
+    [16 mt][dp + 8] (16-bit) and the per-warp P scratch [4][16][16 mt] fp32: the larger of the two. ``alias`` (the
+    aliased layout, ALIAS): no such region, q's rows and the scratch sit in K tiles."""
+    tiles = 2 * stages * _NT * (dp if wg else dp + 8) * 2 + (1024 if wg else 0)
     return tiles if alias else tiles + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4)
 
 
@@ -108,8 +108,8 @@ def alias_for(dp: int, alias: bool | None = None) -> bool:
 # The wgmma form (fast_attention.cu -DFA_WG=1, attn_body's WG; NVRTC for sm_90a): the BF16-bits kernel at D 128 with
 # 64 query rows a block (masked_block's call at B8 W16: a GQA group of 4 x 16 rows) computes each tile's QK^T and
 # PV as one warpgroup on wgmma, K and V read by the tensor cores from shared memory once a tile instead of once a
-# warp through ldmatrix. The tiles sit as 8 x 8 core matrices (no padding). Same softmax, masks, slow paths and
-# epilogue. None: on where wg_capable() (a compute-capability 9.0 GPU); False: never; True: wherever the shape
+# warp through ldmatrix. The tiles sit with the 128-byte swizzle (no padding). Same softmax, masks, slow paths and
+# epilogue, and the same bits as the mma.sync kernel (the tensor cores' k16 steps in the same order). None: on where wg_capable() (a compute-capability 9.0 GPU); False: never; True: wherever the shape
 # takes it (an error off sm_90 when built).
 WGMMA: bool | None = None
 
@@ -178,9 +178,7 @@ def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], st
                   wg: bool = False):
     mod = _module(dp, mt, f32_inputs, extra, stages, alias, wg)
     name = f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}"
-    # a probe's -DFA_WG_FORM=0 (benchmarks/bench_fast_attention.py --wg-extra) builds the mma.sync kernel in the wgmma
-    # form's module: its padded tiles; -DFA_PROBE_PAD (no effect in the .cu) launches the form with that much too
-    smem = smem_bytes(dp, mt, stages, alias, wg and "-DFA_WG_FORM=0" not in extra and "-DFA_PROBE_PAD" not in extra)
+    smem = smem_bytes(dp, mt, stages, alias, wg)
     combine_names = {cb: f"fast_attn_combine_d{dp}_c{cb}" for cb in COMBINE_BATCHES}
     if wg:
         main = ModuleFunction(mod.get_function(name), name, smem)

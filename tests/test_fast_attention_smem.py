@@ -36,16 +36,16 @@ def test_alias_only_at_d128(monkeypatch):
 
 
 def test_wgmma_form_smem_and_its_shapes(monkeypatch):
-    """The wgmma form's tiles are [64][128] without padding (8 x 8 core matrices): 32 KiB a K/V stage against 34 KiB,
-    plus the q / P-scratch region; at 3 stages two blocks still fit a multiprocessor of 228 KB (1 KB reserved each),
-    exactly. It takes only D 128 (no padded columns), 4 m-tiles, BF16 bits and the default layout; WGMMA False turns
-    it off, True asks for it wherever the shape takes it."""
+    """The wgmma form's tiles are [64][128] without padding (128-byte swizzle): 32 KiB a K/V stage against 34 KiB,
+    after 1 KiB of alignment slack, plus the q / P-scratch region: two blocks a multiprocessor of 228 KB (1 KB
+    reserved each) at 2 stages, one at 3 (the slack tips it). It takes only D 128 (no padded columns), 4 m-tiles,
+    BF16 bits and the default layout; WGMMA False turns it off, True asks for it wherever the shape takes it."""
     from kernels_cu import fast_attention as fa
 
     stage = 2 * 64 * 128 * 2
-    assert fa.smem_bytes(128, 4, 2, wg=True) == 2 * stage + 17408 == 82944
-    assert fa.smem_bytes(128, 4, 3, wg=True) == 3 * stage + 17408 == 115712
-    assert 2 * (115712 + RESERVED_PER_BLOCK) <= H200_SMEM_PER_SM
+    assert fa.smem_bytes(128, 4, 2, wg=True) == 1024 + 2 * stage + 17408 == 83968
+    assert fa.smem_bytes(128, 4, 3, wg=True) == 1024 + 3 * stage + 17408 == 116736
+    assert 2 * (83968 + RESERVED_PER_BLOCK) <= H200_SMEM_PER_SM < 2 * (116736 + RESERVED_PER_BLOCK)
     assert fa.wg_shape(128, 128, 4, True, False)
     assert not fa.wg_shape(128, 120, 4, True, False)  # D 120 pads to 128
     assert not fa.wg_shape(128, 128, 2, True, False)  # 32 rows: two warps' m-tiles, not a warpgroup's 64
