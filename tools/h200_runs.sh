@@ -523,6 +523,11 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
     v17-f)  # session v17: the wgmma form launched with the mma.sync kernel's dynamic shared memory (FA_PROBE_PAD)
       step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_PROBE_PAD \
         --wg-extra="-DFA_PROBE_PAD -DFA_WG_QK=0 -DFA_WG_PV=0" --json "$OUT/attn_probe.json" ;;
+    v17-g)  # session v17: the swizzled wgmma form on by default: its tests again (the same-bits test fixed), the block and
+      # round GPU tests
+      step attn-wg-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py -k wgmma
+      step block-round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py \
+        tests/gpu/test_fast_round.py ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -539,13 +539,17 @@ def test_wgmma_form_gives_the_mma_kernels_bits(cupy, fa, monkeypatch, shape, spl
     """At masked_block's shapes of 64 query rows the wgmma form and the mma.sync kernel run the same products in the
     same order: every tile's QK^T as 8 k16 steps over D accumulated in FP32 from 0, its PV as 4 k16 steps of 16 keys
     into the running output, the softmax and the epilogue unchanged. The tensor cores' k16 step is one operation in
-    both, so the outputs are the same bits (FP32 and BF16), at 2 and 3 stages of the wgmma form."""
+    both, so the outputs are the same bits (FP32 and BF16), at 2 stages and (at a forced split count) 3 stages of the
+    wgmma form. The heuristic's split count follows the occupancy (3 stages hold one block a multiprocessor: 2 splits
+    at B8 against 4), and another partition of the keys is another sum in the combine, so 3 stages are compared at
+    forced counts only (v17's first run compared them at the heuristic's and found 126,058 to 473,674 elements
+    differing, all of them from 2 splits against 4)."""
     if not fa.wg_capable():
         pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
     monkeypatch.setattr(fa, "SPLITS", splits)
     _, bits, rest, _ = _round_case(cupy, *WG_ROUND_SHAPES[shape])
     outs = {}
-    for form, stages in (("mma", 2), ("wgmma", 2), ("wgmma", 3)):
+    for form, stages in (("mma", 2), ("wgmma", 2), *((("wgmma", 3),) if splits else ())):
         monkeypatch.setattr(fa, "WGMMA", form == "wgmma")
         monkeypatch.setattr(fa, "STAGES", stages)
         a32, a16 = fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)
