@@ -17,6 +17,12 @@
 // per warp); each keeps an online softmax in the exp2 domain; key slices are merged in shared
 // memory at the end, splits by fast_attn_combine (or written directly when there is one split).
 //
+// The wgmma form (WG: FA_WG=1, sm_90a; BF16 bits, D 128, 4 m-tiles = one warpgroup over 64 query rows): each tile's
+// QK^T is 8 m64n64k16 steps with Q's A fragments from registers and K read from shared memory by the tensor cores,
+// its PV 4 m64n128k16 steps with P from registers and V as the transposed (MN-major) operand; the K/V tiles sit with
+// the 128-byte swizzle (el, wg_desc). The accumulators have the mma.sync fragments' layout, so everything between
+// the products is the same code, and the k16 steps run in the same order: the same bits (tests check it).
+//
 // Numerics. Scores: Q . K^T in BF16 x BF16 -> FP32 (exact products). Q given in FP32
 // (attention_fast's contract, masked_block's path) is split Q = Q_hi + Q_lo (two BF16 values,
 // ~16 significant bits) and multiplied twice; block K in FP32 likewise (Q_hi K_lo added). A pass whose

@@ -9,6 +9,10 @@ combine kernel when the context is long. q/k/v may be FP32 (masked_block's path:
 parts on the fly, ~16 significant bits) or BF16 bits (uint16, the Op's inputs: read as they are). The
 caches are read directly (BF16 K, FP16 V; no conversion copies). See the .cu header for the numerics.
 
+On sm_90 the BF16-bit kernel at D 128 with 64 query rows a block (masked_block's B8 W16 call: 4 query heads a KV
+head x 16 rows) takes the wgmma form (``WGMMA``): one warpgroup computes each tile's QK^T and PV on wgmma from
+128-byte-swizzled K/V tiles, with the same bits as the mma.sync kernel (tests/gpu/test_fast_attention.py).
+
 Geometries the kernel does not cover (D not a multiple of 8 or above 128, W above 64) fall back to
 the exact kernel (``ops_attention.attention``); ``last_path()`` says which ran.
 
@@ -339,7 +343,10 @@ class FastAttentionMixin:
     def environment(self) -> dict:
         base = getattr(super(), "environment", None)
         rec = dict(base()) if base is not None else {}
-        rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation), "
+        rec["fast_attention"] = ("fast_attention.cu: mma.sync m16n8k16 (BF16 QK^T, FP16/BF16 PV, FP32 accumulation); "
+                                 f"the wgmma form (WGMMA={WGMMA}, None: on for sm_90; NVRTC sm_90a) for BF16 bits at "
+                                 "D 128 and 64 query rows a block: m64n64k16 QK^T and m64n128k16 PV from "
+                                 "registers, 128-byte-swizzled K/V tiles, the same bits; "
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
                                  f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "

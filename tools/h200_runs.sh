@@ -499,28 +499,29 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
         tests/gpu/test_kernels_select.py tests/gpu/test_philox_gpu.py tests/gpu/test_round_gpu.py
       step attn-bench timeout 120 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn_bench.json" ;;
     v17-b)  # session v17: the attention's wgmma form: its GPU tests, the attention benchmark (mma / wgmma, 2 and 3
-      # stages), the round A/B
+      # stages), the round A/B (run on the unswizzled form at e58c54b, then on the swizzled one at d2ce1cc)
       step attn-tests timeout 300 env FAST_ATTENTION_REPORT="$OUT/attn_report.json" $PY -m pytest -q -p no:cacheprovider \
         tests/gpu/test_fast_attention.py -k "wgmma or nonfinite or graph"
       step attn-bench timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --json "$OUT/attn_bench.json"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs attn_mma,default,attn_wg_s3 \
         --rounds 3 --json "$OUT/round_ab.json" ;;
-    v17-c)  # session v17: why the wgmma form is slower: probes without the proxy fence and with the mma.sync kernel's
-      # copy mapping, the phases of both forms
+    v17-c)  # session v17: why the unswizzled wgmma form was slower: probes without the proxy fence and with the mma.sync
+      # kernel's copy mapping, the phases of both forms. Its switches are gone: check out de2c7c6 to rerun (v17-c, v17-d)
       step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_FENCE=0 \
         --wg-extra=-DFA_WG_LOADMAP=0 --wg-extra="-DFA_WG_FENCE=0 -DFA_WG_LOADMAP=0" --json "$OUT/attn_probe.json"
       step phases-mma timeout 60 $PY -m benchmarks.attn_phases --json "$OUT/phases_mma.json"
       step phases-wg timeout 60 $PY -m benchmarks.attn_phases --wgmma on --json "$OUT/phases_wg.json" ;;
-    v17-d)  # session v17: which of the wgmma form's two products is slow: QK^T or PV back on mma.sync (ldmatrix from the
-      # core-matrix tiles), both; the phases of the wgmma form
+    v17-d)  # session v17: which of the unswizzled form's two products is slow: QK^T or PV back on mma.sync (ldmatrix from
+      # the core-matrix tiles), both; the phases of the wgmma form (tree de2c7c6)
       step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_QK=0 \
         --wg-extra=-DFA_WG_PV=0 --wg-extra="-DFA_WG_QK=0 -DFA_WG_PV=0" --json "$OUT/attn_probe.json"
       step phases-wg timeout 60 $PY -m benchmarks.attn_phases --wgmma on --json "$OUT/phases_wg.json" ;;
     v17-e)  # session v17: the mma.sync kernel built and launched as the wgmma form's module (FA_WG_FORM=0), and the core-matrix
-      # layout alone (both products on mma.sync, no fence, the mma.sync kernel's copy mapping)
+      # layout alone (both products on mma.sync, no fence, the mma.sync kernel's copy mapping); tree 43bdac4
       step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_WG_FORM=0 \
         --wg-extra="-DFA_WG_QK=0 -DFA_WG_PV=0 -DFA_WG_FENCE=0 -DFA_WG_LOADMAP=0" --json "$OUT/attn_probe.json" ;;
-    v17-f)  # session v17: the wgmma form launched with the mma.sync kernel's dynamic shared memory (FA_PROBE_PAD)
+    v17-f)  # session v17: the unswizzled form launched with the mma.sync kernel's dynamic shared memory (FA_PROBE_PAD); tree
+      # 43bdac4
       step attn-probe timeout 150 $PY -m benchmarks.bench_fast_attention --cupti --wg-extra=-DFA_PROBE_PAD \
         --wg-extra="-DFA_PROBE_PAD -DFA_WG_QK=0 -DFA_WG_PV=0" --json "$OUT/attn_probe.json" ;;
     v17-g)  # session v17: the swizzled wgmma form on by default: its tests again (the same-bits test fixed), the block and
