@@ -137,9 +137,10 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], u
 // wgmma (WG): a warpgroup's 64 rows, warp w rows 16 w .. 16 w + 15 with the mma.sync m16n8k16 fragment layouts (A
 // fragments as qa / pa, the accumulator's n-tile j in x[j][0..3]), so the softmax and the epilogue are unchanged.
 // The tiles sit in shared memory with the 128-byte swizzle (attn_body's el): two halves of 64 columns (8 KiB each,
-// 1024-byte aligned), each 64 key rows of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8). (Session v17
-// measured an unswizzled core-matrix layout first: its copies either cut the rows into 64-byte pieces or met the
-// same banks 16 times, and every form on it, mma.sync too, ran 1.5x slower.) Descriptor: start address, leading
+// 1024-byte aligned), each 64 key rows of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp
+// copies two whole ring rows without meeting a bank twice. (Session v17 measured an unswizzled core-matrix layout
+// first: its copies cut the rows into 64-byte pieces or met the same banks 16 times, and every form on it, mma.sync
+// too, ran about 1.5x slower.) Descriptor: start address, leading
 // byte offset, stride byte offset (each >> 4), layout type 1 (128-byte swizzle) in bits 62-63.
 // K as QK's B (K-major: d contiguous): stride = the next 8 keys (1024 B), leading unused (1); the k16 steps of a half
 // start 32 bytes apart, the second half 8 KiB on. V as PV's B (MN-major, transposed: d is N): leading = the next 64
