@@ -168,8 +168,9 @@ __device__ __forceinline__ void wg_proxy_fence() {
 #endif
 }
 #define FA_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
-#define FA_ACC32(x) \
-    FA_ACC4(x, 0), FA_ACC4(x, 1), FA_ACC4(x, 2), FA_ACC4(x, 3), FA_ACC4(x, 4), FA_ACC4(x, 5), FA_ACC4(x, 6), FA_ACC4(x, 7)
+#define FA_ACC32(x)                                                                                \
+    FA_ACC4(x, 0), FA_ACC4(x, 1), FA_ACC4(x, 2), FA_ACC4(x, 3), FA_ACC4(x, 4), FA_ACC4(x, 5), FA_ACC4(x, 6), \
+        FA_ACC4(x, 7)
 #define FA_ACC64(x)                                                                                           \
     FA_ACC32(x), FA_ACC4(x, 8), FA_ACC4(x, 9), FA_ACC4(x, 10), FA_ACC4(x, 11), FA_ACC4(x, 12), FA_ACC4(x, 13), \
         FA_ACC4(x, 14), FA_ACC4(x, 15)

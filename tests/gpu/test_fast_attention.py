@@ -523,7 +523,8 @@ def test_wgmma_form_against_float64_reference(cupy, wg, monkeypatch, name, split
     the mma.sync kernel (its sums are FP32 tensor-core chains over the same D and key counts), 2 and 3 stages."""
     monkeypatch.setattr(wg, "SPLITS", splits)
     monkeypatch.setattr(wg, "STAGES", stages)
-    _against_reference(cupy, wg, _prepared(name)[False], False, "fast-wgmma", f"{name}/bf16/wgmma/splits{splits}/stages{stages}")
+    _against_reference(cupy, wg, _prepared(name)[False], False, "fast-wgmma",
+                       f"{name}/bf16/wgmma/splits{splits}/stages{stages}")
 
 
 @pytest.mark.parametrize("stages", [2, 3])
