@@ -123,6 +123,11 @@ class V4:
 # --- timing ---------------------------------------------------------------------------------------
 
 
+def _bf16_values(bits):
+    """BF16 bits (uint16) as float64 values (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
 def with_settings(mod, settings, fn):
     """fn() with the module's switches set as given (launch-time settings: a graph captured inside keeps them)."""
     old = {k: getattr(mod, k) for k in settings}
@@ -223,12 +228,12 @@ def main(argv=None) -> int:
             c = {"shape": shape, "new f == new b (bits)": bool(np.array_equal(outs["new f"], outs["new b"]))}
             for name in (n for n in outs if n.startswith("wg")):
                 c[f"{name} == new b (bits)"] = bool(np.array_equal(outs[name], outs["new b"]))
-                as_f = lambda u: (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
                 c[f"{name} vs new b: differing elements"] = int((outs[name] != outs["new b"]).sum())
-                c[f"{name} vs new b: max |diff|"] = float(np.nanmax(np.abs(as_f(outs[name]) - as_f(outs["new b"]))))
+                diff = _bf16_values(outs[name]) - _bf16_values(outs["new b"])
+                c[f"{name} vs new b: max |diff|"] = float(np.nanmax(np.abs(diff)))
             if v4:
-                as_f = lambda u: (u.astype(np.uint32) << 16).view(np.float32)
-                c["max |new - v4| (bf16 out)"] = float(np.nanmax(np.abs(as_f(outs["new f"]) - as_f(outs["v4 f"]))))
+                diff = _bf16_values(outs["new f"]) - _bf16_values(outs["v4 f"])
+                c["max |new - v4| (bf16 out)"] = float(np.nanmax(np.abs(diff)))
                 c["new - v4 differing elements"] = int((outs["new f"] != outs["v4 f"]).sum())
                 c["new == v4 (bits)"] = bool(np.array_equal(outs["new f"], outs["v4 f"]))
                 fa.SPLITS = 1

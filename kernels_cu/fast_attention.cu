@@ -191,21 +191,19 @@ __device__ __forceinline__ void wg_qk(float (&s)[8][4], const unsigned (&a)[4], 
 #endif
 }
 // o (64 rows x 128 columns) += A (P, FP16 or BF16, registers) . B (V tile, MN-major)
+#define FA_WG_PV_ASM(T)                                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" FA_REGS64            \
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                 \
+                 : FA_ACC64(o)                                                                    \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
 template <bool HALF>
 __device__ __forceinline__ void wg_pv(float (&o)[16][4], const unsigned (&a)[4], unsigned long long db) {
 #if FA_WG_ARCH
     if constexpr (HALF) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" FA_REGS64
-                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                     : FA_ACC64(o)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        FA_WG_PV_ASM("f16");
     } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" FA_REGS64
-                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                     : FA_ACC64(o)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        FA_WG_PV_ASM("bf16");
     }
 #endif
 }
@@ -367,6 +365,16 @@ __device__ __forceinline__ void wg_pv_tile(float (&o)[16][4], const unsigned (&p
     wg_commit_wait();
 }
 
+// element (row, col) of a K / V tile: [FA_NT][ST] padded rows, or (WG) two swizzled halves of [FA_NT][64]. Where
+// attn_body writes the padded index out beside it (the copies' addresses, the block tile's scan and slow PV), that is
+// the mma.sync kernels' expression from before the wgmma form: with it nvcc emits their code unchanged (session v17
+// compared the SASS of every variant); through tile_el those sites compile to other, equivalent integer code
+template <bool WG, int ST>
+__device__ __forceinline__ int tile_el(int row, int col) {
+    return WG ? (col >> 6) * (FA_NT * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7)
+              : row * ST + col;
+}
+
 template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
@@ -390,10 +398,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // a K / V tile: [FA_NT][ST] rows padded 16 bytes (ldmatrix without conflicts), or (WG) two swizzled halves of
     // [FA_NT][64] (wg_desc's layout, no padding, 1024-byte aligned: the launcher takes D == DP and gives 1 KiB slack)
     constexpr int TILE = WG ? FA_NT * DP : FA_NT * ST;
-    auto el = [](int row, int col) {
-        return WG ? (col >> 6) * (FA_NT * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7)
-                  : row * ST + col;
-    };
+    constexpr auto el = tile_el<WG, ST>;
     if constexpr (WG) smem += (1024 - (smem_addr(smem) & 1023)) & 1023;
     u16* sK = reinterpret_cast<u16*>(smem);                     // [NS stages][TILE]
     u16* sV = sK + NS * TILE;                                   // [NS stages][TILE]
@@ -612,7 +617,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             bool found = false;
             for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
                 const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
-                const uint4 u = *reinterpret_cast<const uint4*>(vt + (WG ? el(row, ch * 8) : row * ST + ch * 8));
+                const uint4 u = *reinterpret_cast<const uint4*>(vt + el(row, ch * 8));
                 found |= f16_pair_nonfinite(u.x) | f16_pair_nonfinite(u.y) | f16_pair_nonfinite(u.z) |
                          f16_pair_nonfinite(u.w);
             }
@@ -671,7 +676,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             // which only load_ctx writes again: zeroed for a block tile that may come into this stage
             if constexpr (ALIAS) __syncthreads();
             pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + st * KTF : pw, key0, lane,
-                                   [&](int key, int d) { return dfl::f16_to_f32(vt[WG ? el(key, d) : key * ST + d]); });
+                                   [&](int key, int d) { return dfl::f16_to_f32(vt[el(key, d)]); });
             if (ALIAS && D < DP) {
                 __syncthreads();
                 zero_pads(sK + st * FA_NT * ST, FA_NT);

@@ -1,6 +1,6 @@
 """CPU check of the wgmma form's K/V tile layout in kernels_cu/fast_attention.cu (no GPU needed).
 
-The kernel's element offset ``el(row, col)`` for the wgmma form is read from the .cu as text and evaluated here (its
+The kernel's element offset ``tile_el(row, col)`` (attn_body's ``el``) for the wgmma form is read from the .cu as text and evaluated here (its
 C expression is also a Python expression), so these properties are the kernel's own:
 
 - it places the 64 x 128 tile's elements one to one in 16 KiB (no padding);
@@ -26,10 +26,9 @@ FA_NT, DP, THREADS = 64, 128, 128
 
 
 def _kernel_el():
-    """The WG branch of attn_body's el lambda, as a Python function of (row, col) -> element offset."""
-    m = re.search(r"auto el = \[\]\(int row, int col\) \{\s*return WG \? (.+?)\s*:\s*row \* ST \+ col;", SRC,
-                  re.DOTALL)
-    assert m, "attn_body's el lambda not found in fast_attention.cu"
+    """The WG branch of tile_el (attn_body's el), as a Python function of (row, col) -> element offset."""
+    m = re.search(r"int tile_el\(int row, int col\) \{\s*return WG \? (.+?)\s*:\s*row \* ST \+ col;", SRC, re.DOTALL)
+    assert m, "tile_el not found in fast_attention.cu"
     expr = " ".join(m.group(1).split())
     return eval(f"lambda row, col: {expr}", {"FA_NT": FA_NT})  # the kernel's own arithmetic, no outside input
 

@@ -188,6 +188,12 @@ def derived_bound(q, k, v, kc, vc, frontier, live, window, *, fp32_inputs: bool,
     return back(bound), back(y)
 
 
+def _need_wg(fa):
+    """Skip (with the reason) where the wgmma form cannot run."""
+    if not fa.wg_capable():
+        pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+
+
 def _bf16(x):
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
@@ -317,8 +323,7 @@ def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits,
     takes BF16 bits in the default layout (the slow PV reads V from the core-matrix layout), and leaves FP32 inputs
     and the aliased layout to the mma.sync kernel."""
     if form == "wgmma":
-        if not fa.wg_capable():
-            pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+        _need_wg(fa)
         monkeypatch.setattr(fa, "WGMMA", True)
     monkeypatch.setattr(fa, "SPLITS", splits)
     monkeypatch.setattr(fa, "STAGES", stages)
@@ -475,8 +480,7 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
     f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES["35B_local_B2_W16"])
     inputs = f32
     if form.startswith("wgmma"):
-        if not fa.wg_capable():
-            pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+        _need_wg(fa)
         monkeypatch.setattr(fa, "WGMMA", True)
         inputs = bits
     s = cupy.cuda.Stream(non_blocking=True)
@@ -504,8 +508,7 @@ WG_ROUND_SHAPES = {"27B_B2_W16": ROUND_SHAPES["27B_B2_W16"], "35B_local_B2_W16":
 
 @pytest.fixture
 def wg(fa, monkeypatch):
-    if not fa.wg_capable():
-        pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+    _need_wg(fa)
     monkeypatch.setattr(fa, "WGMMA", True)
     return fa
 
@@ -545,8 +548,7 @@ def test_wgmma_form_gives_the_mma_kernels_bits(cupy, fa, monkeypatch, shape, spl
     at B8 against 4), and another partition of the keys is another sum in the combine, so 3 stages are compared at
     forced counts only (v17's first run compared them at the heuristic's and found 126,058 to 473,674 elements
     differing, all of them from 2 splits against 4)."""
-    if not fa.wg_capable():
-        pytest.skip("the wgmma form needs a compute-capability 9.0 GPU (sm_90a)")
+    _need_wg(fa)
     monkeypatch.setattr(fa, "SPLITS", splits)
     _, bits, rest, _ = _round_case(cupy, *WG_ROUND_SHAPES[shape])
     outs = {}
