@@ -4,10 +4,12 @@ stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT
 HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
 warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan
 without the candidates, wrong lists; HP_PAIR 1: two candidates a lane a step; HP_TILE_COMPACT 0: no tile-end
-compaction), timed by CUDA events (median). Variants named
+compaction; HP_PROBE_X_EVERY: x loaded at every stage's first use, then every n-th stage only, wrong logits), timed by
+CUDA events (median). ``--sustain S`` also runs each variant back to back for S seconds while nvidia-smi samples the
+SM clock, the power draw and the clock-event reasons (medians and the reasons seen, per variant). Variants named
 pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
-    python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--json out.json]
+    python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--sustain 2] [--json out.json]
 
 Columns: variant, hidden rows, ms, GB/s of head bytes, fraction of 4.1 TB/s.
 """
@@ -47,6 +49,7 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_warp_rows_clocks", 120, (("HP_WARP_ROWS", 1), ("HT_PROBE_CLOCKS", 1))),
     ("pp_set2", 120, (("HP_SET", 2), ("HP_AHEAD", 4))),
     ("pp_nocand_clocks", 120, (("HP_PROBE_NO_CAND", 1), ("HT_PROBE_CLOCKS", 1))),
+    ("pp_nocand", 120, (("HP_PROBE_NO_CAND", 1),)),
     ("pp_no_epilogue_clocks", 120, (("HT_PROBE_NO_EPILOGUE", 1), ("HT_PROBE_CLOCKS", 1))),
     ("pp_pair", 120, (("HP_PAIR", 1),)),
     ("pp_tc0", 7, (("HP_TILE_COMPACT", 0),)),
@@ -58,6 +61,15 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_bisect_clocks", 120, (("HP_SEED_BISECT", 1), ("HP_WARP_ROWS", 1), ("HT_PROBE_CLOCKS", 1))),
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
+    # session v18: where the rows' cost comes from (x's L2 traffic, the selection's effect on the clocks)
+    ("pp_clocks7", 7, (("HT_PROBE_CLOCKS", 1),)),
+    ("pp_stream7", 7, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
+    ("pp_no_epilogue7", 7, (("HT_PROBE_NO_EPILOGUE", 1),)),
+    ("pp_xhalf", 120, (("HP_PROBE_X_EVERY", 2),)),
+    ("pp_xquarter", 120, (("HP_PROBE_X_EVERY", 4),)),
+    ("pp_xhalf_clocks", 120, (("HP_PROBE_X_EVERY", 2), ("HT_PROBE_CLOCKS", 1))),
+    ("pp_xhalf_no_epilogue", 120, (("HP_PROBE_X_EVERY", 2), ("HT_PROBE_NO_EPILOGUE", 1))),
+    ("pp_xonce", 120, (("HP_PROBE_X_EVERY", 1 << 30),)),
 ]
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 # the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)
@@ -88,12 +100,63 @@ def pp_timeline(c) -> dict:
             "tiles": rows}
 
 
+SMI_FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+
+def sustained(cp, launch, seconds: float) -> dict:
+    """The variant launched back to back (no L2 flush) for about ``seconds`` while ``nvidia-smi`` samples every 50 ms:
+    the median SM and memory clocks (MHz), power (W) and temperature over the samples taken while it ran, the
+    clock-event reason masks seen, and the mean time a launch (host clock over the whole run, synchronised)."""
+    import statistics
+    import subprocess
+    import time
+
+    launch()
+    cp.cuda.Device().synchronize()
+    t = time.perf_counter()
+    launch()
+    cp.cuda.Device().synchronize()
+    batch = max(1, int(0.05 / max(time.perf_counter() - t, 1e-5)))
+    try:
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
+                                "-lms", "50"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError as e:
+        return {"error": f"nvidia-smi: {e}"}
+    time.sleep(0.3)  # its first samples, before the load, are dropped below by time
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(batch):
+            launch()
+        n += batch
+        cp.cuda.Device().synchronize()
+    dt = time.perf_counter() - t0
+    smi.terminate()
+    text, _ = smi.communicate(timeout=10)
+    rows = [line.split(",") for line in text.strip().splitlines()]
+    rows = [[c.strip() for c in row] for row in rows if len(row) == 5]
+    keep = rows[len(rows) // 4:]  # the load's steady part: the first quarter covers the start
+    def med(i):
+        vals = []
+        for row in keep:
+            try:
+                vals.append(float(row[i]))
+            except ValueError:
+                pass
+        return statistics.median(vals) if vals else float("nan")
+    return {"samples": len(keep), "sm_mhz": med(0), "mem_mhz": med(1), "watts": med(2), "temp_c": med(3),
+            "reasons": sorted({row[4] for row in keep}), "ms_per_launch": dt / n * 1e3, "launches": n}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--hidden", type=int, default=5120)
     ap.add_argument("--only", default=None, help="run only the variants whose label is in this comma list")
+    ap.add_argument("--rows", default=None, help="only these hidden-row counts (comma list)")
+    ap.add_argument("--sustain", type=float, default=0.0,
+                    help="seconds of back-to-back launches per variant under nvidia-smi sampling (0: none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import cupy as cp
@@ -111,6 +174,8 @@ def main(argv=None) -> int:
     out = []
     for label, m, defines in VARIANTS:
         if args.only and label not in args.only.split(","):
+            continue
+        if args.rows and str(m) not in args.rows.split(","):
             continue
         n = fh.n_for(m)
         pp = label.startswith(("pingpong", "pp_"))
@@ -135,11 +200,18 @@ def main(argv=None) -> int:
             else:
                 r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean[0])}
                 r["epilogue_fraction"] = float(mean[0, 1] / mean[0, 0])
+        if args.sustain > 0:  # the maps made once: no host copy between the back-to-back launches
+            maps = fh.device_maps(x, w)
+            r["smi"] = sustained(cp, lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks, pp=pp, maps=maps:
+                                 fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem,
+                                           fh.PP_THREADS if pp else fh.THREADS, maps), args.sustain)
         out.append(r)
         print(json.dumps(r), flush=True)
-    print(f"\n{'variant':<12} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8}")
+    print(f"\n{'variant':<20} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8} {'MHz':>5} {'W':>4} {'ms s':>6}")
     for r in out:
-        print(f"{r['variant']:<12} {r['rows']:>4} {r['stages']:>3} {r['ms']:>7.3f} {r['GBps']:>7.0f} {r['of_4100']:>8.2f}")
+        smi = r.get("smi") or {}
+        print(f"{r['variant']:<20} {r['rows']:>4} {r['stages']:>3} {r['ms']:>7.3f} {r['GBps']:>7.0f} {r['of_4100']:>8.2f}"
+              f" {smi.get('sm_mhz', 0):>5.0f} {smi.get('watts', 0):>4.0f} {smi.get('ms_per_launch', 0):>6.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -65,14 +65,15 @@ typedef unsigned short u16;
 // as boxes of 64 rows (those starting at or past r1 are skipped: their rows are never selected), then the hidden
 // rows as one box of HT_N rows (rows >= M read as zeros: out of the map's bounds). The barrier expects every box's
 // full bytes.
+// (with_x false: the probe's HP_PROBE_X_EVERY, the hidden rows' box left out.)
 template <int VT>
 __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* wmap, const u64* xmap, int row0, int r1,
-                                         int k0) {
+                                         int k0, bool with_x = true) {
     const int boxes = min(VT / 64, (r1 - row0 + 63) / 64);
-    const unsigned bytes = boxes * 64 * HT_KC * 2 + HT_X_BYTES;
+    const unsigned bytes = boxes * 64 * HT_KC * 2 + (with_x ? HT_X_BYTES : 0);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
     for (int j = 0; j < boxes; ++j) ht_tma(sw + j * 64 * HT_KC * 2, wmap, k0, row0 + 64 * j, bar);
-    ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
+    if (with_x) ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
 }
 
 // Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
@@ -755,8 +756,14 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             for (int q = 0; q < total; ++q) {
                 const int st = q % HP_STAGES, use = q / HP_STAGES;
                 if (use > 0) ht_bar_wait(empty0 + 8 * st, (use - 1) & 1);  // its last consumer retired
+#ifdef HP_PROBE_X_EVERY  // probe switch (wrong logits): the hidden rows loaded at every stage's first use and then at
+                         // every HP_PROBE_X_EVERY-th stage only, the L2 traffic of x that a multicast would save
+                const bool with_x = use == 0 || q % HP_PROBE_X_EVERY == 0;
+#else
+                const bool with_x = true;
+#endif
                 ht_issue<HP_VT>(s0 + st * HP_STAGE_BYTES, full0 + 8 * st, wmap, xmap, r0 + q / KC * HP_VT, r1,
-                                q % KC * HT_KC);
+                                q % KC * HT_KC, with_x);
             }
         }
         __syncwarp();

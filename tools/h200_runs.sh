@@ -75,6 +75,7 @@
 #   bash tools/h200_runs.sh v16-a          # session v16: fast_wgemm's GPU tests, the GEMM A/B, the round A/B
 #   bash tools/h200_runs.sh v17-a          # session v17: the GPU files v16 left unrun, the attention benchmark
 #   bash tools/h200_runs.sh v17-b          # session v17: the attention's wgmma form: tests, benchmark, round A/B
+#   bash tools/h200_runs.sh v18-a          # session v18: the fused head's probe: x's traffic, clocks under load
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -529,6 +530,11 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step attn-wg-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py -k wgmma
       step block-round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py \
         tests/gpu/test_fast_round.py ;;
+    v18-a)  # session v18: where candidate_topk's growth with the rows comes from: the fused head's probe with x's L2
+      # traffic cut (HP_PROBE_X_EVERY), with and without the selection, each variant also run for 1.5 s under nvidia-smi
+      step head-probe timeout 500 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
+        pingpong,pp_no_epilogue,pp_no_epilogue7,pp_stream,pp_stream7,pp_nocand,pp_xhalf,pp_xquarter,pp_xonce,\
+pp_xhalf_no_epilogue,pp_clocks,pp_clocks7,pp_xhalf_clocks,pp_nocand_clocks --rows 7,120 --json "$OUT/head_probe.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
