@@ -1,6 +1,7 @@
 """Where the fused head's time goes (kernels_cu/fast_head.cu; probe, issue 12): either kernel alone over the 27B head
 (248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
-stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection; HT_PROBE_CLOCKS: cycle counts;
+stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection, the
+accumulators summed so that ptxas keeps the wgmma chain (before session v18 it dropped it); HT_PROBE_CLOCKS: cycle counts;
 HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
 warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan
 without the candidates, wrong lists; HP_PAIR 1: two candidates a lane a step; HP_TILE_COMPACT 0: no tile-end
@@ -62,14 +63,15 @@ VARIANTS = [  # (label, rows, defines)
     ("clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
     ("clocks", 120, (("HT_PROBE_CLOCKS", 1),)),
     # session v18: where the rows' cost comes from (x's L2 traffic, the selection's effect on the clocks)
-    ("pp_clocks7", 7, (("HT_PROBE_CLOCKS", 1),)),
-    ("pp_stream7", 7, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
-    ("pp_no_epilogue7", 7, (("HT_PROBE_NO_EPILOGUE", 1),)),
+    ("pp_clocks", 7, (("HT_PROBE_CLOCKS", 1),)),
+    ("pp_stream", 7, (("HT_PROBE_NO_MMA", 1), ("HT_PROBE_NO_EPILOGUE", 1))),
+    ("pp_no_epilogue", 7, (("HT_PROBE_NO_EPILOGUE", 1),)),
     ("pp_xhalf", 120, (("HP_PROBE_X_EVERY", 2),)),
     ("pp_xquarter", 120, (("HP_PROBE_X_EVERY", 4),)),
     ("pp_xhalf_clocks", 120, (("HP_PROBE_X_EVERY", 2), ("HT_PROBE_CLOCKS", 1))),
     ("pp_xhalf_no_epilogue", 120, (("HP_PROBE_X_EVERY", 2), ("HT_PROBE_NO_EPILOGUE", 1))),
     ("pp_xonce", 120, (("HP_PROBE_X_EVERY", 1 << 30),)),
+    ("pp_xonce_no_epilogue", 120, (("HP_PROBE_X_EVERY", 1 << 30), ("HT_PROBE_NO_EPILOGUE", 1))),
 ]
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 # the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)

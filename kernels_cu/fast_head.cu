@@ -61,6 +61,17 @@ typedef unsigned short u16;
 
 #include "tma_wgmma.cuh"  // ht_smem_u32, ht_desc, ht_bar_wait, ht_tma (shared with fast_wgemm.cu)
 
+// HT_PROBE_NO_EPILOGUE's use of a tile's accumulators: their sum, stored where it can do no harm only if it equals a
+// value no test data gives. Without a use ptxas drops the whole wgmma chain (the inline-asm ties that order the chain
+// emit no instruction), and the build sessions v13-v15 timed as "the GEMM without the selection" had no HGMMA left.
+#define HT_PROBE_SINK(acc, slot)                                            \
+    do {                                                                    \
+        float s_ = 0.f;                                                     \
+        _Pragma("unroll") for (int mb_ = 0; mb_ < 2; ++mb_)                \
+            _Pragma("unroll") for (int j_ = 0; j_ < HT_NACC; ++j_) s_ += acc[mb_][j_]; \
+        if (s_ == -1.5e-38f) slot = __float_as_uint(s_);                    \
+    } while (0)
+
 // Issued by one thread: the stage of VT head rows from row0 and K from k0 into the buffer at sw. The head rows come
 // as boxes of 64 rows (those starting at or past r1 are skipped: their rows are never selected), then the hidden
 // rows as one box of HT_N rows (rows >= M read as zeros: out of the map's bounds). The barrier expects every box's
@@ -229,6 +240,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #endif
             }
 #ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
+        HT_PROBE_SINK(acc, thr[0]);
         continue;
 #endif
 #ifndef HT_NO_SEED
@@ -843,6 +855,9 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         hp_bar_wg(wg);
         HP_CLOCK(3, 2);
         const int tile0 = r0 + j * HP_VT;
+#ifdef HT_PROBE_NO_EPILOGUE
+        HT_PROBE_SINK(acc, cnt[0]);
+#endif
 #ifndef HT_PROBE_NO_EPILOGUE
         // stage the logits: value (mb, 4 i + e) is head row 64 mb + 16 w4 + g + 8 (e / 2) of the tile, hidden row
         // 8 i + 2 t4 + e % 2 (the m64nN accumulator layout)

@@ -76,6 +76,7 @@
 #   bash tools/h200_runs.sh v17-a          # session v17: the GPU files v16 left unrun, the attention benchmark
 #   bash tools/h200_runs.sh v17-b          # session v17: the attention's wgmma form: tests, benchmark, round A/B
 #   bash tools/h200_runs.sh v18-a          # session v18: the fused head's probe: x's traffic, clocks under load
+#   bash tools/h200_runs.sh v18-b          # session v18: the same, the GEMM kept in the builds without selection
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -535,6 +536,11 @@ $(grep -cE '^(FAIL|ERROR) ' "$f") FAIL/ERROR, last: $(tail -n 1 "$f" | cut -c1-9
       step head-probe timeout 500 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
         pingpong,pp_no_epilogue,pp_no_epilogue7,pp_stream,pp_stream7,pp_nocand,pp_xhalf,pp_xquarter,pp_xonce,\
 pp_xhalf_no_epilogue,pp_clocks,pp_clocks7,pp_xhalf_clocks,pp_nocand_clocks --rows 7,120 --json "$OUT/head_probe.json" ;;
+      # (it stopped at the first 7-row variant, whose name made the probe pass no clock buffer: fixed for v18-b)
+    v18-b)  # session v18: the same with the GEMM kept in the no-selection builds (v13-v15's had no HGMMA left) and x cut
+      step head-probe timeout 500 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
+        pingpong,pp_no_epilogue,pp_stream,pp_nocand,pp_xhalf,pp_xquarter,pp_xonce,pp_xhalf_no_epilogue,\
+pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
