@@ -537,6 +537,12 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 #ifndef HP_PAIR
 #define HP_PAIR 0  // 1: two candidates a lane a step (v15-c: no faster than one)
 #endif
+#ifndef HP_MMA_INFLIGHT
+// 1: a stage's wgmma group stays in flight while the next stage's is issued (its buffer released once that one is
+// issued and it has retired), so the tensor cores always hold queued work; 0: each stage waits for its own group before
+// the next (sessions v14-v17). Same wgmma sequence, same bits.
+#define HP_MMA_INFLIGHT 1
+#endif
 #ifndef HP_AHEAD
 #define HP_AHEAD 2  // sets whose loads are issued ahead of the one tested
 #endif
@@ -844,9 +850,23 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             }
 #endif
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#if HP_MMA_INFLIGHT
+            // the previous stage's group retired (this one stays in flight, queued behind it on the tensor cores): its
+            // buffer may be refilled
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (kc > 0)
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * ((q - 1) % HP_STAGES))
+                             : "memory");
+#else
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
+#endif
         }
+#if HP_MMA_INFLIGHT
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the tile's last group
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * ((j * KC + KC - 1) % HP_STAGES))
+                     : "memory");
+#endif
         HP_CLOCK(2, 1);
         if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
             while (*turn != j) __nanosleep(32);

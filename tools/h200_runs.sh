@@ -77,6 +77,7 @@
 #   bash tools/h200_runs.sh v17-b          # session v17: the attention's wgmma form: tests, benchmark, round A/B
 #   bash tools/h200_runs.sh v18-a          # session v18: the fused head's probe: x's traffic, clocks under load
 #   bash tools/h200_runs.sh v18-b          # session v18: the same, the GEMM kept in the builds without selection
+#   bash tools/h200_runs.sh v18-c          # session v18: a wgmma group in flight across stages: tests, probe, A/B
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -541,6 +542,12 @@ pp_xhalf_no_epilogue,pp_clocks,pp_clocks7,pp_xhalf_clocks,pp_nocand_clocks --row
       step head-probe timeout 500 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
         pingpong,pp_no_epilogue,pp_stream,pp_nocand,pp_xhalf,pp_xquarter,pp_xonce,pp_xhalf_no_epilogue,\
 pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
+    v18-c)  # session v18: a wgmma group in flight across stages (HP_MMA_INFLIGHT): the fused head's GPU tests, the probe
+      # against the serial form (with and without the selection), the Ops' A/B
+      step head-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step head-probe timeout 300 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
+        pingpong,pp_serial,pp_no_epilogue,pp_serial_no_epilogue --rows 7,120 --json "$OUT/head_probe.json"
+      step head-ab timeout 60 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
