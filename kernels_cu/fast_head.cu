@@ -87,6 +87,19 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
     if (with_x) ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
 }
 
+#ifndef HP_L2_AHEAD
+#define HP_L2_AHEAD 0  // the ping-pong producer's L2 prefetch distance in stages (0: none)
+#endif
+// A stage's head boxes (as ht_issue's) prefetched into L2 by the tensor copy engine, no shared memory, no barrier.
+template <int VT>
+__device__ __forceinline__ void ht_prefetch_l2(const u64* wmap, int row0, int r1, int k0) {
+    const int boxes = min(VT / 64, (r1 - row0 + 63) / 64);
+    for (int j = 0; j < boxes; ++j)
+        asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(wmap), "r"(k0),
+                     "r"(row0 + 64 * j)
+                     : "memory");
+}
+
 // Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
 // floor(b units / G) in 32-bit arithmetic (b <= G < 2^15, the grid): b q + floor(b r / G) for units = q G + r, no
 // 64-bit division (a called subroutine whose register convention made ptxas spill the ping-pong kernel's row range).
@@ -537,12 +550,6 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 #ifndef HP_PAIR
 #define HP_PAIR 0  // 1: two candidates a lane a step (v15-c: no faster than one)
 #endif
-#ifndef HP_MMA_INFLIGHT
-// 1: a stage's wgmma group stays in flight while the next stage's is issued (its buffer released once that one is
-// issued and it has retired), so the tensor cores always hold queued work; 0: each stage waits for its own group before
-// the next (sessions v14-v17). Same wgmma sequence, same bits.
-#define HP_MMA_INFLIGHT 1
-#endif
 #ifndef HP_AHEAD
 #define HP_AHEAD 2  // sets whose loads are issued ahead of the one tested
 #endif
@@ -782,6 +789,12 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #endif
                 ht_issue<HP_VT>(s0 + st * HP_STAGE_BYTES, full0 + 8 * st, wmap, xmap, r0 + q / KC * HP_VT, r1,
                                 q % KC * HT_KC, with_x);
+#if HP_L2_AHEAD
+                // the head of the stage HP_L2_AHEAD further on into L2 now, so that its tensor copy, issued once a
+                // buffer frees, waits on L2 and not on DRAM
+                const int qa = q + HP_L2_AHEAD;
+                if (qa < total) ht_prefetch_l2<HP_VT>(wmap, r0 + qa / KC * HP_VT, r1, qa % KC * HT_KC);
+#endif
             }
         }
         __syncwarp();
@@ -850,23 +863,9 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             }
 #endif
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#if HP_MMA_INFLIGHT
-            // the previous stage's group retired (this one stays in flight, queued behind it on the tensor cores): its
-            // buffer may be refilled
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            if (kc > 0)
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * ((q - 1) % HP_STAGES))
-                             : "memory");
-#else
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
-#endif
         }
-#if HP_MMA_INFLIGHT
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the tile's last group
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * ((j * KC + KC - 1) % HP_STAGES))
-                     : "memory");
-#endif
         HP_CLOCK(2, 1);
         if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
             while (*turn != j) __nanosleep(32);

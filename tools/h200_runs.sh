@@ -78,6 +78,7 @@
 #   bash tools/h200_runs.sh v18-a          # session v18: the fused head's probe: x's traffic, clocks under load
 #   bash tools/h200_runs.sh v18-b          # session v18: the same, the GEMM kept in the builds without selection
 #   bash tools/h200_runs.sh v18-c          # session v18: a wgmma group in flight across stages: tests, probe, A/B
+#   bash tools/h200_runs.sh v18-d          # session v18: the head prefetched into L2 ahead of the stages
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -548,6 +549,12 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step head-probe timeout 300 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
         pingpong,pp_serial,pp_no_epilogue,pp_serial_no_epilogue --rows 7,120 --json "$OUT/head_probe.json"
       step head-ab timeout 60 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
+      # (the in-flight form was slower everywhere, 0.629 / 0.679 / 0.940 ms at 7 / 120 / 128 rows against 0.611 / 0.658 /
+      # 0.713: it holds each buffer until the next stage lands, a stage less of look-ahead; removed after 6ab1787)
+    v18-d)  # session v18: the producer's L2 prefetch of the head (HP_L2_AHEAD): the probe at 4..32 stages ahead
+      step head-probe timeout 400 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
+        pingpong,pp_no_epilogue,pp_l2a4,pp_l2a8,pp_l2a16,pp_l2a32,pp_l2a16_no_epilogue --rows 7,120,128 \
+        --json "$OUT/head_probe.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
