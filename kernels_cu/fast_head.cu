@@ -153,7 +153,7 @@ __device__ __forceinline__ void ht_compact(u64* buf, u64* thr, int* cnt, int M, 
 
 extern "C" __global__ void __launch_bounds__(HT_THREADS, 1)
 fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
-               float* __restrict__ dump) {
+               float* __restrict__ dump, u64* __restrict__ gthr) {  // gthr: the ping-pong kernel's (unused here)
     extern __shared__ unsigned char ht_raw[];
     // the stages 1024-byte aligned (the swizzle pattern's period; HT_SMEM_BYTES has the slack)
     unsigned char* base = ht_raw + ((1024 - (ht_smem_u32(ht_raw) & 1023)) & 1023);
@@ -587,9 +587,30 @@ __device__ __forceinline__ void hp_offer(u64 key, int e, u64 t, u64* rowbuf, int
 
 __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z.x, z.y), fmaxf(z.z, z.w)); }
 
+// Shared thresholds (HP_SHARED_THR). Every key a block drops is beaten by k keys: its threshold t, a key of its own
+// range or row word 0 below a value k of its keys reach, has k keys >= t. So t bounds the row's k-th best key over the
+// whole head from below, and every block may drop what is below any block's t: a key z < t has k keys above it (keys
+// are distinct; z == t only in t's own block, which keeps t). The lane form publishes each row's threshold after a tile
+// (atomicMax into gthr[n], the kernel's last argument: a u64 a hidden row, zeroed before each launch, where it rose
+// past the value read) and starts each tile from max(its own, gthr[n]), read
+// from L2 (the other blocks' atomics). A block's list then holds only the keys of its range above the thresholds it
+// saw, fewer than k where others did better; the merge's result is the same top k, since every key of the global
+// top k passes every threshold. The sets' test drops most of a tile once the thresholds are shared (each block's
+// first tile still seeds its own). The lists depend on the blocks' timing; the merged top k does not.
+#ifndef HP_SHARED_THR
+#define HP_SHARED_THR 1
+#endif
+__device__ __forceinline__ u64 hp_shared_thr(const u64* gthr, int n, int M) {
+#if HP_SHARED_THR
+    return n < M ? __ldcg(gthr + n) : 0ull;
+#else
+    return 0ull;
+#endif
+}
+
 __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u64* __restrict__ buf,
                                                 u64* __restrict__ thr, int* __restrict__ cnt, int M, int k, int tile0,
-                                                int nv, int n, int lane
+                                                int nv, int n, int lane, u64* __restrict__ gthr, u64 g
 #ifdef HT_PROBE_CLOCKS
                                                 , unsigned long long& comps
 #endif
@@ -598,7 +619,8 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
     if (n - lane >= M) return;  // a warp without a live row (few hidden rows): nothing to do
     const bool live = n < M;
     const float4* row = reinterpret_cast<const float4*>(lg + (live ? n : 0) * HP_LS);
-    u64 t = live ? thr[n] : 0ull;
+    // the row's threshold: its own, or the shared one where higher (HP_SHARED_THR; g is 0 without it)
+    u64 t = live ? max(thr[n], g) : 0ull;
     int c = live ? cnt[n] : 0;
     if (__any_sync(full, live && t == 0ull && c == 0)) {  // a list still empty: the seed
         u32 top[16] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};  // descending (k <= 16)
@@ -685,7 +707,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
 #endif
                 const u64 kth = ht_keep_best(buf + nl * HP_BS, HT_CAP, k, lane);
                 if (lane == L) {
-                    t = kth;
+                    t = max(t, kth);  // the buffer may hold keys of earlier tiles below a shared threshold
                     c = k;
                     every = (t >> 32) <= 1ull;
                     f = key_float(t);
@@ -730,7 +752,7 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                 if (i < k) buf[n * HP_BS + i] = top[i];
                 kth = i < k ? min(kth, top[i]) : kth;
             }
-            t = kth;
+            t = max(t, kth);
             c = k;
         }
     }
@@ -738,12 +760,15 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
     if (live) {
         thr[n] = t;
         cnt[n] = c;
+#if HP_SHARED_THR
+        if (t > g) atomicMax(reinterpret_cast<unsigned long long*>(gthr + n), (unsigned long long)t);
+#endif
     }
 }
 
 extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
 fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, int k, u64* __restrict__ partial,
-                  float* __restrict__ dump) {
+                  float* __restrict__ dump, u64* __restrict__ gthr) {
     extern __shared__ unsigned char ht_raw[];
     unsigned char* base = ht_raw + ((1024 - (ht_smem_u32(ht_raw) & 1023)) & 1023);
     float* lg = reinterpret_cast<float*>(base + HP_STAGES * HP_STAGE_BYTES);
@@ -867,6 +892,8 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
         }
         HP_CLOCK(2, 1);
+        // this lane's row's shared threshold, read before the waits and the staging hide its latency
+        const u64 g = hp_shared_thr(gthr, 32 * w4 + lane, M);
         if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
             while (*turn != j) __nanosleep(32);
         }
@@ -896,7 +923,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #ifdef HP_WARP_ROWS
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, 4, lane
 #else
-        hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * w4 + lane, lane
+        hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * w4 + lane, lane, gthr, g
 #endif
 #ifdef HT_PROBE_CLOCKS
                   , pc[7]
@@ -931,7 +958,8 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         );
 #else
         if (warp < 4)  // a lane a hidden row: the first warpgroup's 128 lanes
-            hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * warp + lane, lane
+            hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * warp + lane, lane, gthr,
+                            hp_shared_thr(gthr, 32 * warp + lane, M)
 #ifdef HT_PROBE_CLOCKS
                             , last_comps
 #endif
@@ -948,7 +976,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 
 #else  // not sm_90a: no wgmma; fast_head.py launches this module only when built for sm_90a
 
-extern "C" __global__ void fast_head_topk(const u64*, int, int, int, int, int, u64*, float*) { __trap(); }
-extern "C" __global__ void fast_head_topk_pp(const u64*, int, int, int, int, int, u64*, float*) { __trap(); }
+extern "C" __global__ void fast_head_topk(const u64*, int, int, int, int, int, u64*, float*, u64*) { __trap(); }
+extern "C" __global__ void fast_head_topk_pp(const u64*, int, int, int, int, int, u64*, float*, u64*) { __trap(); }
 
 #endif

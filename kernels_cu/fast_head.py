@@ -8,8 +8,8 @@ the final k; the logits never reach memory. Two kernels (``PINGPONG`` picks, def
 
 - fast_head_topk_pp: two consumer warpgroups take turns over 128-row tiles, one computing on the stream while the
   other selects from the tile's logits staged in shared memory (a lane a hidden row, each row compacted at the
-  tile's end; up to ``WARP_FORM_MAX_ROWS`` hidden rows, or wherever ``SELECT_DEFINES`` says so, v14's warp-a-row
-  form), a producer warpgroup issuing the tensor
+  tile's end, its threshold shared with the other blocks through global memory; up to ``WARP_FORM_MAX_ROWS`` hidden
+  rows, or wherever ``SELECT_DEFINES`` says so, v14's warp-a-row form), a producer warpgroup issuing the tensor
   copies (fast_head.cu's header says how the turns keep the barriers' phases apart);
 - fast_head_topk (v13): 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56
   rows on (its selection is not hidden), kept as the switch's other side and the probe's reference.
@@ -224,13 +224,18 @@ def grid(Vr: int) -> int:
     return max(1, min(sms, -(-Vr // VT)))
 
 
+MAPS_WORDS = 32 + NMAX  # device_maps: the two 128-byte tensor maps, then the shared thresholds, a u64 a hidden row
+
+
 def device_maps(x, w):
     """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
     must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
-    and head). They hold the arrays' addresses: valid while both arrays live, unmoved."""
+    and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast_head.cu HP_SHARED_THR), which
+    each launch zeroes first. The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
     import cupy as cp
 
-    return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0]))]))
+    return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0])),
+                                      np.zeros(NMAX, np.uint64)]))
 
 
 def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) -> None:
@@ -254,20 +259,34 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
     defines = (select_defines(M) if PINGPONG else ()) + (() if dump is None else (("HT_DUMP", 1),))  # dump: tests
-    if maps is not None and (maps.shape != (32,) or maps.dtype != np.uint64):
-        raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s (32,) uint64")
+    if maps is not None and (maps.shape != (MAPS_WORDS,) or maps.dtype != np.uint64):
+        raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s ({MAPS_WORDS},) uint64")
     _, fn = _kernel(n, defines, None, PINGPONG)
     launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if PINGPONG else smem_bytes(n),
            PP_THREADS if PINGPONG else THREADS, maps)
 
 
+def _zero_shared_thresholds(gthr) -> None:
+    """The shared thresholds zeroed on the current stream before a launch (a memset: a node of a captured graph). A
+    launch that read a previous launch's thresholds would drop keys of its own top k (tests/gpu/test_fast_head.py
+    shows the result changes without this)."""
+    import cupy as cp
+
+    cp.cuda.runtime.memsetAsync(gthr.data.ptr, 0, gthr.nbytes, cp.cuda.get_current_stream().ptr)
+
+
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
            maps=None) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel) unless given there, then the grid."""
+    the stream before the kernel) unless given there, the shared thresholds zeroed (a memset on the stream: a node of
+    a captured graph), then the grid."""
+
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
+    gthr = maps[32:]
+    _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
-                                 np.int32(k), partial, dump if dump is not None else np.uint64(0)), shared_mem=smem)
+                                 np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),
+       shared_mem=smem)

@@ -20,6 +20,9 @@ checked against an independent formulation: a set of 16 values skipped when its 
 threshold's float (it must never skip a key above the threshold, with NaN, -0, Inf and flushed subnormals), and
 the seed's k-th group maximum kept by insertion into k registers (against a sort); and its tile-end compaction
 (each lane its own row: the kept keys inserted into k registers), in the block model and on its own, with a mutant.
+Shared thresholds (HP_SHARED_THR): several blocks' tiles interleaved at random, each starting from the highest
+published threshold it read (possibly a stale one), give the plain top k once merged; a mutant that publishes a
+row's best key instead of its threshold loses keys.
 """
 
 from __future__ import annotations
@@ -221,12 +224,38 @@ def lane_tile_compact(buf: list[int], t: int, c: int, k: int, move_on: bool = Tr
     return min(top), k
 
 
+def pp_row_tile(keys: list[int], buf: list[int], t: int, c: int, k: int, seed: str = "lanemax",
+                tile_compact: bool = False, g: int = 0) -> tuple[int, int]:
+    """One hidden row's tile in the ping-pong kernel: its threshold t raised to the shared one g (0: none), the seed
+    while the list is empty (and g is 0), every key above the threshold offered in head-row order, a full buffer with
+    keys left compacted (sorted, best k kept, threshold raised to the k-th) and the left keys filtered again, and
+    (tile_compact, the lane form) the tile-end compaction. Returns the row's (threshold, count)."""
+    t = max(t, g)
+    if t == 0 and c == 0:
+        t = pp_seed(keys, k, seed)
+    left = [key for key in keys if key > t]
+    while left:
+        room = CAP - c
+        for j, key in enumerate(left[:room]):
+            buf[c + j] = key
+        if len(left) <= room:
+            c += len(left)
+            break
+        left = left[room:]
+        kept = sorted(buf, reverse=True)[:k]  # compaction: the buffer is full
+        buf[:k] = kept
+        t, c = max(t, kept[k - 1]), k
+        left = [key for key in left if key > t]
+    if tile_compact and c > k:  # the lane form's tile end (HP_TILE_COMPACT)
+        kth, c = lane_tile_compact(buf, t, c, k)
+        t = max(t, kth)
+    return t, c
+
+
 def model_pp_block(z: np.ndarray, k: int, nv_total: int, seed: str = "lanemax",
                    tile_compact: bool = False) -> list[list[int]]:
     """The kept keys of each hidden row for one block of the ping-pong kernel: z [rows, N] float32 (row ids
-    0..rows-1), the first nv_total rows eligible. Per tile and row: seed while the list is empty, offer every key
-    above the threshold, slots in order; a full buffer with keys left is compacted (sorted, best k kept, threshold
-    the k-th) and the left keys filtered again; at the end every row down to k."""
+    0..rows-1), the first nv_total rows eligible, each tile and row by pp_row_tile, at the end every row down to k."""
     rows, N = z.shape
     buf = [[0] * CAP for _ in range(N)]
     cnt, thr = [0] * N, [0] * N
@@ -234,25 +263,7 @@ def model_pp_block(z: np.ndarray, k: int, nv_total: int, seed: str = "lanemax",
         nv = min(PP_VT, nv_total - t0)
         for n in range(N):
             keys = [fk_key(z[t0 + v, n], t0 + v) if v < nv and t0 + v < rows else 0 for v in range(PP_VT)]
-            t, c = thr[n], cnt[n]
-            if t == 0 and c == 0:
-                t = pp_seed(keys, k, seed)
-            left = [key for key in keys if key > t]
-            while left:
-                room = CAP - c
-                for j, key in enumerate(left[:room]):
-                    buf[n][c + j] = key
-                if len(left) <= room:
-                    c += len(left)
-                    break
-                left = left[room:]
-                kept = sorted(buf[n], reverse=True)[:k]  # compaction: the buffer is full
-                buf[n][:k] = kept
-                t, c = kept[k - 1], k
-                left = [key for key in left if key > t]
-            if tile_compact and c > k:  # the lane form's tile end (HP_TILE_COMPACT)
-                t, c = lane_tile_compact(buf[n], t, c, k)
-            thr[n], cnt[n] = t, c
+            thr[n], cnt[n] = pp_row_tile(keys, buf[n], thr[n], cnt[n], k, seed, tile_compact)
     out = []
     for n in range(N):
         kept = sorted(buf[n][:cnt[n]], reverse=True)[:k]
@@ -410,3 +421,68 @@ def test_tile_compaction_mutant_that_drops_the_displaced_key():
     b2 = list(buf)
     lane_tile_compact(b2, 0, 5, 4, move_on=False)
     assert sorted(b2[:4], reverse=True) != [9, 8, 7, 5]
+
+
+# ---- shared thresholds (fast_head.cu HP_SHARED_THR): the blocks publish each row's threshold, every block filters
+# by the highest it has read
+def model_shared(z: np.ndarray, k: int, nv_total: int, blocks: int, rng, stale: float = 0.3,
+                 publish: str = "threshold", schedule: list[int] | None = None) -> list[list[int]]:
+    """The merged top k of ``blocks`` ping-pong blocks (contiguous row ranges, the lane form) whose tiles run in a
+    random interleaving (or ``schedule``, a block index per step), each tile's rows starting from max(own threshold,
+    a shared value read: the current one, or with probability ``stale`` an older one, as a read that raced the
+    atomics), publishing the threshold after the tile where it rose past the value read. publish "best": a mutant
+    that publishes the row's best key (one key backs it, not k)."""
+    rows, N = z.shape
+    cuts = [rows * b // blocks for b in range(blocks + 1)]
+    state = [{"buf": [[0] * CAP for _ in range(N)], "cnt": [0] * N, "thr": [0] * N, "t0": cuts[b]}
+             for b in range(blocks)]
+    history = [[0] * N]  # the shared thresholds after each publication
+    steps = list(schedule) if schedule is not None else None
+    while True:
+        live = [b for b in range(blocks) if state[b]["t0"] < cuts[b + 1]]
+        if not live:
+            break
+        b = steps.pop(0) if steps else int(rng.choice(live))
+        if b not in live:
+            continue
+        st_, t0 = state[b], state[b]["t0"]
+        shared = list(history[-1] if rng.random() >= stale else history[int(rng.integers(len(history)))])
+        for n in range(N):
+            keys = [fk_key(z[r, n], r) if r < min(cuts[b + 1], nv_total) else 0 for r in range(t0, t0 + PP_VT)]
+            t, c = pp_row_tile(keys, st_["buf"][n], st_["thr"][n], st_["cnt"][n], k, "lanemax", True, shared[n])
+            st_["thr"][n], st_["cnt"][n] = t, c
+            out = max(st_["buf"][n][:c], default=0) if publish == "best" else t
+            if out > shared[n]:
+                history.append(list(history[-1]))
+                history[-1][n] = max(history[-1][n], out)
+        st_["t0"] = min(t0 + PP_VT, cuts[b + 1])
+    merged = []
+    for n in range(N):
+        keys = [key for st_ in state for key in st_["buf"][n][:st_["cnt"][n]] if key]
+        merged.append(sorted(keys, reverse=True)[:k])
+    return merged
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["gauss", "grid", "zeros", "rising", "special"]), rows=st.integers(1, 1500),
+       n=st.integers(1, 3), k=st.integers(1, 16), cut=st.integers(0, 300), blocks=st.integers(1, 6),
+       seed=st.integers(0, 2**31 - 1))
+def test_shared_thresholds_keep_the_top_k_whatever_the_interleaving(kind, rows, n, k, cut, blocks, seed):
+    """Whatever order the blocks' tiles run in and whichever published value each read sees, the merged lists are
+    the plain top k of the eligible rows."""
+    rng = np.random.default_rng(seed)
+    z = _values(kind, rows, n, rng)
+    nv = max(rows - cut, 0)
+    assert model_shared(z, k, nv, blocks, rng) == plain_topk_eligible(z, k, nv)
+
+
+def test_shared_threshold_mutant_that_publishes_the_best_key():
+    """A published threshold must be backed by k keys. Block 0 holds the row's largest logit, block 1 the next
+    fifteen: with block 0's best key published first, block 1 drops all fifteen and the merged top 16 loses them."""
+    z = np.full((2 * PP_VT, 1), -5.0, np.float32)
+    z[3, 0] = 100.0
+    z[PP_VT:PP_VT + 15, 0] = np.arange(50, 65, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    want = plain_topk_eligible(z, 16, 2 * PP_VT)
+    assert model_shared(z, 16, 2 * PP_VT, 2, rng, stale=0.0, schedule=[0, 1]) == want
+    assert model_shared(z, 16, 2 * PP_VT, 2, rng, stale=0.0, publish="best", schedule=[0, 1]) != want

@@ -79,6 +79,7 @@
 #   bash tools/h200_runs.sh v18-b          # session v18: the same, the GEMM kept in the builds without selection
 #   bash tools/h200_runs.sh v18-c          # session v18: a wgmma group in flight across stages: tests, probe, A/B
 #   bash tools/h200_runs.sh v18-d          # session v18: the head prefetched into L2 ahead of the stages
+#   bash tools/h200_runs.sh v18-e          # session v18: thresholds shared between the blocks: tests, probe, A/B
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -555,6 +556,13 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step head-probe timeout 400 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
         pingpong,pp_no_epilogue,pp_l2a4,pp_l2a8,pp_l2a16,pp_l2a32,pp_l2a16_no_epilogue --rows 7,120,128 \
         --json "$OUT/head_probe.json" ;;
+      # (the prefetch was slower at every distance, 0.78-1.10 ms against 0.607 / 0.648 at 7 / 120 rows; left as a switch)
+    v18-e)  # session v18: the blocks share their thresholds (HP_SHARED_THR): the fused head's GPU tests, the probe against
+      # each block's own thresholds (clocks too), the Ops' A/B, the round A/B
+      step head-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step head-probe timeout 300 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
+        pingpong,pp_own_thr,pp_clocks,pp_own_thr_clocks,pp_no_epilogue --rows 7,120,128 --json "$OUT/head_probe.json"
+      step head-ab timeout 60 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -12,7 +12,9 @@
 - Routing: FastCudaBackend.candidate_topk / proposal_head take the kernel where fast_head.applies, and
   give what the dump + C4 gives; a shortlist, k > 16 or more than 128 rows keeps the cuBLAS path.
 - Capture: with tensor maps made once in device memory (FastRound's workspaces) a captured launch gives the
-  host-copy launch's lists and replays values written in place.
+  host-copy launch's top k and replays values written in place.
+- Shared thresholds (the lane form's, fast_head.cu HP_SHARED_THR): zeroed before every launch, so a launch with
+  maps made once never keeps keys below an earlier launch's thresholds (and the test fails where they are not).
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers. The kernel needs a
 compute-capability 9.0 GPU (wgmma): elsewhere these tests skip, saying so.
 """
@@ -102,13 +104,15 @@ CASES = [  # (kind, M, Vr, H, k, n_elig)
 ]
 
 
-@pytest.mark.parametrize(("pingpong", "select"), [(False, ()), (True, ()), (True, (("HP_WARP_ROWS", 1),))],
-                         ids=["single", "pingpong", "pingpong_warp_rows"])
+@pytest.mark.parametrize(("pingpong", "select"), [(False, ()), (True, ()), (True, (("HP_WARP_ROWS", 1),)),
+                                                (True, (("HP_SHARED_THR", 0),))],
+                         ids=["single", "pingpong", "pingpong_warp_rows", "pingpong_own_thresholds"])
 @pytest.mark.parametrize(("kind", "m", "vr", "h", "k", "n_elig"), CASES)
 def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, monkeypatch, kind, m, vr, h, k, n_elig, pingpong, select):
     """Both kernels: fast_head_topk and the ping-pong fast_head_topk_pp (fast_head.PINGPONG), the latter with its
-    default selection (a lane a hidden row) and v14's (a warp a hidden row: fast_head.SELECT_DEFINES, round_ab's
-    head_warp_rows)."""
+    default selection (a lane a hidden row, thresholds shared between the blocks), v14's (a warp a hidden row:
+    fast_head.SELECT_DEFINES, round_ab's head_warp_rows) and the lane form with each block's own thresholds only
+    (HP_SHARED_THR 0, sessions v15-v17)."""
     monkeypatch.setattr(fh, "PINGPONG", pingpong)
     monkeypatch.setattr(fh, "SELECT_DEFINES", select)
     monkeypatch.setattr(fh, "WARP_FORM_MAX_ROWS", 0)  # the lane form at few rows too (the Ops route the warp form)
@@ -216,21 +220,32 @@ def test_refusals_name_the_problem(cupy, fh):
         fh.topk_partial_into(x.astype(cp.float32), w, 500, 4, cp.zeros((4, g, 4), cp.uint64))
 
 
-def test_device_maps_make_the_launch_capturable_with_the_same_lists(cupy, fh):
+def _merged(cp, partial, vr, k):
+    """The blocks' lists merged (fast.py's merge_into, no multiplier or softcap): (ids, scores) on the host."""
+    from kernels_cu.fast import merge_into
+
+    m = partial.shape[0]
+    scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
+    merge_into(partial, None, None, vr, k, 0.0, 0.0, scores, ids)
+    return cp.asnumpy(ids), cp.asnumpy(scores)
+
+
+def test_device_maps_make_the_launch_capturable_with_the_same_top_k(cupy, fh):
     """FastRound's graph launches the kernel with tensor maps made once in device memory (fast_head.device_maps): a
-    captured launch gives the lists the host-copy launch gives, and a replay reads new values written in place into
-    the same buffers (the maps hold addresses, not values)."""
+    captured launch gives the top k the host-copy launch gives, and a replay reads new values written in place into
+    the same buffers (the maps hold addresses, not values). The merged top k, not the blocks' lists: with shared
+    thresholds a block's list depends on when the others published theirs."""
     cp = cupy
     m, vr, h, k, elig = 24, 30_000, 256, 8, 29_000
     x, w = (cp.asarray(a) for a in _inputs("gauss", m, vr, h, seed=21))
     g = fh.grid(vr)
 
-    def host_copy_lists():
+    def host_copy_top_k():
         ref = cp.zeros((m, g, k), cp.uint64)
         fh.topk_partial_into(x, w, elig, k, ref)
-        return cp.asnumpy(ref)
+        return _merged(cp, ref, vr, k)
 
-    ref = host_copy_lists()
+    ref = host_copy_top_k()
     maps = fh.device_maps(x, w)
     out = cp.zeros((m, g, k), cp.uint64)
     s = cp.cuda.Stream(non_blocking=True)
@@ -240,13 +255,47 @@ def test_device_maps_make_the_launch_capturable_with_the_same_lists(cupy, fh):
         graph = s.end_capture()
         graph.launch(s)
     s.synchronize()
-    assert np.array_equal(cp.asnumpy(out), ref)
+    got = _merged(cp, out, vr, k)
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
     x[...] = cp.asarray(_inputs("gauss", m, vr, h, seed=22)[0])  # new hidden rows, same buffer
-    ref2 = host_copy_lists()
-    assert not np.array_equal(ref2, ref)
+    ref2 = host_copy_top_k()
+    assert not np.array_equal(ref2[0], ref[0])
     with s:
         graph.launch(s)
     s.synchronize()
-    assert np.array_equal(cp.asnumpy(out), ref2)
+    got = _merged(cp, out, vr, k)
+    assert np.array_equal(got[0], ref2[0]) and np.array_equal(got[1], ref2[1])
     with pytest.raises(ValueError, match="maps"):
-        fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(16, cp.uint64))
+        fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(32, cp.uint64))
+
+
+def test_shared_thresholds_are_zeroed_before_each_launch(cupy, fh, monkeypatch):
+    """Maps made once (FastRound's) carry the shared thresholds from launch to launch: each launch zeroes them first.
+    A launch on hidden rows 4096 times larger, then one on the small rows through the same maps, must give the small
+    rows' own top k (as a launch with maps made anew). Without the zeroing (the hook replaced) the large rows'
+    thresholds are above every small logit and the second launch's lists come back empty: the check fails, so it
+    can."""
+    cp = cupy
+    m, vr, h, k, elig = 24, 60_000, 256, 8, 60_000  # 24 rows: the lane form (above WARP_FORM_MAX_ROWS)
+    xs, wb = _inputs("gauss", m, vr, h, seed=5)
+    x_small = _bits(_f64(xs) / 64.0)
+    x_large = _bits(_f64(xs) * 64.0)
+    x, w = cp.asarray(x_large), cp.asarray(wb)
+    g = fh.grid(vr)
+    maps = fh.device_maps(x, w)
+
+    def second_launch_is_its_own():
+        out = cp.zeros((m, g, k), cp.uint64)
+        x[...] = cp.asarray(x_large)
+        fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+        x[...] = cp.asarray(x_small)
+        fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+        fresh = cp.zeros((m, g, k), cp.uint64)
+        fh.topk_partial_into(x, w, elig, k, fresh, maps=fh.device_maps(x, w))
+        got, want = _merged(cp, out, vr, k), _merged(cp, fresh, vr, k)
+        assert (want[0] >= 0).all()
+        return np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+    assert second_launch_is_its_own()
+    monkeypatch.setattr(fh, "_zero_shared_thresholds", lambda gthr: None)
+    assert not second_launch_is_its_own(), "stale thresholds went unnoticed: the check above cannot fail"
