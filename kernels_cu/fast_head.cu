@@ -893,7 +893,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         }
         HP_CLOCK(2, 1);
         // this lane's row's shared threshold, read before the waits and the staging hide its latency
-        const u64 g = hp_shared_thr(gthr, 32 * w4 + lane, M);
+        const u64 shared_t = hp_shared_thr(gthr, 32 * w4 + lane, M);
         if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
             while (*turn != j) __nanosleep(32);
         }
@@ -923,7 +923,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #ifdef HP_WARP_ROWS
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, 4, lane
 #else
-        hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * w4 + lane, lane, gthr, g
+        hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * w4 + lane, lane, gthr, shared_t
 #endif
 #ifdef HT_PROBE_CLOCKS
                   , pc[7]

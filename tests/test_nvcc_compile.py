@@ -116,7 +116,7 @@ def test_wgmma_probe_builds_for_sm_90a(tmp_path):
 
 def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Build ``text`` (a module's NVRTC source) with nvcc for sm_90a and the loader's options (and ``extra``); assert
-    it compiles and ptxas names no C7515 serialization of a wgmma chain; return ptxas's (stack frame, spill stores,
+    it compiles, with no unused variable, and ptxas names no C7515 serialization of a wgmma chain; return ptxas's (stack frame, spill stores,
     spill loads) per kernel. The cubin is left at tmp_path / f"{name}.cubin"."""
     src = tmp_path / f"{name}.cu"
     src.write_text(text)
@@ -126,6 +126,9 @@ def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) 
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
     assert "C7515" not in proc.stderr, proc.stderr
+    # a variable declared and never used: session v18's shadowing bug (a u64 named like the lane's accumulator row
+    # offset g, so the staging indexed shared memory by a threshold) showed only as this warning on the outer g
+    assert "declared but never referenced" not in proc.stderr, proc.stderr
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
     assert frames, proc.stderr
     return frames
