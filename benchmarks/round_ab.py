@@ -76,6 +76,7 @@ CONFIGS = {
     "head_unfused": {"kernels_cu.fast_head.ENABLED": False},
     "head_warp_rows": {"kernels_cu.fast_head.SELECT_DEFINES": (("HP_WARP_ROWS", 1),)},
     "head_lanes_all": {"kernels_cu.fast_head.WARP_FORM_MAX_ROWS": 0},
+    "head_own_thr": {"kernels_cu.fast_head.SHARED_THRESHOLDS": False},
     "wgemm": {"kernels_cu.fast_wgemm.ENABLED": True},
     "wgemm_nopdl": {"kernels_cu.fast_wgemm.ENABLED": True, "kernels_cu.fast_wgemm.PDL": False},
     "attn_mma": {"kernels_cu.fast_attention.WGMMA": False},

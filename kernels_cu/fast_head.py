@@ -85,12 +85,18 @@ WARP_FORM = (("HP_WARP_ROWS", 1),)
 WARP_FORM_MAX_ROWS = 8
 
 
+# The lane form's thresholds shared between the blocks (fast_head.cu HP_SHARED_THR); False: each block's own only
+# (sessions v15-v17; round_ab's config head_own_thr)
+SHARED_THRESHOLDS = True
+
+
 def select_defines(M: int) -> tuple[tuple[str, int], ...]:
     """The selection's defines for M hidden rows: SELECT_DEFINES where set, else the warp form up to
-    WARP_FORM_MAX_ROWS rows and the lane form above."""
+    WARP_FORM_MAX_ROWS rows and the lane form above; HP_SHARED_THR 0 added where SHARED_THRESHOLDS is off."""
+    own = () if SHARED_THRESHOLDS else (("HP_SHARED_THR", 0),)
     if SELECT_DEFINES:
-        return SELECT_DEFINES
-    return WARP_FORM if M <= WARP_FORM_MAX_ROWS else ()
+        return SELECT_DEFINES + own
+    return (WARP_FORM if M <= WARP_FORM_MAX_ROWS else ()) + own
 
 
 PP_THREADS = 384  # fast_head.cu HP_THREADS

@@ -80,6 +80,7 @@
 #   bash tools/h200_runs.sh v18-c          # session v18: a wgmma group in flight across stages: tests, probe, A/B
 #   bash tools/h200_runs.sh v18-d          # session v18: the head prefetched into L2 ahead of the stages
 #   bash tools/h200_runs.sh v18-e          # session v18: thresholds shared between the blocks: tests, probe, A/B
+#   bash tools/h200_runs.sh v18-f          # session v18: the round A/B, the head Ops' geometries
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -563,6 +564,11 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step head-probe timeout 300 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
         pingpong,pp_own_thr,pp_clocks,pp_own_thr_clocks,pp_no_epilogue --rows 7,120,128 --json "$OUT/head_probe.json"
       step head-ab timeout 60 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
+    v18-f)  # session v18: the round A/B with and without the shared thresholds, then the head Ops' geometries (27B
+      # candidate_topk B1 and B8 W16, 35B proposal_head: three processes at once), cut at GEO_DEADLINE s (default 300)
+      step round-ab timeout 170 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_own_thr,default --rounds 3 \
+        --json "$OUT/round_ab.json"
+      head_geos "${GEO_DEADLINE:-300}" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
