@@ -400,7 +400,8 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 //   warp a hidden row (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its
 //   rows ran one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list
 //   is empty its threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k
-//   logits >= f, so the smallest key of value f (row word 0) may be the threshold. The block's last tile, which
+//   logits >= f, so the smallest key of value f (row word 0) may be the threshold. The lane form shares each row's threshold with
+//   the other blocks through global memory (HP_SHARED_THR, at hp_shared_thr below). The block's last tile, which
 //   nothing overlaps, is selected after the loop (the lane form: the first warpgroup; the warp form: both).
 // Turns (two tokens in shared memory): the selections run in tile order, one at a time (they share the staging
 // area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last

@@ -81,6 +81,7 @@
 #   bash tools/h200_runs.sh v18-d          # session v18: the head prefetched into L2 ahead of the stages
 #   bash tools/h200_runs.sh v18-e          # session v18: thresholds shared between the blocks: tests, probe, A/B
 #   bash tools/h200_runs.sh v18-f          # session v18: the round A/B, the head Ops' geometries
+#   bash tools/h200_runs.sh v18-g          # session v18: the 35B B8 W16 head geometry alone
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -569,6 +570,10 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step round-ab timeout 170 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_own_thr,default --rounds 3 \
         --json "$OUT/round_ab.json"
       head_geos "${GEO_DEADLINE:-300}" ;;
+    v18-g)  # session v18: the 35B B8 W16 head geometry alone, cut at 200 s (it ran masked_block B8 W16 first, which took
+      # the time; its proposal_head did not finish)
+      step geo-35b-b8w16 timeout 200 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --geometry dflash-35b-a3b --batch 8 --width 16 --ops proposal_head --json "$OUT/geo_35b_b8w16_head.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
