@@ -6,7 +6,8 @@
 // then the best k (C4 order: value descending, ties to the lower head row, docs/contracts.md) of
 // each hidden row among the head rows v < n_elig. Two kernels: fast_head_topk (this header; v13) and
 // fast_head_topk_pp (the ping-pong kernel, below, the one fast_head.py launches by default: the same
-// stream, lists and merge, 128-row tiles whose selection runs under the other warpgroup's stream).
+// stream and merge, 128-row tiles whose selection runs under the other warpgroup's stream, and lists that may
+// hold fewer than k keys where another block's threshold was higher: HP_SHARED_THR).
 // One block per multiprocessor (persistent): block b
 // owns head rows [b Vr / G, (b + 1) Vr / G) (cut on 64-row boxes) and walks them in tiles of 256 rows, each tile over the
 // whole K in stages of 64; it writes the best k keys of its rows per hidden row, and
@@ -400,9 +401,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 //   warp a hidden row (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its
 //   rows ran one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list
 //   is empty its threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k
-//   logits >= f, so the smallest key of value f (row word 0) may be the threshold. The lane form shares each row's threshold with
-//   the other blocks through global memory (HP_SHARED_THR, at hp_shared_thr below). The block's last tile, which
-//   nothing overlaps, is selected after the loop (the lane form: the first warpgroup; the warp form: both).
+//   logits >= f, so the smallest key of value f (row word 0) may be the threshold. The lane form shares each row's
+//   threshold with the other blocks through global memory (HP_SHARED_THR, at hp_shared_thr below). The block's last
+//   tile, which nothing overlaps, is selected after the loop (the lane form: the first warpgroup; the warp form: both).
 // Turns (two tokens in shared memory): the selections run in tile order, one at a time (they share the staging
 // area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last
 // stage land. A full barrier tells phases apart by parity alone: a warpgroup that ran ahead to tile j + 2 would
