@@ -5,8 +5,7 @@ accumulators summed so that ptxas keeps the wgmma chain (before session v18 it d
 HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
 warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan
 without the candidates, wrong lists; HP_PAIR 1: two candidates a lane a step; HP_TILE_COMPACT 0: no tile-end
-compaction; HP_PROBE_X_EVERY: x loaded at every stage's first use, then every n-th stage only, wrong logits; HP_L2_AHEAD n: the
-producer prefetches the head n stages ahead into L2; HP_SHARED_THR 0: each block's own thresholds only), timed by
+compaction; HP_PROBE_X_EVERY: x loaded at every stage's first use, then every n-th stage only, wrong logits; HP_SHARED_THR 0: each block's own thresholds only), timed by
 CUDA events (median). ``--sustain S`` also runs each variant back to back for S seconds while nvidia-smi samples the
 SM clock, the power draw and the clock-event reasons (medians and the reasons seen, per variant). Variants named
 pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
@@ -77,14 +76,6 @@ VARIANTS = [  # (label, rows, defines)
     ("pp_own_thr", 120, (("HP_SHARED_THR", 0),)),
     ("pp_own_thr", 128, (("HP_SHARED_THR", 0),)),
     ("pp_own_thr_clocks", 120, (("HP_SHARED_THR", 0), ("HT_PROBE_CLOCKS", 1))),
-    ("pp_l2a4", 120, (("HP_L2_AHEAD", 4),)),
-    ("pp_l2a8", 7, (("HP_L2_AHEAD", 8),)),
-    ("pp_l2a8", 120, (("HP_L2_AHEAD", 8),)),
-    ("pp_l2a16", 7, (("HP_L2_AHEAD", 16),)),
-    ("pp_l2a16", 120, (("HP_L2_AHEAD", 16),)),
-    ("pp_l2a32", 120, (("HP_L2_AHEAD", 32),)),
-    ("pp_l2a16", 128, (("HP_L2_AHEAD", 16),)),
-    ("pp_l2a16_no_epilogue", 120, (("HP_L2_AHEAD", 16), ("HT_PROBE_NO_EPILOGUE", 1))),
 ]
 CLOCKS = ("total", "epilogue", "seed", "passes", "values_past_prefilter", "scan", "tiles", "compaction")
 # the ping-pong kernel's, per consumer warpgroup (fast_head_topk_pp under HT_PROBE_CLOCKS)

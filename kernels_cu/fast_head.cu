@@ -88,19 +88,6 @@ __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* w
     if (with_x) ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
 }
 
-#ifndef HP_L2_AHEAD
-#define HP_L2_AHEAD 0  // the ping-pong producer's L2 prefetch distance in stages (0: none)
-#endif
-// A stage's head boxes (as ht_issue's) prefetched into L2 by the tensor copy engine, no shared memory, no barrier.
-template <int VT>
-__device__ __forceinline__ void ht_prefetch_l2(const u64* wmap, int row0, int r1, int k0) {
-    const int boxes = min(VT / 64, (r1 - row0 + 63) / 64);
-    for (int j = 0; j < boxes; ++j)
-        asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(wmap), "r"(k0),
-                     "r"(row0 + 64 * j)
-                     : "memory");
-}
-
 // Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
 // floor(b units / G) in 32-bit arithmetic (b <= G < 2^15, the grid): b q + floor(b r / G) for units = q G + r, no
 // 64-bit division (a called subroutine whose register convention made ptxas spill the ping-pong kernel's row range).
@@ -816,12 +803,6 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #endif
                 ht_issue<HP_VT>(s0 + st * HP_STAGE_BYTES, full0 + 8 * st, wmap, xmap, r0 + q / KC * HP_VT, r1,
                                 q % KC * HT_KC, with_x);
-#if HP_L2_AHEAD
-                // the head of the stage HP_L2_AHEAD further on into L2 now, so that its tensor copy, issued once a
-                // buffer frees, waits on L2 and not on DRAM
-                const int qa = q + HP_L2_AHEAD;
-                if (qa < total) ht_prefetch_l2<HP_VT>(wmap, r0 + qa / KC * HP_VT, r1, qa % KC * HT_KC);
-#endif
             }
         }
         __syncwarp();

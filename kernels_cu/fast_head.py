@@ -230,7 +230,8 @@ def grid(Vr: int) -> int:
     return max(1, min(sms, -(-Vr // VT)))
 
 
-MAPS_WORDS = 32 + NMAX  # device_maps: the two 128-byte tensor maps, then the shared thresholds, a u64 a hidden row
+MAP_WORDS = 32  # the two 128-byte tensor maps, as u64
+MAPS_WORDS = MAP_WORDS + NMAX  # device_maps: the maps, then the shared thresholds, a u64 a hidden row
 
 
 def device_maps(x, w):
@@ -290,7 +291,7 @@ def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, thre
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
-    gthr = maps[32:]
+    gthr = maps[MAP_WORDS:]
     _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),

@@ -116,8 +116,8 @@ def test_wgmma_probe_builds_for_sm_90a(tmp_path):
 
 def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Build ``text`` (a module's NVRTC source) with nvcc for sm_90a and the loader's options (and ``extra``); assert
-    it compiles, with no unused variable, and ptxas names no C7515 serialization of a wgmma chain; return ptxas's (stack frame, spill stores,
-    spill loads) per kernel. The cubin is left at tmp_path / f"{name}.cubin"."""
+    it compiles, with no unused variable, and ptxas names no C7515 serialization of a wgmma chain; return ptxas's
+    (stack frame, spill stores, spill loads) per kernel. The cubin is left at tmp_path / f"{name}.cubin"."""
     src = tmp_path / f"{name}.cu"
     src.write_text(text)
     opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"] + list(extra)

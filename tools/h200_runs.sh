@@ -554,11 +554,13 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step head-ab timeout 60 $PY -m benchmarks.head_topk_ab --rows 1,7,15,56,120,128 --reps 11 --json "$OUT/head_ab.json" ;;
       # (the in-flight form was slower everywhere, 0.629 / 0.679 / 0.940 ms at 7 / 120 / 128 rows against 0.611 / 0.658 /
       # 0.713: it holds each buffer until the next stage lands, a stage less of look-ahead; removed after 6ab1787)
-    v18-d)  # session v18: the producer's L2 prefetch of the head (HP_L2_AHEAD): the probe at 4..32 stages ahead
+    v18-d)  # session v18: the producer's L2 prefetch of the head (HP_L2_AHEAD): the probe at 4..32 stages ahead. Its
+      # switch is gone: check out 8ca2f6d to rerun
       step head-probe timeout 400 $PY -m benchmarks.fast_head_probe --sustain 1.5 --only \
         pingpong,pp_no_epilogue,pp_l2a4,pp_l2a8,pp_l2a16,pp_l2a32,pp_l2a16_no_epilogue --rows 7,120,128 \
         --json "$OUT/head_probe.json" ;;
-      # (the prefetch was slower at every distance, 0.78-1.10 ms against 0.607 / 0.648 at 7 / 120 rows; left as a switch)
+      # (the prefetch was slower at every distance, 0.78-1.10 ms against 0.607 / 0.648 at 7 / 120 rows; removed after
+      # 8ca2f6d)
     v18-e)  # session v18: the blocks share their thresholds (HP_SHARED_THR): the fused head's GPU tests, the probe against
       # each block's own thresholds (clocks too), the Ops' A/B, the round A/B
       step head-tests timeout 240 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py

@@ -74,18 +74,29 @@ def _inputs(kind: str, m: int, vr: int, h: int, seed: int):
     return _bits(x), _bits(w)
 
 
-def _fused(cp, fh, xb, wb, n_elig, k, multiplier=0.0, softcap=0.0):
-    """fast.py's fused route (head_topk_into) by hand, with the dump: (ids, scores, logits)."""
+def _merged(cp, partial, vr, k, multiplier=0.0, softcap=0.0):
+    """The blocks' lists merged (fast.py's merge_into): (ids, scores) on the host."""
     from kernels_cu.fast import merge_into
 
+    m = partial.shape[0]
+    scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
+    merge_into(partial, None, None, vr, k, multiplier, softcap, scores, ids)
+    return cp.asnumpy(ids), cp.asnumpy(scores)
+
+
+def _same_top_k(a, b) -> bool:
+    """Two (ids, scores) pairs equal to the bit (no NaN in the inputs that use this)."""
+    return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def _fused(cp, fh, xb, wb, n_elig, k, multiplier=0.0, softcap=0.0):
+    """fast.py's fused route (head_topk_into) by hand, with the dump: (ids, scores, logits)."""
     x, w = cp.asarray(xb), cp.asarray(wb)
     m, vr = x.shape[0], w.shape[0]
     dump = cp.full((m, vr), np.nan, np.float32)
     partial = cp.zeros((m, fh.grid(vr), k), np.uint64)
     fh.topk_partial_into(x, w, n_elig, k, partial, dump)
-    scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
-    merge_into(partial, None, None, vr, k, multiplier, softcap, scores, ids)
-    return cp.asnumpy(ids), cp.asnumpy(scores), cp.asnumpy(dump)
+    return (*_merged(cp, partial, vr, k, multiplier, softcap), cp.asnumpy(dump))
 
 
 CASES = [  # (kind, M, Vr, H, k, n_elig)
@@ -220,16 +231,6 @@ def test_refusals_name_the_problem(cupy, fh):
         fh.topk_partial_into(x.astype(cp.float32), w, 500, 4, cp.zeros((4, g, 4), cp.uint64))
 
 
-def _merged(cp, partial, vr, k):
-    """The blocks' lists merged (fast.py's merge_into, no multiplier or softcap): (ids, scores) on the host."""
-    from kernels_cu.fast import merge_into
-
-    m = partial.shape[0]
-    scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
-    merge_into(partial, None, None, vr, k, 0.0, 0.0, scores, ids)
-    return cp.asnumpy(ids), cp.asnumpy(scores)
-
-
 def test_device_maps_make_the_launch_capturable_with_the_same_top_k(cupy, fh):
     """FastRound's graph launches the kernel with tensor maps made once in device memory (fast_head.device_maps): a
     captured launch gives the top k the host-copy launch gives, and a replay reads new values written in place into
@@ -255,16 +256,14 @@ def test_device_maps_make_the_launch_capturable_with_the_same_top_k(cupy, fh):
         graph = s.end_capture()
         graph.launch(s)
     s.synchronize()
-    got = _merged(cp, out, vr, k)
-    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    assert _same_top_k(_merged(cp, out, vr, k), ref)
     x[...] = cp.asarray(_inputs("gauss", m, vr, h, seed=22)[0])  # new hidden rows, same buffer
     ref2 = host_copy_top_k()
     assert not np.array_equal(ref2[0], ref[0])
     with s:
         graph.launch(s)
     s.synchronize()
-    got = _merged(cp, out, vr, k)
-    assert np.array_equal(got[0], ref2[0]) and np.array_equal(got[1], ref2[1])
+    assert _same_top_k(_merged(cp, out, vr, k), ref2)
     with pytest.raises(ValueError, match="maps"):
         fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(32, cp.uint64))
 
@@ -294,7 +293,7 @@ def test_shared_thresholds_are_zeroed_before_each_launch(cupy, fh, monkeypatch):
         fh.topk_partial_into(x, w, elig, k, fresh, maps=fh.device_maps(x, w))
         got, want = _merged(cp, out, vr, k), _merged(cp, fresh, vr, k)
         assert (want[0] >= 0).all()
-        return np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        return _same_top_k(got, want)
 
     assert second_launch_is_its_own()
     monkeypatch.setattr(fh, "_zero_shared_thresholds", lambda gthr: None)
