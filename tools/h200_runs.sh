@@ -82,6 +82,8 @@
 #   bash tools/h200_runs.sh v18-e          # session v18: thresholds shared between the blocks: tests, probe, A/B
 #   bash tools/h200_runs.sh v18-f          # session v18: the round A/B, the head Ops' geometries
 #   bash tools/h200_runs.sh v18-g          # session v18: the 35B B8 W16 head geometry alone
+#   bash tools/h200_runs.sh v19-a          # session v19: v18's unrun GPU files (head, round), the 35B B8 W16 head
+#                                          # geometry beside them, the 35B B8 W16 round's kernel trace
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -576,6 +578,19 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       # the time; its proposal_head did not finish)
       step geo-35b-b8w16 timeout 200 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --geometry dflash-35b-a3b --batch 8 --width 16 --ops proposal_head --json "$OUT/geo_35b_b8w16_head.json" ;;
+    v19-a)  # session v19: the GPU files v18 left unrun at its final tree (the head tests' refactored helpers, FastRound
+      # with shared thresholds), the 35B proposal_head B8 W16 geometry in the background (its CPU reference takes
+      # minutes), then the 35B B8 W16 round's kernel sequence
+      OMP_NUM_THREADS=8 OPENBLAS_NUM_THREADS=8 timeout 480 $PY -m conformance.cli geometry \
+        --impl kernels_cu.fast:FastCudaBackend --geometry dflash-35b-a3b --batch 8 --width 16 --ops proposal_head \
+        --json "$OUT/geo_35b_b8w16_head.json" >"$OUT/geo_35b_b8w16_head.log" 2>&1 &
+      step head-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
+      step profile timeout 90 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16,1x8 \
+        --geometries dflash-35b-a3b --sequence --json "$OUT/profile.json"
+      wait
+      printf 'geo_35b_b8w16_head: %s ok, %s bad; %s\n' "$(grep -cE '^(PASS|ACCEPTABLE) ' "$OUT/geo_35b_b8w16_head.log")" \
+        "$(grep -cE '^(FAIL|ERROR) ' "$OUT/geo_35b_b8w16_head.log")" "$(tail -n 1 "$OUT/geo_35b_b8w16_head.log" | cut -c1-150)" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
