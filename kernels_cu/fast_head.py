@@ -245,12 +245,14 @@ def device_maps(x, w):
                                       np.zeros(NMAX, np.uint64)]))
 
 
-def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) -> None:
+def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None, zeroed: bool = False) -> None:
     """The fused kernel: x [M, H] and w [Vr, H] BF16 bits (uint16, C-contiguous, on the device) -> partial
     [M, G, k] uint64 (each block's best k keys of each hidden row among head rows < n_elig, descending, 0 past
     them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests: a build with the stores,
     HT_DUMP; the Ops' build has none). maps: None (encoded now and copied from the host, ordered on the stream), or
-    device_maps(x, w) (no host copy: capturable). No host sync."""
+    device_maps(x, w) (no host copy: capturable). zeroed (with maps only): the caller has zeroed the maps' shared
+    thresholds (zero_thresholds) in an order that puts it after every earlier launch through them and before this
+    one (FastRound: on a branch of its graph), so no memset goes on the stream here. No host sync."""
     M, H = x.shape
     Vr = w.shape[0]
     G = grid(Vr)
@@ -268,9 +270,16 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
     defines = (select_defines(M) if PINGPONG else ()) + (() if dump is None else (("HT_DUMP", 1),))  # dump: tests
     if maps is not None and (maps.shape != (MAPS_WORDS,) or maps.dtype != np.uint64):
         raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s ({MAPS_WORDS},) uint64")
+    if zeroed and maps is None:
+        raise ValueError("fast_head: zeroed needs maps (the thresholds the caller zeroed live in them)")
     _, fn = _kernel(n, defines, None, PINGPONG)
     launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if PINGPONG else smem_bytes(n),
-           PP_THREADS if PINGPONG else THREADS, maps)
+           PP_THREADS if PINGPONG else THREADS, maps, zeroed)
+
+
+def zero_thresholds(maps) -> None:
+    """device_maps' shared thresholds zeroed on the current stream (see topk_partial_into's zeroed)."""
+    _zero_shared_thresholds(maps[MAP_WORDS:])
 
 
 def _zero_shared_thresholds(gthr) -> None:
@@ -283,16 +292,17 @@ def _zero_shared_thresholds(gthr) -> None:
 
 
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
-           maps=None) -> None:
+           maps=None, zeroed: bool = False) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
     the stream before the kernel) unless given there, the shared thresholds zeroed (a memset on the stream: a node of
-    a captured graph), then the grid."""
+    a captured graph) unless the caller did (zeroed), then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
     gthr = maps[MAP_WORDS:]
-    _zero_shared_thresholds(gthr)
+    if not zeroed:
+        _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),
        shared_mem=smem)

@@ -84,6 +84,8 @@
 #   bash tools/h200_runs.sh v18-g          # session v18: the 35B B8 W16 head geometry alone
 #   bash tools/h200_runs.sh v19-a          # session v19: v18's unrun GPU files (head, round), the 35B B8 W16 head
 #                                          # geometry beside them, the 35B B8 W16 round's kernel trace
+#   bash tools/h200_runs.sh v19-b          # session v19: the head's thresholds zeroed on a branch of the round's graph:
+#                                          # its tests, the round A/B against the memset before the head, the trace
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -591,6 +593,14 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       wait
       printf 'geo_35b_b8w16_head: %s ok, %s bad; %s\n' "$(grep -cE '^(PASS|ACCEPTABLE) ' "$OUT/geo_35b_b8w16_head.log")" \
         "$(grep -cE '^(FAIL|ERROR) ' "$OUT/geo_35b_b8w16_head.log")" "$(tail -n 1 "$OUT/geo_35b_b8w16_head.log" | cut -c1-150)" ;;
+    v19-b)  # session v19: the fused head's shared thresholds zeroed on a branch of the round's graph (fast_round.
+      # ZERO_ON_BRANCH): the round's and the head's tests of the zeroing, FastRound's tests, the round A/B, the trace
+      step zero-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py \
+        tests/gpu/test_fast_head.py -k "zero or replay or capture or graph_round"
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_zero_inline,default \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step profile timeout 90 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16 \
+        --geometries dflash-35b-a3b --sequence --json "$OUT/profile.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -202,3 +202,48 @@ def test_new_batch_shape_captures_its_own_graph(cupy):
         paths.append(rnd.last_path)
     assert paths == ["eager", "capture", "graph"] and len(rnd._ws) == 3
     assert _equal(_snap(rnd.step(**args)), base) and rnd.last_path == "graph"
+
+
+def test_round_zeroes_the_fused_heads_shared_thresholds_itself(cupy, monkeypatch):
+    """FastRound zeroes the fused head's shared thresholds (fast_head.cu HP_SHARED_THR) on a branch of its graph
+    forked at the step's start (fast_round.ZERO_ON_BRANCH), not right before the head. Thresholds set to the largest
+    key before a replay must not reach the head: the replay equals the eager step. The committed round vectors have
+    H 32, which the fused head does not take, so this runs the 35B geometry's round (random weights, as
+    benchmarks/round_ab.py) at B2 W8: 14 hidden rows, the lane form, which shares thresholds. With the zeroing
+    replaced (the hook a no-op, the graph captured anew) the same stale thresholds empty the blocks' lists and the
+    tokens change: the check fails, so it can."""
+    torch = pytest.importorskip("torch", reason="the round's random full-width weights are built with torch")
+    from benchmarks.gpu_bench import round_drafter, round_inputs
+    from conformance.geometry import GEOMETRIES, _capacity
+    from kernels_cu import fast_head
+    from reference.config import PRESETS
+
+    cp = cupy
+    cfg = PRESETS[GEOMETRIES["dflash-35b-a3b"]]
+    b, w = 2, 8
+    fr = round_drafter(cp, torch, cfg)[0]
+    kw, _ = round_inputs(cp, torch, cfg, b, w, 4096)
+    cap = _capacity(cfg, 4096)
+
+    def stale_replay_equals_eager() -> bool:
+        fr._ws.clear()
+        ws = fr.workspace(b, w, cap)
+        if not ws.fused:
+            pytest.skip("the fused head does not take the 35B head here (fast_head.applies)")
+        assert b * (w - 1) > fast_head.WARP_FORM_MAX_ROWS  # the lane form: the one that shares thresholds
+        fr.step(**kw, graph=False)  # copies the rings in
+        kw_ws = dict(kw, context_k=ws.ck, context_v=ws.cv)
+        eager = _snap(fr.step(**kw_ws, graph=False))
+        fr.step(**kw_ws)  # the capture
+        ws.fh_maps[fast_head.MAP_WORDS:].fill(np.uint64(2**64 - 1))  # stale: above every key
+        replay = _snap(fr.step(**kw_ws))
+        assert fr.last_path == "graph"
+        return _equal(replay, eager)
+
+    try:
+        assert stale_replay_equals_eager()
+        monkeypatch.setattr(fast_head, "_zero_shared_thresholds", lambda gthr: None)
+        assert not stale_replay_equals_eager(), "stale thresholds went unnoticed: the check above cannot fail"
+    finally:
+        fr.drop()
+        cp.cuda.Device().synchronize()
