@@ -36,8 +36,8 @@ over ``--rounds`` passes, each a set of module attributes:
   default     the defaults
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
-  head_zero_inline  the fused head's shared thresholds zeroed right before the head, on the stream (fast_round.
-              ZERO_ON_BRANCH False; default: on a branch of the graph forked at the step's start)
+  head_memset  the fused head's shared thresholds zeroed by a memset before each launch, v18's way (fast_head.
+              ZERO_BEFORE_LAUNCH True, CLEAN False; default: the kernel's last block zeroes them at its end)
   head_unfused  the head GEMM and the split top-k (fast_head.ENABLED False; default: the fused head,
               kernels_cu/fast_head.py, where it applies)
   head_warp_rows  the fused head with v14's selection, a warp a hidden row (fast_head.SELECT_DEFINES)
@@ -102,7 +102,7 @@ CONFIGS = {
     "gemv_stage64": {"kernels_cu.fast_gemv.STAGE_BYTES": 64 * 1024},
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
-    "head_zero_inline": {"kernels_cu.fast_round.ZERO_ON_BRANCH": False},
+    "head_memset": {"kernels_cu.fast_head.ZERO_BEFORE_LAUNCH": True, "kernels_cu.fast_head.CLEAN": False},
     "default": {},
 }
 

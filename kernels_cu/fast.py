@@ -193,14 +193,12 @@ def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, s
          _NULL if scores is None else scores, ids))
 
 
-def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,
-                   zeroed: bool = False):
+def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
     """The fused head (kernels_cu/fast_head.py: the head GEMM with the top-k in its epilogue, one pass over the head,
     no logits in memory) over x [M, H] and the head w, then fast_select.cu's merge of the blocks' lists partial
     [M, fast_head.grid(Vr), k] into scores (or None) and ids, the scores read from the keys. maps: None (the tensor
-    maps copied from the host at the launch) or fast_head.device_maps(x, w) (capturable: FastRound's workspaces).
-    zeroed: fast_head.topk_partial_into's (the caller zeroed the maps' shared thresholds)."""
-    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps, zeroed=zeroed)
+    maps copied from the host at the launch) or fast_head.device_maps(x, w) (capturable: FastRound's workspaces)."""
+    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps)
     merge_into(partial, None, None, w.shape[0], k, multiplier, softcap, scores, ids)
 
 

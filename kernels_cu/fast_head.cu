@@ -589,6 +589,14 @@ __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z
 #ifndef HP_SHARED_THR
 #define HP_SHARED_THR 1
 #endif
+// The launch leaves the shared thresholds zeroed for the next launch through the same words (HP_CLEAN, session v19):
+// the block that finishes last, counted in the word after the rows' thresholds (gthr[HP_GTHR_ROWS], fast_head.py's
+// NMAX), zeroes them and the count, once every block is past its last read and atomic of them. A memset before each
+// launch did this until v18; in the round's graph it stood between the final norm and the head (about 4 us).
+#ifndef HP_CLEAN
+#define HP_CLEAN 1
+#endif
+#define HP_GTHR_ROWS 128
 __device__ __forceinline__ u64 hp_shared_thr(const u64* gthr, int n, int M) {
 #if HP_SHARED_THR
     return n < M ? __ldcg(gthr + n) : 0ull;
@@ -954,6 +962,19 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     ht_compact<HP_BS>(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
     ht_write_lists<HP_BS>(partial, buf, cnt, M, k, G, b, tid, 256);
+#if HP_SHARED_THR && HP_CLEAN && !defined(HP_WARP_ROWS)
+    // every consumer warp is past its last use of gthr (the selections and their atomics came before the barrier
+    // above); the fence orders them before this block's count, and the last block's zeroing after all the counts
+    if (tid == 0) {
+        __threadfence();
+        unsigned long long* done = reinterpret_cast<unsigned long long*>(gthr + HP_GTHR_ROWS);
+        if (atomicAdd(done, 1ull) == (unsigned long long)(G - 1)) {
+            __threadfence();
+            for (int n = 0; n < M; ++n) gthr[n] = 0ull;
+            *done = 0ull;
+        }
+    }
+#endif
 }
 #undef HP_CLOCK
 

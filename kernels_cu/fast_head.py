@@ -89,11 +89,19 @@ WARP_FORM_MAX_ROWS = 8
 # (sessions v15-v17; round_ab's config head_own_thr)
 SHARED_THRESHOLDS = True
 
+# The shared thresholds' zeroing between launches through the same maps (session v19). CLEAN: the kernel's last block
+# zeroes them at its end (fast_head.cu HP_CLEAN; False builds it with HP_CLEAN 0). ZERO_BEFORE_LAUNCH: a memset on the
+# stream before each launch (v18's way; in FastRound's graph a memset node between the final norm and the head). One of
+# the two must hold for correct lists; both off is the tests' mutant.
+CLEAN = True
+ZERO_BEFORE_LAUNCH = False
+
 
 def select_defines(M: int) -> tuple[tuple[str, int], ...]:
     """The selection's defines for M hidden rows: SELECT_DEFINES where set, else the warp form up to
-    WARP_FORM_MAX_ROWS rows and the lane form above; HP_SHARED_THR 0 added where SHARED_THRESHOLDS is off."""
-    own = () if SHARED_THRESHOLDS else (("HP_SHARED_THR", 0),)
+    WARP_FORM_MAX_ROWS rows and the lane form above; HP_SHARED_THR 0 added where SHARED_THRESHOLDS is off, HP_CLEAN 0
+    where CLEAN is."""
+    own = (() if SHARED_THRESHOLDS else (("HP_SHARED_THR", 0),)) + (() if CLEAN else (("HP_CLEAN", 0),))
     if SELECT_DEFINES:
         return SELECT_DEFINES + own
     return (WARP_FORM if M <= WARP_FORM_MAX_ROWS else ()) + own
@@ -231,28 +239,29 @@ def grid(Vr: int) -> int:
 
 
 MAP_WORDS = 32  # the two 128-byte tensor maps, as u64
-MAPS_WORDS = MAP_WORDS + NMAX  # device_maps: the maps, then the shared thresholds, a u64 a hidden row
+# device_maps: the maps, then the shared thresholds (a u64 a hidden row, NMAX = fast_head.cu HP_GTHR_ROWS) and the
+# count of blocks done with them (HP_CLEAN)
+MAPS_WORDS = MAP_WORDS + NMAX + 1
 
 
 def device_maps(x, w):
     """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
     must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
-    and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast_head.cu HP_SHARED_THR), which
-    each launch zeroes first. The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
+    and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast_head.cu HP_SHARED_THR) and a
+    count, all zero: each launch leaves them zero for the next (CLEAN; or a memset before it, ZERO_BEFORE_LAUNCH), so
+    only the kernel may write them. The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
     import cupy as cp
 
     return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0])),
-                                      np.zeros(NMAX, np.uint64)]))
+                                      np.zeros(NMAX + 1, np.uint64)]))
 
 
-def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None, zeroed: bool = False) -> None:
+def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) -> None:
     """The fused kernel: x [M, H] and w [Vr, H] BF16 bits (uint16, C-contiguous, on the device) -> partial
     [M, G, k] uint64 (each block's best k keys of each hidden row among head rows < n_elig, descending, 0 past
     them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests: a build with the stores,
     HT_DUMP; the Ops' build has none). maps: None (encoded now and copied from the host, ordered on the stream), or
-    device_maps(x, w) (no host copy: capturable). zeroed (with maps only): the caller has zeroed the maps' shared
-    thresholds (zero_thresholds) in an order that puts it after every earlier launch through them and before this
-    one (FastRound: on a branch of its graph), so no memset goes on the stream here. No host sync."""
+    device_maps(x, w) (no host copy: capturable). No host sync."""
     M, H = x.shape
     Vr = w.shape[0]
     G = grid(Vr)
@@ -270,38 +279,31 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None, 
     defines = (select_defines(M) if PINGPONG else ()) + (() if dump is None else (("HT_DUMP", 1),))  # dump: tests
     if maps is not None and (maps.shape != (MAPS_WORDS,) or maps.dtype != np.uint64):
         raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s ({MAPS_WORDS},) uint64")
-    if zeroed and maps is None:
-        raise ValueError("fast_head: zeroed needs maps (the thresholds the caller zeroed live in them)")
     _, fn = _kernel(n, defines, None, PINGPONG)
     launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if PINGPONG else smem_bytes(n),
-           PP_THREADS if PINGPONG else THREADS, maps, zeroed)
-
-
-def zero_thresholds(maps) -> None:
-    """device_maps' shared thresholds zeroed on the current stream (see topk_partial_into's zeroed)."""
-    _zero_shared_thresholds(maps[MAP_WORDS:])
+           PP_THREADS if PINGPONG else THREADS, maps)
 
 
 def _zero_shared_thresholds(gthr) -> None:
-    """The shared thresholds zeroed on the current stream before a launch (a memset: a node of a captured graph). A
-    launch that read a previous launch's thresholds would drop keys of its own top k (tests/gpu/test_fast_head.py
-    shows the result changes without this)."""
+    """The shared thresholds zeroed on the current stream before a launch (ZERO_BEFORE_LAUNCH; a memset: a node of a
+    captured graph). A launch that read a previous launch's thresholds would drop keys of its own top k
+    (tests/gpu/test_fast_head.py shows the result changes with neither this nor CLEAN)."""
     import cupy as cp
 
     cp.cuda.runtime.memsetAsync(gthr.data.ptr, 0, gthr.nbytes, cp.cuda.get_current_stream().ptr)
 
 
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
-           maps=None, zeroed: bool = False) -> None:
+           maps=None) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel) unless given there, the shared thresholds zeroed (a memset on the stream: a node of
-    a captured graph) unless the caller did (zeroed), then the grid."""
+    the stream before the kernel) unless given there, the shared thresholds zeroed where ZERO_BEFORE_LAUNCH (a memset
+    on the stream: a node of a captured graph), then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
     gthr = maps[MAP_WORDS:]
-    if not zeroed:
+    if ZERO_BEFORE_LAUNCH:
         _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),

@@ -80,12 +80,6 @@ from reference import state_dict as sdm
 # 1.751 -> 1.772. The threshold sits between the two shapes measured; nothing between them was timed.
 LAUNCH_ORDER_MIN_ROWS = 64
 
-# The fused head's shared thresholds (fast_head.cu HP_SHARED_THR) zeroed on a branch forked at the step's start and
-# joined at the head (RoundWorkspace.side): in the graph the memset is a root beside the block. False: the memset goes
-# on the stream right before the head (fast_head.launch's own), where the v19-a trace found the head starting about
-# 4 us after the final norm, against about 0.6 us behind an ordinary kernel (docs/reports/h200-v19-a-profile-*).
-ZERO_ON_BRANCH = True
-
 
 def cp():
     import cupy
@@ -210,11 +204,9 @@ class RoundWorkspace:
         if self.fused:  # no logits: the blocks' lists, and the tensor maps of the hidden buffer and the head
             self.fh_partial = c.empty((M, fast_head.grid(d.Vr), k), dtype=np.uint64)
             self.fh_maps = fast_head.device_maps(self.hidden.reshape(M, d.H), d.head)
-            # the stream of the branch that zeroes the shared thresholds (ZERO_ON_BRANCH)
-            self.side = c.cuda.Stream(non_blocking=True)
             self.logits = self.partial = self.topk_bound = None
         else:
-            self.fh_partial = self.fh_maps = self.side = None
+            self.fh_partial = self.fh_maps = None
             self.logits = c.empty((M, d.Vr), dtype=np.float32)
             self.partial = c.empty((M, topk_plan(M, d.Vr, k)[4], k), dtype=np.uint64)
             self.topk_bound = c.empty(M, dtype=np.uint64)  # fast_topk_bound's per-row bound
@@ -391,13 +383,6 @@ class FastRound(ComposedRounds, FastCudaBackend):
         (an eager call, never a capture): the head GEMM's shape may be tuned now (kernels_cu.fast_lt,
         HEAD_LT) if it was not yet; a capture replays the choice made for the shape."""
         d, eng, dm = self.drafter, self._round_eng, ws.dims
-        c = cp()
-        branch = ws.fused and ZERO_ON_BRANCH
-        if branch:  # the head's shared thresholds zeroed on a branch: after all before this step, before the head
-            ws.side.wait_event(c.cuda.get_current_stream().record())
-            with ws.side:
-                fast_head.zero_thresholds(ws.fh_maps)
-            zeroed = ws.side.record()
         layers = [(n, win, ws.ck[n], ws.cv[n].view(np.uint16)) for n, win in enumerate(d.windows)]
         # DFlash attends only the live columns; DFlash2 computes all W (as FastBlockMixin.masked_block)
         attn_live = ws.block.LIVE_ALL if dm.conv else ws.live
@@ -408,11 +393,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
         x = ws.hidden.reshape(B * K, d.H)
         # candidate_topk (k, the multiplier and softcap on the scores) or proposal_head (k = 1, no scores)
         k, mult, cap = (d.top_k, d.multiplier, d.softcap) if dm.conv else (1, 0.0, 0.0)
-        if ws.fused:  # the head with the top-k in its epilogue, once the branch's zeroing is done
-            if branch:
-                c.cuda.get_current_stream().wait_event(zeroed)
-            head_topk_into(x, d.head, ws.fh_maps, d.vocab_size, k, mult, cap, ws.fh_partial, ws.scores, ws.ids,
-                           zeroed=branch)
+        if ws.fused:  # the head with the top-k in its epilogue
+            head_topk_into(x, d.head, ws.fh_maps, d.vocab_size, k, mult, cap, ws.fh_partial, ws.scores, ws.ids)
         else:
             shape = (x.shape[0], d.head.shape[0], x.shape[1])
             lt = HEAD_LT and eng.capture_gemm_always and d.head.nbytes >= fast_lt.MIN_BYTES

@@ -132,3 +132,35 @@ def test_the_ops_take_the_warp_form_up_to_its_rows(monkeypatch):
     assert fast_head.select_defines(1) == ()
     monkeypatch.setattr(fast_head, "SELECT_DEFINES", (("HP_PAIR", 1),))
     assert fast_head.select_defines(1) == fast_head.select_defines(128) == (("HP_PAIR", 1),)
+
+
+def test_shared_threshold_words_are_the_kernels(monkeypatch):
+    """device_maps' words after the maps are fast_head.cu's: HP_GTHR_ROWS thresholds (NMAX, a u64 a hidden row) and
+    the count of blocks done with them at gthr[HP_GTHR_ROWS] (HP_CLEAN), so MAPS_WORDS = MAP_WORDS + NMAX + 1; and
+    the zeroing switches reach the build (CLEAN False adds HP_CLEAN 0) and the launch (ZERO_BEFORE_LAUNCH)."""
+    src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
+    assert _cu_value(8, "HP_GTHR_ROWS") == fast_head.NMAX
+    assert fast_head.MAPS_WORDS == fast_head.MAP_WORDS + fast_head.NMAX + 1
+    assert "gthr + HP_GTHR_ROWS" in src and re.search(r"^#if HP_SHARED_THR && HP_CLEAN\b", src, re.MULTILINE)
+    assert fast_head.CLEAN and not fast_head.ZERO_BEFORE_LAUNCH  # the default: the kernel zeroes, no memset
+    assert ("HP_CLEAN", 0) not in fast_head.select_defines(120)
+    monkeypatch.setattr(fast_head, "CLEAN", False)
+    assert ("HP_CLEAN", 0) in fast_head.select_defines(120) and ("HP_CLEAN", 0) in fast_head.select_defines(7)
+    calls = []
+    monkeypatch.setattr(fast_head, "_zero_shared_thresholds", calls.append)
+
+    class Maps(list):
+        def __getitem__(self, i):
+            return ("gthr", i)
+
+    monkeypatch.setattr(fast_head, "grid", lambda vr: 1)  # no device here
+    for memset in (False, True):
+        monkeypatch.setattr(fast_head, "ZERO_BEFORE_LAUNCH", memset)
+        fast_head.launch(lambda *a, **kw: None, 8, _Shape((8, 64)), _Shape((100, 64)), 100, 4, None, None, 0,
+                         maps=Maps())
+    assert calls == [("gthr", slice(fast_head.MAP_WORDS, None))]
+
+
+class _Shape:
+    def __init__(self, shape):
+        self.shape = shape

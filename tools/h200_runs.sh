@@ -86,6 +86,10 @@
 #                                          # geometry beside them, the 35B B8 W16 round's kernel trace
 #   bash tools/h200_runs.sh v19-b          # session v19: the head's thresholds zeroed on a branch of the round's graph:
 #                                          # its tests, the round A/B against the memset before the head, the trace
+#                                          # (slower, reverted: check out 91464d7 to rerun)
+#   bash tools/h200_runs.sh v19-c          # session v19: the head's thresholds zeroed by the kernel's last block: the
+#                                          # head / round tests, the round and Op A/Bs against the memset, the head
+#                                          # Ops' geometries beside them
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -594,13 +598,24 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       printf 'geo_35b_b8w16_head: %s ok, %s bad; %s\n' "$(grep -cE '^(PASS|ACCEPTABLE) ' "$OUT/geo_35b_b8w16_head.log")" \
         "$(grep -cE '^(FAIL|ERROR) ' "$OUT/geo_35b_b8w16_head.log")" "$(tail -n 1 "$OUT/geo_35b_b8w16_head.log" | cut -c1-150)" ;;
     v19-b)  # session v19: the fused head's shared thresholds zeroed on a branch of the round's graph (fast_round.
-      # ZERO_ON_BRANCH): the round's and the head's tests of the zeroing, FastRound's tests, the round A/B, the trace
+      # ZERO_ON_BRANCH): the round's and the head's tests of the zeroing, FastRound's tests, the round A/B, the trace.
+      # The branch was slower (35B B8 W16 0.936 against 0.930 ms) and is gone with its config: check out 91464d7
       step zero-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py \
         tests/gpu/test_fast_head.py -k "zero or replay or capture or graph_round"
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_zero_inline,default \
         --rounds 3 --json "$OUT/round_ab.json"
       step profile timeout 90 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16 \
         --geometries dflash-35b-a3b --sequence --json "$OUT/profile.json" ;;
+    v19-c)  # session v19: the fused head's shared thresholds zeroed by the kernel's last block (fast_head.cu HP_CLEAN), no
+      # memset: the head Ops' geometries in the background (three processes, cut at GEO_DEADLINE s, default 330), the
+      # head's GPU tests, the round's, the round A/B and the Ops' A/B against v18's memset
+      head_geos "${GEO_DEADLINE:-330}" >"$OUT/geos.txt" 2>&1 &
+      step head-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step round-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_memset,default \
+        --rounds 3 --json "$OUT/round_ab.json"
+      wait
+      cat "$OUT/geos.txt" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -13,8 +13,9 @@
   give what the dump + C4 gives; a shortlist, k > 16 or more than 128 rows keeps the cuBLAS path.
 - Capture: with tensor maps made once in device memory (FastRound's workspaces) a captured launch gives the
   host-copy launch's top k and replays values written in place.
-- Shared thresholds (the lane form's, fast_head.cu HP_SHARED_THR): zeroed before every launch, so a launch with
-  maps made once never keeps keys below an earlier launch's thresholds (and the test fails where they are not).
+- Shared thresholds (the lane form's, fast_head.cu HP_SHARED_THR): zeroed by each launch's last block (HP_CLEAN) or
+  by a memset before it, so a launch with maps made once never drops keys below an earlier launch's thresholds (and
+  the test fails where neither zeroes them).
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers. The kernel needs a
 compute-capability 9.0 GPU (wgmma): elsewhere these tests skip, saying so.
 """
@@ -268,13 +269,18 @@ def test_device_maps_make_the_launch_capturable_with_the_same_top_k(cupy, fh):
         fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(32, cp.uint64))
 
 
-def test_shared_thresholds_are_zeroed_before_each_launch(cupy, fh, monkeypatch):
-    """Maps made once (FastRound's) carry the shared thresholds from launch to launch: each launch zeroes them first.
-    A launch on hidden rows 4096 times larger, then one on the small rows through the same maps, must give the small
-    rows' own top k (as a launch with maps made anew). Without the zeroing (the hook replaced) the large rows'
-    thresholds are above every small logit and the second launch's lists come back empty: the check fails, so it
-    can."""
+@pytest.mark.parametrize("clean,memset,sound", [(True, False, True), (False, True, True), (False, False, False)],
+                         ids=["kernel_cleans", "memset_before_launch", "mutant_neither"])
+def test_shared_thresholds_do_not_outlive_a_launch(cupy, fh, monkeypatch, clean, memset, sound):
+    """Maps made once (FastRound's) carry the shared thresholds from launch to launch: the kernel's last block zeroes
+    them at its end (fast_head.CLEAN, the default; fast_head.cu HP_CLEAN), or a memset does before each launch
+    (ZERO_BEFORE_LAUNCH, v18's way). A launch on hidden rows 4096 times larger, then one on the small rows through the
+    same maps, must give the small rows' own top k (as a launch with maps made anew), and so must the large rows after
+    the small. With neither (the mutant) the large rows' thresholds are above every small logit and the second launch's
+    lists come back empty: the check fails, so it can."""
     cp = cupy
+    monkeypatch.setattr(fh, "CLEAN", clean)
+    monkeypatch.setattr(fh, "ZERO_BEFORE_LAUNCH", memset)
     m, vr, h, k, elig = 24, 60_000, 256, 8, 60_000  # 24 rows: the lane form (above WARP_FORM_MAX_ROWS)
     xs, wb = _inputs("gauss", m, vr, h, seed=5)
     x_small = _bits(_f64(xs) / 64.0)
@@ -283,18 +289,23 @@ def test_shared_thresholds_are_zeroed_before_each_launch(cupy, fh, monkeypatch):
     g = fh.grid(vr)
     maps = fh.device_maps(x, w)
 
-    def second_launch_is_its_own():
-        out = cp.zeros((m, g, k), cp.uint64)
-        x[...] = cp.asarray(x_large)
-        fh.topk_partial_into(x, w, elig, k, out, maps=maps)
-        x[...] = cp.asarray(x_small)
-        fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+    def own_top_k():
         fresh = cp.zeros((m, g, k), cp.uint64)
-        fh.topk_partial_into(x, w, elig, k, fresh, maps=fh.device_maps(x, w))
-        got, want = _merged(cp, out, vr, k), _merged(cp, fresh, vr, k)
-        assert (want[0] >= 0).all()
-        return _same_top_k(got, want)
+        with monkeypatch.context() as mp:  # the reference: the default kernel on maps of its own
+            mp.setattr(fh, "CLEAN", True)
+            fh.topk_partial_into(x, w, elig, k, fresh, maps=fh.device_maps(x, w))
+        return _merged(cp, fresh, vr, k)
 
-    assert second_launch_is_its_own()
-    monkeypatch.setattr(fh, "_zero_shared_thresholds", lambda gthr: None)
-    assert not second_launch_is_its_own(), "stale thresholds went unnoticed: the check above cannot fail"
+    def each_launch_is_its_own():
+        ok = True
+        for rows in (x_large, x_small, x_large, x_small):
+            out = cp.zeros((m, g, k), cp.uint64)
+            x[...] = cp.asarray(rows)
+            fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+            want = own_top_k()
+            assert (want[0] >= 0).all()
+            ok = ok and _same_top_k(_merged(cp, out, vr, k), want)
+        return ok and not maps[fh.MAP_WORDS:].any() if clean else ok
+
+    assert each_launch_is_its_own() == sound, "stale thresholds went unnoticed: the check cannot fail" if not sound \
+        else "a launch read another launch's thresholds"

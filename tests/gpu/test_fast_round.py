@@ -204,17 +204,18 @@ def test_new_batch_shape_captures_its_own_graph(cupy):
     assert _equal(_snap(rnd.step(**args)), base) and rnd.last_path == "graph"
 
 
-def test_round_zeroes_the_fused_heads_shared_thresholds_itself(cupy, monkeypatch):
-    """FastRound zeroes the fused head's shared thresholds (fast_head.cu HP_SHARED_THR) on a branch of its graph
-    forked at the step's start (fast_round.ZERO_ON_BRANCH), not right before the head. Thresholds set to the largest
-    key before a replay must not reach the head: the replay equals the eager step. The committed round vectors have
-    H 32, which the fused head does not take, so this runs the 35B geometry's round (random weights, as
-    benchmarks/round_ab.py) at B2 W8: 14 hidden rows, the lane form, which shares thresholds. With the zeroing
-    replaced (the hook a no-op, the graph captured anew) the same stale thresholds empty the blocks' lists and the
-    tokens change: the check fails, so it can."""
+def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch):
+    """FastRound's graph keeps the fused head's tensor maps and shared thresholds (fast_head.cu HP_SHARED_THR) from
+    replay to replay; the kernel's last block zeroes the thresholds at its end (fast_head.CLEAN), with no memset in the
+    graph. Replays alternating two inputs (anchors A, B) must each equal that input's eager step. The committed round
+    vectors have H 32, which the fused head does not take, so this runs the 35B geometry's round (random weights, as
+    benchmarks/round_ab.py) at B2 W8: 14 hidden rows, the lane form, which shares thresholds. With neither the
+    kernel's zeroing nor a memset (the mutant, its graph captured anew) a replay keeps the other input's thresholds
+    (each row's best logit: the proposal head's k is 1) and loses the rows whose best is below them: the check fails,
+    so it can."""
     torch = pytest.importorskip("torch", reason="the round's random full-width weights are built with torch")
     from benchmarks.gpu_bench import round_drafter, round_inputs
-    from conformance.geometry import GEOMETRIES, _capacity
+    from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
     from kernels_cu import fast_head
     from reference.config import PRESETS
 
@@ -224,26 +225,33 @@ def test_round_zeroes_the_fused_heads_shared_thresholds_itself(cupy, monkeypatch
     fr = round_drafter(cp, torch, cfg)[0]
     kw, _ = round_inputs(cp, torch, cfg, b, w, 4096)
     cap = _capacity(cfg, 4096)
+    V = cfg.vocab_size - PUBLIC_VOCAB_MARGIN  # the anchors' range (round_inputs')
+    want = {}
 
-    def stale_replay_equals_eager() -> bool:
-        fr._ws.clear()
+    def replays_are_their_own() -> bool:
+        fr._ws.clear()  # a new workspace: new maps, a new graph
         ws = fr.workspace(b, w, cap)
         if not ws.fused:
             pytest.skip("the fused head does not take the 35B head here (fast_head.applies)")
         assert b * (w - 1) > fast_head.WARP_FORM_MAX_ROWS  # the lane form: the one that shares thresholds
         fr.step(**kw, graph=False)  # copies the rings in
-        kw_ws = dict(kw, context_k=ws.ck, context_v=ws.cv)
-        eager = _snap(fr.step(**kw_ws, graph=False))
-        fr.step(**kw_ws)  # the capture
-        ws.fh_maps[fast_head.MAP_WORDS:].fill(np.uint64(2**64 - 1))  # stale: above every key
-        replay = _snap(fr.step(**kw_ws))
-        assert fr.last_path == "graph"
-        return _equal(replay, eager)
+        args = {"A": dict(kw, context_k=ws.ck, context_v=ws.cv)}
+        args["B"] = dict(args["A"], anchor=(args["A"]["anchor"] + 1) % V)
+        if not want:  # the sound kernel's eager steps, once
+            want.update({n: _snap(fr.step(**a, graph=False)) for n, a in args.items()})
+            assert not np.array_equal(want["A"]["tokens"], want["B"]["tokens"])
+        fr.step(**args["A"])  # the capture
+        same = []
+        for n in "BABA":
+            same.append(_equal(_snap(fr.step(**args[n])), want[n]))
+            assert fr.last_path == "graph"
+        return all(same)
 
     try:
-        assert stale_replay_equals_eager()
-        monkeypatch.setattr(fast_head, "_zero_shared_thresholds", lambda gthr: None)
-        assert not stale_replay_equals_eager(), "stale thresholds went unnoticed: the check above cannot fail"
+        assert replays_are_their_own()
+        monkeypatch.setattr(fast_head, "CLEAN", False)
+        monkeypatch.setattr(fast_head, "ZERO_BEFORE_LAUNCH", False)
+        assert not replays_are_their_own(), "stale thresholds went unnoticed: the check above cannot fail"
     finally:
         fr.drop()
         cp.cuda.Device().synchronize()
