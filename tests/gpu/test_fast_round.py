@@ -239,7 +239,8 @@ def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch
         args["B"] = dict(args["A"], anchor=(args["A"]["anchor"] + 1) % V)
         if not want:  # the sound kernel's eager steps, once
             want.update({n: _snap(fr.step(**a, graph=False)) for n, a in args.items()})
-            assert not np.array_equal(want["A"]["tokens"], want["B"]["tokens"])
+            # the rows differ, so their best logits do (the tokens of random weights may not)
+            assert not np.array_equal(want["A"]["hidden"], want["B"]["hidden"])
         fr.step(**args["A"])  # the capture
         same = []
         for n in "BABA":
