@@ -90,6 +90,8 @@
 #   bash tools/h200_runs.sh v19-c          # session v19: the head's thresholds zeroed by the kernel's last block: the
 #                                          # head / round tests, the round and Op A/Bs against the memset, the head
 #                                          # Ops' geometries beside them
+#   bash tools/h200_runs.sh v19-d          # session v19: the final tree: FastRound's tests, the CLI suites of the fast
+#                                          # mode and of FastRound, the 35B B8 W16 round's trace
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -616,6 +618,15 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         --rounds 3 --json "$OUT/round_ab.json"
       wait
       cat "$OUT/geos.txt" ;;
+    v19-d)  # session v19: the final tree: FastRound's GPU tests (the round's replay test with its hidden-rows check), the
+      # CLI suites of the fast mode and of FastRound, the 35B B8 W16 round's kernel sequence
+      step round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
+      step suite-fast timeout 300 $PY -m conformance.cli run --impl kernels_cu.fast:FastCudaBackend \
+        --json "$OUT/suite_fast.json"
+      step suite-fast-round timeout 150 $PY -m conformance.cli run --impl kernels_cu.fast_round:FastRound \
+        --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
+      step profile timeout 90 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16,1x8 \
+        --geometries dflash-35b-a3b --json "$OUT/profile.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
