@@ -963,10 +963,12 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
     ht_write_lists<HP_BS>(partial, buf, cnt, M, k, G, b, tid, 256);
 #if HP_SHARED_THR && HP_CLEAN && !defined(HP_WARP_ROWS)
-    // every consumer warp is past its last use of gthr (the selections and their atomics came before the barrier
-    // above); the fence orders them before this block's count, and the last block's zeroing after all the counts
+    // every consumer thread is past its last use of gthr (its reads used, its atomics issued: the last selection came
+    // before the barriers above). Each fences its own atomics (a reduction in flight is not waited for by another
+    // thread's fence), the barrier then lets one thread count the block, and the block that counts last zeroes
+    __threadfence();
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
     if (tid == 0) {
-        __threadfence();
         unsigned long long* done = reinterpret_cast<unsigned long long*>(gthr + HP_GTHR_ROWS);
         if (atomicAdd(done, 1ull) == (unsigned long long)(G - 1)) {
             __threadfence();

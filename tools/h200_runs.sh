@@ -92,6 +92,8 @@
 #                                          # Ops' geometries beside them
 #   bash tools/h200_runs.sh v19-d          # session v19: the final tree: FastRound's tests, the CLI suites of the fast
 #                                          # mode and of FastRound, the 35B B8 W16 round's trace
+#   bash tools/h200_runs.sh v19-e          # session v19: each consumer thread fences before the head's zeroing count:
+#                                          # the head's and the round's tests, the round A/B
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -627,6 +629,12 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         --ops proposal_round,speculative_step --json "$OUT/suite_fast_round.json"
       step profile timeout 90 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16,1x8 \
         --geometries dflash-35b-a3b --json "$OUT/profile.json" ;;
+    v19-e)  # session v19: each consumer thread of the fused head fences its own atomics before the block is counted
+      # (v19-c/d's build fenced in the counting thread only): the head's and the round's GPU tests, the round A/B
+      step head-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_memset,default \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
