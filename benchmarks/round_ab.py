@@ -37,7 +37,7 @@ over ``--rounds`` passes, each a set of module attributes:
   head_gemmex the head GEMM on cublasGemmEx's default (fast_round.HEAD_LT False; default: a cuBLASLt
               algorithm where the first step timed one faster, kernels_cu/fast_lt.py)
   head_memset  the fused head's shared thresholds zeroed by a memset before each launch, v18's way (fast_head.
-              ZERO_BEFORE_LAUNCH True, CLEAN False; default: the kernel's last block zeroes them at its end)
+              CLEAN False, which brings the memset; default: the kernel's last block zeroes them at its end)
   head_unfused  the head GEMM and the split top-k (fast_head.ENABLED False; default: the fused head,
               kernels_cu/fast_head.py, where it applies)
   head_warp_rows  the fused head with v14's selection, a warp a hidden row (fast_head.SELECT_DEFINES)

@@ -580,7 +580,7 @@ __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z
 // range or row word 0 below a value k of its keys reach, has k keys >= t. So t bounds the row's k-th best key over the
 // whole head from below, and every block may drop what is below any block's t: a key z < t has k keys above it (keys
 // are distinct; z == t only in t's own block, which keeps t). The lane form publishes each row's threshold after a tile
-// (atomicMax into gthr[n], the kernel's last argument: a u64 a hidden row, zeroed before each launch, where it rose
+// (atomicMax into gthr[n], the kernel's last argument: a u64 a hidden row, zero at each launch's start, HP_CLEAN, where it rose
 // past the value read) and starts each tile from max(its own, gthr[n]), read
 // from L2 (the other blocks' atomics). A block's list then holds only the keys of its range above the thresholds it
 // saw, fewer than k where others did better; the merge's result is the same top k, since every key of the global
@@ -964,8 +964,9 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     ht_write_lists<HP_BS>(partial, buf, cnt, M, k, G, b, tid, 256);
 #if HP_SHARED_THR && HP_CLEAN && !defined(HP_WARP_ROWS)
     // every consumer thread is past its last use of gthr (its reads used, its atomics issued: the last selection came
-    // before the barriers above). Each fences its own atomics (a reduction in flight is not waited for by another
-    // thread's fence), the barrier then lets one thread count the block, and the block that counts last zeroes
+    // before the barriers above). Each fences its own atomics, the barrier then lets one thread count the block, and
+    // the block that counts last zeroes. (The barriers above and the counting thread's fence alone would order them
+    // too, as cooperative groups' grid sync does; the fence in every thread makes it plain and costs nothing measured.)
     __threadfence();
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
     if (tid == 0) {

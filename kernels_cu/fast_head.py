@@ -90,9 +90,10 @@ WARP_FORM_MAX_ROWS = 8
 SHARED_THRESHOLDS = True
 
 # The shared thresholds' zeroing between launches through the same maps (session v19). CLEAN: the kernel's last block
-# zeroes them at its end (fast_head.cu HP_CLEAN; False builds it with HP_CLEAN 0). ZERO_BEFORE_LAUNCH: a memset on the
-# stream before each launch (v18's way; in FastRound's graph a memset node between the final norm and the head). One of
-# the two must hold for correct lists; both off is the tests' mutant.
+# zeroes them at its end (fast_head.cu HP_CLEAN; False builds it with HP_CLEAN 0, and every launch is then preceded by
+# a memset). ZERO_BEFORE_LAUNCH: the memset before each launch even where the kernel zeroes (v18's way was the memset
+# alone: CLEAN False; in FastRound's graph a memset node between the final norm and the head). A launch never runs
+# with neither; the tests' mutant replaces the memset (_zero_shared_thresholds) to get one.
 CLEAN = True
 ZERO_BEFORE_LAUNCH = False
 
@@ -100,7 +101,7 @@ ZERO_BEFORE_LAUNCH = False
 def select_defines(M: int) -> tuple[tuple[str, int], ...]:
     """The selection's defines for M hidden rows: SELECT_DEFINES where set, else the warp form up to
     WARP_FORM_MAX_ROWS rows and the lane form above; HP_SHARED_THR 0 added where SHARED_THRESHOLDS is off, HP_CLEAN 0
-    where CLEAN is."""
+    where CLEAN is off."""
     own = (() if SHARED_THRESHOLDS else (("HP_SHARED_THR", 0),)) + (() if CLEAN else (("HP_CLEAN", 0),))
     if SELECT_DEFINES:
         return SELECT_DEFINES + own
@@ -248,8 +249,10 @@ def device_maps(x, w):
     """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
     must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
     and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast_head.cu HP_SHARED_THR) and a
-    count, all zero: each launch leaves them zero for the next (CLEAN; or a memset before it, ZERO_BEFORE_LAUNCH), so
-    only the kernel may write them. The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
+    count, all zero: each launch leaves them zero for the next (CLEAN; without it a memset precedes each launch), so
+    only the kernel may write them, one launch at a time (two launches in flight through the same maps would count
+    into one word), and the maps should not move between builds with and without CLEAN (a launch without it leaves
+    them set). The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
     import cupy as cp
 
     return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0])),
@@ -285,8 +288,8 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
 
 
 def _zero_shared_thresholds(gthr) -> None:
-    """The shared thresholds zeroed on the current stream before a launch (ZERO_BEFORE_LAUNCH; a memset: a node of a
-    captured graph). A launch that read a previous launch's thresholds would drop keys of its own top k
+    """The shared thresholds zeroed on the current stream before a launch (CLEAN off, or ZERO_BEFORE_LAUNCH; a memset:
+    a node of a captured graph). A launch that read a previous launch's thresholds would drop keys of its own top k
     (tests/gpu/test_fast_head.py shows the result changes with neither this nor CLEAN)."""
     import cupy as cp
 
@@ -296,14 +299,14 @@ def _zero_shared_thresholds(gthr) -> None:
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
            maps=None) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel) unless given there, the shared thresholds zeroed where ZERO_BEFORE_LAUNCH (a memset
+    the stream before the kernel) unless given there, the shared thresholds zeroed where CLEAN is off or ZERO_BEFORE_LAUNCH is on (a memset
     on the stream: a node of a captured graph), then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
     gthr = maps[MAP_WORDS:]
-    if ZERO_BEFORE_LAUNCH:
+    if ZERO_BEFORE_LAUNCH or not CLEAN:
         _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),

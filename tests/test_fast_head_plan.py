@@ -137,7 +137,8 @@ def test_the_ops_take_the_warp_form_up_to_its_rows(monkeypatch):
 def test_shared_threshold_words_are_the_kernels(monkeypatch):
     """device_maps' words after the maps are fast_head.cu's: HP_GTHR_ROWS thresholds (NMAX, a u64 a hidden row) and
     the count of blocks done with them at gthr[HP_GTHR_ROWS] (HP_CLEAN), so MAPS_WORDS = MAP_WORDS + NMAX + 1; and
-    the zeroing switches reach the build (CLEAN False adds HP_CLEAN 0) and the launch (ZERO_BEFORE_LAUNCH)."""
+    the zeroing switches reach the build (CLEAN False adds HP_CLEAN 0) and the launch (a memset where CLEAN is off or
+    ZERO_BEFORE_LAUNCH on, so no launch runs with neither)."""
     src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
     assert _cu_value(8, "HP_GTHR_ROWS") == fast_head.NMAX
     assert fast_head.MAPS_WORDS == fast_head.MAP_WORDS + fast_head.NMAX + 1
@@ -154,11 +155,18 @@ def test_shared_threshold_words_are_the_kernels(monkeypatch):
             return ("gthr", i)
 
     monkeypatch.setattr(fast_head, "grid", lambda vr: 1)  # no device here
-    for memset in (False, True):
-        monkeypatch.setattr(fast_head, "ZERO_BEFORE_LAUNCH", memset)
-        fast_head.launch(lambda *a, **kw: None, 8, _Shape((8, 64)), _Shape((100, 64)), 100, 4, None, None, 0,
-                         maps=Maps())
-    assert calls == [("gthr", slice(fast_head.MAP_WORDS, None))]
+    memsets = {}
+    for clean in (True, False):
+        for memset in (False, True):
+            monkeypatch.setattr(fast_head, "CLEAN", clean)
+            monkeypatch.setattr(fast_head, "ZERO_BEFORE_LAUNCH", memset)
+            calls.clear()
+            fast_head.launch(lambda *a, **kw: None, 8, _Shape((8, 64)), _Shape((100, 64)), 100, 4, None, None, 0,
+                             maps=Maps())
+            assert calls in ([], [("gthr", slice(fast_head.MAP_WORDS, None))])
+            memsets[clean, memset] = bool(calls)
+    # the memset only where the kernel does not zero or it is asked for: never a launch with neither
+    assert memsets == {(True, False): False, (True, True): True, (False, False): True, (False, True): True}
 
 
 class _Shape:

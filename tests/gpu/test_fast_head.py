@@ -269,18 +269,19 @@ def test_device_maps_make_the_launch_capturable_with_the_same_top_k(cupy, fh):
         fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(32, cp.uint64))
 
 
-@pytest.mark.parametrize("clean,memset,sound", [(True, False, True), (False, True, True), (False, False, False)],
+@pytest.mark.parametrize("clean,sound", [(True, True), (False, True), (False, False)],
                          ids=["kernel_cleans", "memset_before_launch", "mutant_neither"])
-def test_shared_thresholds_do_not_outlive_a_launch(cupy, fh, monkeypatch, clean, memset, sound):
+def test_shared_thresholds_do_not_outlive_a_launch(cupy, fh, monkeypatch, clean, sound):
     """Maps made once (FastRound's) carry the shared thresholds from launch to launch: the kernel's last block zeroes
-    them at its end (fast_head.CLEAN, the default; fast_head.cu HP_CLEAN), or a memset does before each launch
-    (ZERO_BEFORE_LAUNCH, v18's way). A launch on hidden rows 4096 times larger, then one on the small rows through the
-    same maps, must give the small rows' own top k (as a launch with maps made anew), and so must the large rows after
-    the small. With neither (the mutant) the large rows' thresholds are above every small logit and the second launch's
-    lists come back empty: the check fails, so it can."""
+    them at its end (fast_head.CLEAN, the default; fast_head.cu HP_CLEAN), or, with CLEAN off, a memset does before
+    each launch (v18's way). Launches alternate hidden rows 4096 times larger and smaller through the same maps; each
+    must give its rows' own top k (as a launch with maps made anew). With neither (the mutant: CLEAN off and the memset
+    replaced) the large rows' thresholds are above every small logit and a small launch's lists come back empty: the
+    check fails, so it can."""
     cp = cupy
     monkeypatch.setattr(fh, "CLEAN", clean)
-    monkeypatch.setattr(fh, "ZERO_BEFORE_LAUNCH", memset)
+    if not sound:
+        monkeypatch.setattr(fh, "_zero_shared_thresholds", lambda gthr: None)
     m, vr, h, k, elig = 24, 60_000, 256, 8, 60_000  # 24 rows: the lane form (above WARP_FORM_MAX_ROWS)
     xs, wb = _inputs("gauss", m, vr, h, seed=5)
     x_small = _bits(_f64(xs) / 64.0)

@@ -209,10 +209,10 @@ def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch
     replay to replay; the kernel's last block zeroes the thresholds at its end (fast_head.CLEAN), with no memset in the
     graph. Replays alternating two inputs (anchors A, B) must each equal that input's eager step. The committed round
     vectors have H 32, which the fused head does not take, so this runs the 35B geometry's round (random weights, as
-    benchmarks/round_ab.py) at B2 W8: 14 hidden rows, the lane form, which shares thresholds. With neither the
-    kernel's zeroing nor a memset (the mutant, its graph captured anew) a replay keeps the other input's thresholds
-    (each row's best logit: the proposal head's k is 1) and loses the rows whose best is below them: the check fails,
-    so it can."""
+    benchmarks/round_ab.py) at B2 W8: 14 hidden rows, the lane form, which shares thresholds; the thresholds and the
+    kernel's count must end at zero. With neither the kernel's zeroing nor a memset (the mutant: CLEAN off and the
+    memset replaced, its graph captured anew) a replay keeps the other input's thresholds (each row's best logit: the
+    proposal head's k is 1) and loses the rows whose best is below them: the check fails, so it can."""
     torch = pytest.importorskip("torch", reason="the round's random full-width weights are built with torch")
     from benchmarks.gpu_bench import round_drafter, round_inputs
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
@@ -246,12 +246,14 @@ def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch
         for n in "BABA":
             same.append(_equal(_snap(fr.step(**args[n])), want[n]))
             assert fr.last_path == "graph"
+        if fast_head.CLEAN:  # the kernel left the thresholds and its count at zero
+            assert not ws.fh_maps[fast_head.MAP_WORDS:].any()
         return all(same)
 
     try:
         assert replays_are_their_own()
         monkeypatch.setattr(fast_head, "CLEAN", False)
-        monkeypatch.setattr(fast_head, "ZERO_BEFORE_LAUNCH", False)
+        monkeypatch.setattr(fast_head, "_zero_shared_thresholds", lambda gthr: None)
         assert not replays_are_their_own(), "stale thresholds went unnoticed: the check above cannot fail"
     finally:
         fr.drop()
