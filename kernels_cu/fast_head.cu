@@ -580,9 +580,9 @@ __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z
 // range or row word 0 below a value k of its keys reach, has k keys >= t. So t bounds the row's k-th best key over the
 // whole head from below, and every block may drop what is below any block's t: a key z < t has k keys above it (keys
 // are distinct; z == t only in t's own block, which keeps t). The lane form publishes each row's threshold after a tile
-// (atomicMax into gthr[n], the kernel's last argument: a u64 a hidden row, zero at each launch's start, HP_CLEAN, where it rose
-// past the value read) and starts each tile from max(its own, gthr[n]), read
-// from L2 (the other blocks' atomics). A block's list then holds only the keys of its range above the thresholds it
+// (atomicMax into gthr[n], the kernel's last argument: a u64 a hidden row, zero at each launch's start by HP_CLEAN
+// below, where it rose past the value read) and starts each tile from max(its own, gthr[n]), read from L2 (the other
+// blocks' atomics). A block's list then holds only the keys of its range above the thresholds it
 // saw, fewer than k where others did better; the merge's result is the same top k, since every key of the global
 // top k passes every threshold. The sets' test drops most of a tile once the thresholds are shared (each block's
 // first tile still seeds its own). The lists depend on the blocks' timing; the merged top k does not.

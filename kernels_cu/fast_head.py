@@ -299,8 +299,8 @@ def _zero_shared_thresholds(gthr) -> None:
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
            maps=None) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel) unless given there, the shared thresholds zeroed where CLEAN is off or ZERO_BEFORE_LAUNCH is on (a memset
-    on the stream: a node of a captured graph), then the grid."""
+    the stream before the kernel) unless given there, the shared thresholds zeroed where CLEAN is off or
+    ZERO_BEFORE_LAUNCH is on (a memset on the stream: a node of a captured graph), then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
