@@ -16,8 +16,7 @@ copy bandwidth.
 
 Variants: new f / new b (this tree's mma.sync kernel with FP32 q/k/v or BF16 bits); wg b s2 / wg b s3 (the wgmma
 form, fast_attention.WGMMA, at 2 and 3 K/V stages, where it takes the shape: 64 query rows); with --before PATH,
-v4 f / v4 b
-(the kernel source at PATH, e.g. `git show 86941ea:kernels_cu/fast_attention.cu`, launched as 86941ea's
+v4 f / v4 b (the kernel source at PATH, e.g. `git show 86941ea:kernels_cu/fast_attention.cu`, launched as 86941ea's
 attention_fast did: its split heuristic and its combine kernel). Checks printed with the table: new f and
 new b give the same bits; the wgmma form against new b (bits equal, elements differing, largest difference); new and
 v4 give the same bits (one split, and their default splits).

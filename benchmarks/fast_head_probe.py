@@ -1,14 +1,14 @@
 """Where the fused head's time goes (kernels_cu/fast_head.cu; probe, issue 12): either kernel alone over the 27B head
-(248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the
-stream without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection, the
-accumulators summed so that ptxas keeps the wgmma chain (before session v18 it dropped it); HT_PROBE_CLOCKS: cycle counts;
-HP_SEED_BISECT: the warp form's first thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a
-warp a hidden row; HP_SET / HP_AHEAD: the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan
-without the candidates, wrong lists; HP_PAIR 1: two candidates a lane a step; HP_TILE_COMPACT 0: no tile-end
-compaction; HP_PROBE_X_EVERY: x loaded at every stage's first use, then every n-th stage only, wrong logits; HP_SHARED_THR 0: each block's own thresholds only), timed by
-CUDA events (median). ``--sustain S`` also runs each variant back to back for S seconds while nvidia-smi samples the
-SM clock, the power draw and the clock-event reasons (medians and the reasons seen, per variant). Variants named
-pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
+(248320 x 5120 BF16, 2.54 GB) built with other stage counts and with its probe switches (HT_PROBE_NO_MMA: the stream
+without the tensor cores; HT_PROBE_NO_EPILOGUE: without the selection, the accumulators summed so that ptxas keeps the
+wgmma chain (before session v18 it dropped it); HT_PROBE_CLOCKS: cycle counts; HP_SEED_BISECT: the warp form's first
+thresholds by bisection; HP_WARP_ROWS: the ping-pong kernel's v14 selection, a warp a hidden row; HP_SET / HP_AHEAD:
+the lane form's float4 a set and sets loaded ahead; HP_PROBE_NO_CAND: its scan without the candidates, wrong lists;
+HP_PAIR 1: two candidates a lane a step; HP_TILE_COMPACT 0: no tile-end compaction; HP_PROBE_X_EVERY: x loaded at
+every stage's first use, then every n-th stage only, wrong logits; HP_SHARED_THR 0: each block's own thresholds only),
+timed by CUDA events (median). ``--sustain S`` also runs each variant back to back for S seconds while nvidia-smi
+samples the SM clock, the power draw and the clock-event reasons (medians and the reasons seen, per variant). Variants
+named pingpong* / pp_* build fast_head_topk_pp, the others fast_head_topk.
 
     python -m benchmarks.fast_head_probe [--only pingpong,pp_clocks] [--sustain 2] [--json out.json]
 
@@ -207,17 +207,21 @@ def main(argv=None) -> int:
                 r["clocks_mean"] = {name: float(v) for name, v in zip(CLOCKS, mean[0])}
                 r["epilogue_fraction"] = float(mean[0, 1] / mean[0, 0])
         if args.sustain > 0:  # the maps made once: no host copy between the back-to-back launches
-            maps = fh.device_maps(x, w)
-            r["smi"] = sustained(cp, lambda fn=fn, x=x, partial=partial, smem=smem, n=n, clocks=clocks, pp=pp, maps=maps:
-                                 fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem,
-                                           fh.PP_THREADS if pp else fh.THREADS, maps), args.sustain)
+            maps, threads = fh.device_maps(x, w), fh.PP_THREADS if pp else fh.THREADS
+
+            def again():  # run within this iteration, so the loop's current values are the ones meant
+                fh.launch(fn, n, x, w, vr, 16, partial, clocks, smem, threads, maps)  # noqa: B023
+
+            r["smi"] = sustained(cp, again, args.sustain)
         out.append(r)
         print(json.dumps(r), flush=True)
-    print(f"\n{'variant':<20} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8} {'MHz':>5} {'W':>4} {'ms s':>6}")
+    print(f"\n{'variant':<20} {'rows':>4} {'st':>3} {'ms':>7} {'GB/s':>7} {'/4.1TB/s':>8} {'MHz':>5} {'W':>4}"
+          f" {'ms s':>6}")
     for r in out:
         smi = r.get("smi") or {}
-        print(f"{r['variant']:<20} {r['rows']:>4} {r['stages']:>3} {r['ms']:>7.3f} {r['GBps']:>7.0f} {r['of_4100']:>8.2f}"
-              f" {smi.get('sm_mhz', 0):>5.0f} {smi.get('watts', 0):>4.0f} {smi.get('ms_per_launch', 0):>6.3f}")
+        print(f"{r['variant']:<20} {r['rows']:>4} {r['stages']:>3} {r['ms']:>7.3f} {r['GBps']:>7.0f}"
+              f" {r['of_4100']:>8.2f} {smi.get('sm_mhz', 0):>5.0f} {smi.get('watts', 0):>4.0f}"
+              f" {smi.get('ms_per_launch', 0):>6.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

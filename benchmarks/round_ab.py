@@ -102,7 +102,7 @@ CONFIGS = {
     "gemv_stage64": {"kernels_cu.fast_gemv.STAGE_BYTES": 64 * 1024},
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
-    "head_memset": {"kernels_cu.fast_head.ZERO_BEFORE_LAUNCH": True, "kernels_cu.fast_head.CLEAN": False},
+    "head_memset": {"kernels_cu.fast_head.CLEAN": False},
     "default": {},
 }
 

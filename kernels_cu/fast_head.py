@@ -89,13 +89,11 @@ WARP_FORM_MAX_ROWS = 8
 # (sessions v15-v17; round_ab's config head_own_thr)
 SHARED_THRESHOLDS = True
 
-# The shared thresholds' zeroing between launches through the same maps (session v19). CLEAN: the kernel's last block
-# zeroes them at its end (fast_head.cu HP_CLEAN; False builds it with HP_CLEAN 0, and every launch is then preceded by
-# a memset). ZERO_BEFORE_LAUNCH: the memset before each launch even where the kernel zeroes (v18's way was the memset
-# alone: CLEAN False; in FastRound's graph a memset node between the final norm and the head). A launch never runs
+# The shared thresholds' zeroing between launches through the same maps (session v19). True: the kernel's last block
+# zeroes them at its end (fast_head.cu HP_CLEAN). False: the kernel built with HP_CLEAN 0 and a memset before every
+# launch (v18's way; in FastRound's graph a memset node between the final norm and the head). A launch never runs
 # with neither; the tests' mutant replaces the memset (_zero_shared_thresholds) to get one.
 CLEAN = True
-ZERO_BEFORE_LAUNCH = False
 
 
 def select_defines(M: int) -> tuple[tuple[str, int], ...]:
@@ -288,8 +286,8 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
 
 
 def _zero_shared_thresholds(gthr) -> None:
-    """The shared thresholds zeroed on the current stream before a launch (CLEAN off, or ZERO_BEFORE_LAUNCH; a memset:
-    a node of a captured graph). A launch that read a previous launch's thresholds would drop keys of its own top k
+    """The shared thresholds zeroed on the current stream before a launch (CLEAN off; a memset: a node of a captured
+    graph). A launch that read a previous launch's thresholds would drop keys of its own top k
     (tests/gpu/test_fast_head.py shows the result changes with neither this nor CLEAN)."""
     import cupy as cp
 
@@ -299,14 +297,14 @@ def _zero_shared_thresholds(gthr) -> None:
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
            maps=None) -> None:
     """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel) unless given there, the shared thresholds zeroed where CLEAN is off or
-    ZERO_BEFORE_LAUNCH is on (a memset on the stream: a node of a captured graph), then the grid."""
+    the stream before the kernel) unless given there, the shared thresholds zeroed where CLEAN is off (a
+    memset on the stream: a node of a captured graph), then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
     gthr = maps[MAP_WORDS:]
-    if ZERO_BEFORE_LAUNCH or not CLEAN:
+    if not CLEAN:
         _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),

@@ -4,7 +4,9 @@ and tests/test_nvcc_compile.py)."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from kernels_cu import fast_head
@@ -137,38 +139,26 @@ def test_the_ops_take_the_warp_form_up_to_its_rows(monkeypatch):
 def test_shared_threshold_words_are_the_kernels(monkeypatch):
     """device_maps' words after the maps are fast_head.cu's: HP_GTHR_ROWS thresholds (NMAX, a u64 a hidden row) and
     the count of blocks done with them at gthr[HP_GTHR_ROWS] (HP_CLEAN), so MAPS_WORDS = MAP_WORDS + NMAX + 1; and
-    the zeroing switches reach the build (CLEAN False adds HP_CLEAN 0) and the launch (a memset where CLEAN is off or
-    ZERO_BEFORE_LAUNCH on, so no launch runs with neither)."""
+    the zeroing switch reaches the build (CLEAN False adds HP_CLEAN 0) and the launch (a memset exactly where CLEAN is
+    off, so no launch runs with neither)."""
     src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
     assert _cu_value(8, "HP_GTHR_ROWS") == fast_head.NMAX
     assert fast_head.MAPS_WORDS == fast_head.MAP_WORDS + fast_head.NMAX + 1
     assert "gthr + HP_GTHR_ROWS" in src and re.search(r"^#if HP_SHARED_THR && HP_CLEAN\b", src, re.MULTILINE)
-    assert fast_head.CLEAN and not fast_head.ZERO_BEFORE_LAUNCH  # the default: the kernel zeroes, no memset
+    assert fast_head.CLEAN  # the default: the kernel zeroes, no memset
     assert ("HP_CLEAN", 0) not in fast_head.select_defines(120)
     monkeypatch.setattr(fast_head, "CLEAN", False)
     assert ("HP_CLEAN", 0) in fast_head.select_defines(120) and ("HP_CLEAN", 0) in fast_head.select_defines(7)
     calls = []
     monkeypatch.setattr(fast_head, "_zero_shared_thresholds", calls.append)
-
-    class Maps(list):
-        def __getitem__(self, i):
-            return ("gthr", i)
-
     monkeypatch.setattr(fast_head, "grid", lambda vr: 1)  # no device here
+    maps = np.arange(fast_head.MAPS_WORDS, dtype=np.uint64)  # stands in for device_maps' array: only sliced here
+    x, w = SimpleNamespace(shape=(8, 64)), SimpleNamespace(shape=(100, 64))
     memsets = {}
     for clean in (True, False):
-        for memset in (False, True):
-            monkeypatch.setattr(fast_head, "CLEAN", clean)
-            monkeypatch.setattr(fast_head, "ZERO_BEFORE_LAUNCH", memset)
-            calls.clear()
-            fast_head.launch(lambda *a, **kw: None, 8, _Shape((8, 64)), _Shape((100, 64)), 100, 4, None, None, 0,
-                             maps=Maps())
-            assert calls in ([], [("gthr", slice(fast_head.MAP_WORDS, None))])
-            memsets[clean, memset] = bool(calls)
-    # the memset only where the kernel does not zero or it is asked for: never a launch with neither
-    assert memsets == {(True, False): False, (True, True): True, (False, False): True, (False, True): True}
-
-
-class _Shape:
-    def __init__(self, shape):
-        self.shape = shape
+        monkeypatch.setattr(fast_head, "CLEAN", clean)
+        calls.clear()
+        fast_head.launch(lambda *a, **kw: None, 8, x, w, 100, 4, None, None, 0, maps=maps)
+        assert len(calls) <= 1 and all(np.array_equal(c, maps[fast_head.MAP_WORDS:]) for c in calls)
+        memsets[clean] = bool(calls)
+    assert memsets == {True: False, False: True}  # the memset exactly where the kernel does not zero
