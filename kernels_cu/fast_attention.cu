@@ -375,6 +375,86 @@ __device__ __forceinline__ int tile_el(int row, int col) {
               : row * ST + col;
 }
 
+// The fused combine's merge in the block that counted last (attn_body, ctr given): the chunk's rows, every split.
+// Not inlined: ptxas allocates it apart from the attention's main loop, whose registers are dead by then (inlined,
+// the FP32-input kernel at D 128 spilled 112 bytes against 44).
+template <int DP, int MT>
+__device__ __noinline__ void merge_splits(const float* __restrict__ part_o, const float2* __restrict__ part_ml, int B,
+                                          int W, int Hq, int Hk, int D, int ns, int b, int hk, int lve, int R0, int kg,
+                                          int tq, float* __restrict__ out_f32, u16* __restrict__ out_bf16,
+                                          unsigned char* smem) {
+    constexpr int KG = FA_WARPS / MT, ND = DP / 8;
+    const int G = Hq / Hk, M = W * G;
+    __threadfence();  // the other blocks' partials (seen through their count) are read after this, from L2
+    const long long rows = (long long)B * Hk * M;
+    const int c0 = blockIdx.z * FA_ROWS, nr = M - c0 < FA_ROWS ? M - c0 : FA_ROWS;
+    const long long id0 = ((long long)b * Hk + hk) * M + c0;  // the chunk's first row in the partials
+    float2* sml = reinterpret_cast<float2*>(smem + 16);         // [ns][nr] (m, l): the launcher checks the room
+    for (int x = threadIdx.x; x < ns * nr; x += FA_WARPS * 32) {
+        const int s = x / nr, r = x - s * nr;
+        sml[x] = __ldcg(part_ml + s * rows + id0 + r);
+    }
+    __syncthreads();
+    // every warp merges its m-tile's rows R0, R0 + 8 at the output n-tiles kg, kg + KG, ...
+    constexpr int NN = (ND + KG - 1) / KG;  // n-tile kg + KG nn exists where it is < ND
+    float acc[2][NN][2], L[2] = {0.f, 0.f}, mx[2] = {dfl::neg_inf(), dfl::neg_inf()};
+    bool in[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int R = R0 + 8 * h;
+        in[h] = R < M && R / G < lve;
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) acc[h][nn][0] = acc[h][nn][1] = 0.f;
+        if (in[h])
+            for (int s = 0; s < ns; ++s) mx[h] = fmaxf(mx[h], sml[s * nr + R - c0].x);
+    }
+    for (int s = 0; s < ns; ++s) {
+        float2 x[2][NN];  // both rows' loads of a split in flight at once (loaded whatever m; used where m > -inf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float* po = part_o + (s * rows + id0 + (R0 + 8 * h - c0)) * DP + 2 * tq;
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) {
+                const int n = kg + KG * nn;
+                x[h][nn] = in[h] && n < ND ? __ldcg(reinterpret_cast<const float2*>(po + n * 8))
+                                           : make_float2(0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float2 ml = in[h] ? sml[s * nr + R0 + 8 * h - c0] : make_float2(dfl::neg_inf(), 0.f);
+            if (ml.x > dfl::neg_inf()) {
+                const float w = exp2f(ml.x - mx[h]);
+                L[h] += w * ml.y;
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    acc[h][nn][0] += w * x[h][nn].x;
+                    acc[h][nn][1] += w * x[h][nn].y;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int R = R0 + 8 * h;
+        if (R >= M) continue;
+        const int i = R / G, gg = R - (R / G) * G;
+        const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
+        const bool zero = !(L[h] > 0.f);
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) {
+            const int d = (kg + KG * nn) * 8 + 2 * tq;
+            if (kg + KG * nn < ND && d < D) {
+                const float v0 = zero ? 0.f : acc[h][nn][0] / L[h], v1 = zero ? 0.f : acc[h][nn][1] / L[h];
+                if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
+                if (out_bf16)
+                    *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
+                        (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
+            }
+        }
+    }
+}
+
 template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
@@ -383,7 +463,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                                           long long C, long long window, float sl2, int ns,
                                           float* __restrict__ part_o, float2* __restrict__ part_ml,
                                           float* __restrict__ out_f32, u16* __restrict__ out_bf16,
-                                          unsigned char* smem) {
+                                          int* __restrict__ ctr, unsigned char* smem) {
     constexpr int KG = FA_WARPS / MT;  // key slices per tile
     constexpr int NKW = FA_NT / KG;    // keys per warp per tile (16 MT)
     constexpr int NJ = NKW / 8;        // score n-tiles per warp
@@ -849,12 +929,13 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(4);  // key slices merged
-    if (kg != 0) return;
+    const bool fused = ns > 1 && ctr != nullptr;  // the splits merged by their last block (below)
+    if (kg != 0 && !fused) return;
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int R = R0 + 8 * h;
-        if (R >= M) continue;
+        if (kg != 0 || R >= M) continue;
         const int i = R / G, gg = R - (R / G) * G;
         if (ns == 1) {
             const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
@@ -880,6 +961,29 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(5);  // outputs written
+    if (!fused) return;
+
+    // The fused combine (ctr given, fast_attention.py FUSED_COMBINE): the split blocks of one (b, hk, chunk) count
+    // themselves in ctr[blockIdx.y * gridDim.z + blockIdx.z] once their partials are written, and the block that
+    // counts last merges the splits' partials of its chunk's rows and writes the outputs; no combine kernel. The
+    // merge is fast_attn_combine's arithmetic in its order (mx over every split, then L and o split by split, a
+    // split with m = -inf skipped, one IEEE division), so the outputs are its bits. Each thread fences its own
+    // partials before the barrier, and the counting thread's atomic follows the barrier: a block that sees the
+    // count ns - 1 sees every split's partials (read through L2, __ldcg). The last block leaves the count at 0
+    // for the next launch through the same counters (one launch in flight per counter array: fast_attention.py).
+    __threadfence();
+    __syncthreads();
+    int* flag = reinterpret_cast<int*>(smem);  // the tiles and the key-slice merge are done with shared memory
+    if (threadIdx.x == 0) {
+        int* c = ctr + (long long)blockIdx.y * gridDim.z + blockIdx.z;
+        const int last = atomicAdd(c, 1) == ns - 1;
+        if (last) *c = 0;
+        *flag = last;
+    }
+    __syncthreads();
+    if (!*flag) return;
+    merge_splits<DP, MT>(part_o, part_ml, B, W, Hq, Hk, D, ns, b, hk, lve, R0, kg, tq, out_f32, out_bf16,
+                         smem);
 }
 
 // One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits. The loads go in
@@ -979,13 +1083,14 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
-        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
+        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16,        \
+        int* __restrict__ ctr) {                                                                                 \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
         fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0,                                                        \
                       FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(                             \
             q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,                                               \
                                                        window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
-                                                       fa_smem);                                                \
+                                                       ctr, fa_smem);                                           \
     }
 
 #define FA_COMBINE_CB(DPV, CBV)                                                                                  \

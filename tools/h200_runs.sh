@@ -94,6 +94,9 @@
 #                                          # mode and of FastRound, the 35B B8 W16 round's trace
 #   bash tools/h200_runs.sh v19-e          # session v19: each consumer thread fences before the head's zeroing count:
 #                                          # the head's and the round's tests, the round A/B
+#   bash tools/h200_runs.sh v20-a          # session v20: the attention's splits merged by their last block: the round
+#                                          # A/B against the combine kernel, the fused combine's GPU tests
+#   bash tools/h200_runs.sh v20-b          # session v20: every attention GPU test, the round and block GPU tests
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -635,6 +638,15 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_memset,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
+    v20-a)  # session v20: the attention's key splits merged by the last split block (fast_attention.FUSED_COMBINE)
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs attn_combine_kernel,default \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step fused-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        -k "fused or stale or capture_without or graph_replay or split_counts" ;;
+    v20-b)  # session v20: every attention GPU test (the fused combine by default), the round and block GPU tests
+      step attn-tests timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py
+      step round-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
+      step block-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
