@@ -51,6 +51,10 @@ using dfl::u16;
 #ifndef FA_ALIAS
 #define FA_ALIAS 0  // 1: the aliased shared-memory layout (attn_body's ALIAS)
 #endif
+#ifndef FA_FC_PROBE
+#define FA_FC_PROBE 0  // benchmarks/fused_combine_probe.py only (wrong outputs): 1 no merge, 2 no count either,
+                       // 3 the merge without its fence, 5 the merge without its loads of o, 6 the merge twice
+#endif
 // FA_WG=1 (built for sm_90a only, fast_attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
 // one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
 #if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -375,84 +379,122 @@ __device__ __forceinline__ int tile_el(int row, int col) {
               : row * ST + col;
 }
 
-// The fused combine's merge in the block that counted last (attn_body, ctr given): the chunk's rows, every split.
-// Not inlined: ptxas allocates it apart from the attention's main loop, whose registers are dead by then (inlined,
-// the FP32-input kernel at D 128 spilled 112 bytes against 44).
+// The fused combine's merge in the block that counted last (attn_body, ctr given): the chunk's rows, every split,
+// fast_attn_combine's operations in its order. Written for little code: it runs once a launch on a multiprocessor
+// whose instruction cache has not seen it, and a first build (both rows' 64 divisions unrolled, ~2,000 instructions
+// of straight code) added ~10 us to the kernel whatever its loads (benchmarks/fused_combine_probe.py, session v20).
+// Shared memory (after the 16 bytes of attn_body's flag): L [64], the splits' weights [ns][64] (-1: the split is
+// skipped, its m = -inf or the row is past live), then one region that first holds the (m, l) table [ns][64] and
+// then the merged rows [64][DP] before the division (fast_attention.py fused_room). Not inlined: ptxas allocates it
+// apart from the main loop, whose registers are dead by then.
 template <int DP, int MT>
 __device__ __noinline__ void merge_splits(const float* __restrict__ part_o, const float2* __restrict__ part_ml, int B,
                                           int W, int Hq, int Hk, int D, int ns, int b, int hk, int lve, int R0, int kg,
                                           int tq, float* __restrict__ out_f32, u16* __restrict__ out_bf16,
                                           unsigned char* smem) {
     constexpr int KG = FA_WARPS / MT, ND = DP / 8;
+    constexpr int NN = (ND + KG - 1) / KG;  // this thread's n-tiles kg + KG nn (where < ND) of rows R0, R0 + 8
+    constexpr int SB = NN >= 16 ? 2 : 4;    // splits whose loads are in flight at once (at most 64 float2)
+    constexpr int NT = FA_WARPS * 32;
     const int G = Hq / Hk, M = W * G;
+#if FA_FC_PROBE != 3
     __threadfence();  // the other blocks' partials (seen through their count) are read after this, from L2
+#endif
     const long long rows = (long long)B * Hk * M;
     const int c0 = blockIdx.z * FA_ROWS, nr = M - c0 < FA_ROWS ? M - c0 : FA_ROWS;
     const long long id0 = ((long long)b * Hk + hk) * M + c0;  // the chunk's first row in the partials
-    float2* sml = reinterpret_cast<float2*>(smem + 16);         // [ns][nr] (m, l): the launcher checks the room
-    for (int x = threadIdx.x; x < ns * nr; x += FA_WARPS * 32) {
-        const int s = x / nr, r = x - s * nr;
-        sml[x] = __ldcg(part_ml + s * rows + id0 + r);
+    float* sL = reinterpret_cast<float*>(smem + 16);
+    float* sw = sL + FA_ROWS;
+    float* sacc = sw + ns * FA_ROWS;
+    float2* sml = reinterpret_cast<float2*>(sacc);
+#pragma unroll 4
+    for (int x = threadIdx.x; x < ns * FA_ROWS; x += NT) {
+        const int r = x % FA_ROWS;
+        sml[x] = r < nr ? __ldcg(part_ml + (x / FA_ROWS) * rows + id0 + r) : make_float2(dfl::neg_inf(), 0.f);
     }
     __syncthreads();
-    // every warp merges its m-tile's rows R0, R0 + 8 at the output n-tiles kg, kg + KG, ...
-    constexpr int NN = (ND + KG - 1) / KG;  // n-tile kg + KG nn exists where it is < ND
-    float acc[2][NN][2], L[2] = {0.f, 0.f}, mx[2] = {dfl::neg_inf(), dfl::neg_inf()};
-    bool in[2];
+    if (threadIdx.x < FA_ROWS) {  // a thread a row: the largest m, then each split's weight and L in split order
+        const int r = threadIdx.x;
+        const bool in = r < nr && (c0 + r) / G < lve;
+        float mx = dfl::neg_inf(), L = 0.f;
+#pragma unroll 1
+        for (int s = 0; in && s < ns; ++s) mx = fmaxf(mx, sml[s * FA_ROWS + r].x);
+#pragma unroll 1
+        for (int s = 0; s < ns; ++s) {
+            const float2 ml = sml[s * FA_ROWS + r];
+            float w = -1.f;
+            if (in && ml.x > dfl::neg_inf()) {
+                w = exp2f(ml.x - mx);
+                L += w * ml.y;
+            }
+            sw[s * FA_ROWS + r] = w;
+        }
+        sL[r] = L;
+    }
+    __syncthreads();  // the (m, l) table is read: its region takes the merged rows below
+    float acc[2][NN][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int R = R0 + 8 * h;
-        in[h] = R < M && R / G < lve;
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) acc[h][nn][0] = acc[h][nn][1] = 0.f;
-        if (in[h])
-            for (int s = 0; s < ns; ++s) mx[h] = fmaxf(mx[h], sml[s * nr + R - c0].x);
-    }
-    for (int s = 0; s < ns; ++s) {
-        float2 x[2][NN];  // both rows' loads of a split in flight at once (loaded whatever m; used where m > -inf)
+    const int r0 = R0 - c0;  // this thread's rows in the chunk: r0, r0 + 8 (beyond nr: weights -1)
+    const float* po = part_o + (id0 + r0) * DP + 2 * tq;
+#pragma unroll 1
+    for (int s0 = 0; s0 < ns; s0 += SB) {
+        float w[SB][2];
+        float2 x[SB][2][NN];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float* po = part_o + (s * rows + id0 + (R0 + 8 * h - c0)) * DP + 2 * tq;
+        for (int j = 0; j < SB; ++j)
 #pragma unroll
-            for (int nn = 0; nn < NN; ++nn) {
-                const int n = kg + KG * nn;
-                x[h][nn] = in[h] && n < ND ? __ldcg(reinterpret_cast<const float2*>(po + n * 8))
-                                           : make_float2(0.f, 0.f);
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float2 ml = in[h] ? sml[s * nr + R0 + 8 * h - c0] : make_float2(dfl::neg_inf(), 0.f);
-            if (ml.x > dfl::neg_inf()) {
-                const float w = exp2f(ml.x - mx[h]);
-                L[h] += w * ml.y;
+            for (int h = 0; h < 2; ++h) {
+                w[j][h] = s0 + j < ns ? sw[(s0 + j) * FA_ROWS + r0 + 8 * h] : -1.f;
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
-                    acc[h][nn][0] += w * x[h][nn].x;
-                    acc[h][nn][1] += w * x[h][nn].y;
+                    const int n = kg + KG * nn;
+                    x[j][h][nn] = w[j][h] >= 0.f && n < ND && FA_FC_PROBE != 5
+                                      ? __ldcg(reinterpret_cast<const float2*>(
+                                            po + ((s0 + j) * rows + 8 * h) * DP + n * 8))
+                                      : make_float2(0.f, 0.f);
                 }
             }
-        }
+#pragma unroll
+        for (int j = 0; j < SB; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (w[j][h] >= 0.f)
+#pragma unroll
+                    for (int nn = 0; nn < NN; ++nn) {
+                        acc[h][nn][0] += w[j][h] * x[j][h][nn].x;
+                        acc[h][nn][1] += w[j][h] * x[j][h][nn].y;
+                    }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int R = R0 + 8 * h;
-        if (R >= M) continue;
-        const int i = R / G, gg = R - (R / G) * G;
-        const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
-        const bool zero = !(L[h] > 0.f);
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) {
-            const int d = (kg + KG * nn) * 8 + 2 * tq;
-            if (kg + KG * nn < ND && d < D) {
-                const float v0 = zero ? 0.f : acc[h][nn][0] / L[h], v1 = zero ? 0.f : acc[h][nn][1] / L[h];
-                if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
-                if (out_bf16)
-                    *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
-                        (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
-            }
+            const int n = kg + KG * nn;
+            if (n < ND)
+                *reinterpret_cast<float2*>(sacc + (r0 + 8 * h) * DP + n * 8 + 2 * tq) =
+                    make_float2(acc[h][nn][0], acc[h][nn][1]);
         }
+    __syncthreads();
+    constexpr int NP = DP / 2;  // column pairs a row
+#pragma unroll 4
+    for (int x = threadIdx.x; x < nr * NP; x += NT) {
+        const int r = x / NP, d = 2 * (x % NP);
+        if (d >= D) continue;
+        const int R = c0 + r, i = R / G, gg = R - (R / G) * G;
+        const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
+        const float L = sL[r];
+        const float2 a = *reinterpret_cast<const float2*>(sacc + r * DP + d);
+        const bool zero = !(L > 0.f);
+        const float v0 = zero ? 0.f : a.x / L, v1 = zero ? 0.f : a.y / L;
+        if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
+        if (out_bf16)
+            *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
+                (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
     }
+    FA_MARK(7);  // the splits merged (the merging blocks only)
 }
 
 template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
@@ -961,7 +1003,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(5);  // outputs written
-    if (!fused) return;
+    if (!fused || FA_FC_PROBE == 2) return;
 
     // The fused combine (ctr given, fast_attention.py FUSED_COMBINE): the split blocks of one (b, hk, chunk) count
     // themselves in ctr[blockIdx.y * gridDim.z + blockIdx.z] once their partials are written, and the block that
@@ -981,9 +1023,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         *flag = last;
     }
     __syncthreads();
-    if (!*flag) return;
+    if (!*flag || FA_FC_PROBE == 1) return;
     merge_splits<DP, MT>(part_o, part_ml, B, W, Hq, Hk, D, ns, b, hk, lve, R0, kg, tq, out_f32, out_bf16,
                          smem);
+    if (FA_FC_PROBE == 6)  // the merge again, its code now fetched (the stamp at its end is the second's)
+        merge_splits<DP, MT>(part_o, part_ml, B, W, Hq, Hk, D, ns, b, hk, lve, R0, kg, tq, out_f32, out_bf16,
+                             smem);
 }
 
 // One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits. The loads go in
