@@ -7,8 +7,7 @@ spread of block start times (global timer, ns) and the kernel's event time.
     python -m benchmarks.attn_phases [--wgmma on] [--json out.json]
 
 Phases: 1 Q fragments issued / pad zeroed, 6 first context tile in shared memory, 2 context tiles done,
-3 block tile done, 4 key slices merged, 5 outputs written, 7 the splits merged (the fused combine's merging
-blocks only; the means are over those). Timing build only; the stamps cost a few
+3 block tile done, 4 key slices merged, 5 outputs written. Timing build only; the stamps cost a few
 instructions per phase.
 """
 
@@ -19,8 +18,7 @@ import json
 import sys
 
 TIMING_BLOCKS = 4096  # fast_attention.cu FA_TIMING_BLOCKS: blocks whose stamps are kept
-PHASES = [(1, "q issued"), (6, "tile 1 in smem"), (2, "ctx done"), (3, "block tile"), (4, "merged"), (5, "written"),
-          (7, "splits merged")]
+PHASES = [(1, "q issued"), (6, "tile 1 in smem"), (2, "ctx done"), (3, "block tile"), (4, "merged"), (5, "written")]
 
 
 def _global(cp, mod, name):
@@ -38,7 +36,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--wgmma", choices=["off", "on"], default="off",
                     help="fast_attention.WGMMA False / True (the wgmma form where it takes the shape)")
-    ap.add_argument("--define", action="append", default=[], help="a further NVRTC option, e.g. -DFA_FC_PROBE=6")
     args = ap.parse_args(argv)
     import cupy as cp
     import numpy as np
@@ -47,7 +44,7 @@ def main(argv=None) -> int:
     from benchmarks.bench_fast_attention import GEOMS, HK, HQ, SHAPES, D, make_inputs
     from kernels_cu import fast_attention as fa
 
-    fa.EXTRA_OPTIONS = ("-DFA_TIMING", *args.define)
+    fa.EXTRA_OPTIONS = ("-DFA_TIMING",)
     fa.WGMMA = args.wgmma == "on"
     clock_hz = cp.cuda.Device().attributes["ClockRate"] * 1e3
     out = []
@@ -83,19 +80,13 @@ def main(argv=None) -> int:
                  "start_spread_us": float((s.max() - s.min()) / 1e3),
                  "mean_us": {k: float(v[v >= 0].mean()) if (v >= 0).any() else None for k, v in rel.items()},
                  "max_us": {k: float(v.max()) for k, v in rel.items()}}
-            merging = c[:, 7] != 0
-            if merging.any():  # the fused combine's merge alone: written -> splits merged, in the merging blocks
-                span = (c[merging, 7] - c[merging, 5]) / clock_hz * 1e6
-                r["merge_us"] = {"blocks": int(merging.sum()), "mean": float(span.mean()), "max": float(span.max())}
             out.append(r)
             print(json.dumps(r), flush=True)
     print(f"\nus since block entry (mean / max over blocks); clock {clock_hz / 1e9:.2f} GHz")
     print(f"{'shape':30s} {'blocks':>6s} {'event':>6s} {'starts':>6s} " + " ".join(f"{n:>15s}" for _, n in PHASES))
     for r in out:
         cells = " ".join(f"{(r['mean_us'][n] or 0):7.1f}/{r['max_us'][n]:7.1f}" for _, n in PHASES)
-        mg = r.get("merge_us")
-        mg = f"  merge {mg['mean']:.1f}/{mg['max']:.1f} ({mg['blocks']} blocks)" if mg else ""
-        print(f"{r['shape']:30s} {r['blocks']:6d} {r['event_us']:6.1f} {r['start_spread_us']:6.1f} {cells}{mg}")
+        print(f"{r['shape']:30s} {r['blocks']:6d} {r['event_us']:6.1f} {r['start_spread_us']:6.1f} {cells}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -49,8 +49,8 @@ over ``--rounds`` passes, each a set of module attributes:
   attn_mma    the attention on the mma.sync kernel at every shape (fast_attention.WGMMA False; default: the wgmma
               form where it takes the shape, 64 query rows at D 128 on sm_90)
   attn_wg_s3  the wgmma form with 3 K/V stages (fast_attention.STAGES 3; default 2)
-  attn_combine_kernel  the attention's key splits merged by the combine kernel (fast_attention.FUSED_COMBINE False;
-              default: by the last split block of each row chunk, no combine launch)
+  combine_two_pass  the attention's combine kernel in two passes (m, then (m, l) and o) at every split count
+              (fast_attention.COMBINE_ONE_PASS False; default: one pass where one batch holds every split)
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
 path; benchmarks/glue_probe.py and the round trace measure it.) Prints ms per replay, each
 configuration against the first, the last one against the floors (weights + rings, and weights only,
@@ -105,7 +105,7 @@ CONFIGS = {
     "early_table_all": {"kernels_cu.fast_block.EARLY_TABLE_MAX_ROWS": 1 << 30},
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
     "head_memset": {"kernels_cu.fast_head.CLEAN": False},
-    "attn_combine_kernel": {"kernels_cu.fast_attention.FUSED_COMBINE": False},
+    "combine_two_pass": {"kernels_cu.fast_attention.COMBINE_ONE_PASS": False},
     "default": {},
 }
 

@@ -51,9 +51,8 @@ using dfl::u16;
 #ifndef FA_ALIAS
 #define FA_ALIAS 0  // 1: the aliased shared-memory layout (attn_body's ALIAS)
 #endif
-#ifndef FA_FC_PROBE
-#define FA_FC_PROBE 0  // benchmarks/fused_combine_probe.py only (wrong outputs): 1 no merge, 2 no count either,
-                       // 3 the merge without its fence, 5 the merge without its loads of o, 6 the merge twice
+#ifndef FA_COMBINE_ONE_PASS
+#define FA_COMBINE_ONE_PASS 1  // 0: the combine's two passes even where one batch holds every split (combine_body)
 #endif
 // FA_WG=1 (built for sm_90a only, fast_attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
 // one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
@@ -379,124 +378,6 @@ __device__ __forceinline__ int tile_el(int row, int col) {
               : row * ST + col;
 }
 
-// The fused combine's merge in the block that counted last (attn_body, ctr given): the chunk's rows, every split,
-// fast_attn_combine's operations in its order. Written for little code: it runs once a launch on a multiprocessor
-// whose instruction cache has not seen it, and a first build (both rows' 64 divisions unrolled, ~2,000 instructions
-// of straight code) added ~10 us to the kernel whatever its loads (benchmarks/fused_combine_probe.py, session v20).
-// Shared memory (after the 16 bytes of attn_body's flag): L [64], the splits' weights [ns][64] (-1: the split is
-// skipped, its m = -inf or the row is past live), then one region that first holds the (m, l) table [ns][64] and
-// then the merged rows [64][DP] before the division (fast_attention.py fused_room). Not inlined: ptxas allocates it
-// apart from the main loop, whose registers are dead by then.
-template <int DP, int MT>
-__device__ __noinline__ void merge_splits(const float* __restrict__ part_o, const float2* __restrict__ part_ml, int B,
-                                          int W, int Hq, int Hk, int D, int ns, int b, int hk, int lve, int R0, int kg,
-                                          int tq, float* __restrict__ out_f32, u16* __restrict__ out_bf16,
-                                          unsigned char* smem) {
-    constexpr int KG = FA_WARPS / MT, ND = DP / 8;
-    constexpr int NN = (ND + KG - 1) / KG;  // this thread's n-tiles kg + KG nn (where < ND) of rows R0, R0 + 8
-    constexpr int SB = NN >= 16 ? 2 : 4;    // splits whose loads are in flight at once (at most 64 float2)
-    constexpr int NT = FA_WARPS * 32;
-    const int G = Hq / Hk, M = W * G;
-#if FA_FC_PROBE != 3
-    __threadfence();  // the other blocks' partials (seen through their count) are read after this, from L2
-#endif
-    const long long rows = (long long)B * Hk * M;
-    const int c0 = blockIdx.z * FA_ROWS, nr = M - c0 < FA_ROWS ? M - c0 : FA_ROWS;
-    const long long id0 = ((long long)b * Hk + hk) * M + c0;  // the chunk's first row in the partials
-    float* sL = reinterpret_cast<float*>(smem + 16);
-    float* sw = sL + FA_ROWS;
-    float* sacc = sw + ns * FA_ROWS;
-    float2* sml = reinterpret_cast<float2*>(sacc);
-#pragma unroll 4
-    for (int x = threadIdx.x; x < ns * FA_ROWS; x += NT) {
-        const int r = x % FA_ROWS;
-        sml[x] = r < nr ? __ldcg(part_ml + (x / FA_ROWS) * rows + id0 + r) : make_float2(dfl::neg_inf(), 0.f);
-    }
-    __syncthreads();
-    if (threadIdx.x < FA_ROWS) {  // a thread a row: the largest m, then each split's weight and L in split order
-        const int r = threadIdx.x;
-        const bool in = r < nr && (c0 + r) / G < lve;
-        float mx = dfl::neg_inf(), L = 0.f;
-#pragma unroll 1
-        for (int s = 0; in && s < ns; ++s) mx = fmaxf(mx, sml[s * FA_ROWS + r].x);
-#pragma unroll 1
-        for (int s = 0; s < ns; ++s) {
-            const float2 ml = sml[s * FA_ROWS + r];
-            float w = -1.f;
-            if (in && ml.x > dfl::neg_inf()) {
-                w = exp2f(ml.x - mx);
-                L += w * ml.y;
-            }
-            sw[s * FA_ROWS + r] = w;
-        }
-        sL[r] = L;
-    }
-    __syncthreads();  // the (m, l) table is read: its region takes the merged rows below
-    float acc[2][NN][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int nn = 0; nn < NN; ++nn) acc[h][nn][0] = acc[h][nn][1] = 0.f;
-    const int r0 = R0 - c0;  // this thread's rows in the chunk: r0, r0 + 8 (beyond nr: weights -1)
-    const float* po = part_o + (id0 + r0) * DP + 2 * tq;
-#pragma unroll 1
-    for (int s0 = 0; s0 < ns; s0 += SB) {
-        float w[SB][2];
-        float2 x[SB][2][NN];
-#pragma unroll
-        for (int j = 0; j < SB; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                w[j][h] = s0 + j < ns ? sw[(s0 + j) * FA_ROWS + r0 + 8 * h] : -1.f;
-#pragma unroll
-                for (int nn = 0; nn < NN; ++nn) {
-                    const int n = kg + KG * nn;
-                    x[j][h][nn] = w[j][h] >= 0.f && n < ND && FA_FC_PROBE != 5
-                                      ? __ldcg(reinterpret_cast<const float2*>(
-                                            po + ((s0 + j) * rows + 8 * h) * DP + n * 8))
-                                      : make_float2(0.f, 0.f);
-                }
-            }
-#pragma unroll
-        for (int j = 0; j < SB; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if (w[j][h] >= 0.f)
-#pragma unroll
-                    for (int nn = 0; nn < NN; ++nn) {
-                        acc[h][nn][0] += w[j][h] * x[j][h][nn].x;
-                        acc[h][nn][1] += w[j][h] * x[j][h][nn].y;
-                    }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int nn = 0; nn < NN; ++nn) {
-            const int n = kg + KG * nn;
-            if (n < ND)
-                *reinterpret_cast<float2*>(sacc + (r0 + 8 * h) * DP + n * 8 + 2 * tq) =
-                    make_float2(acc[h][nn][0], acc[h][nn][1]);
-        }
-    __syncthreads();
-    constexpr int NP = DP / 2;  // column pairs a row
-#pragma unroll 4
-    for (int x = threadIdx.x; x < nr * NP; x += NT) {
-        const int r = x / NP, d = 2 * (x % NP);
-        if (d >= D) continue;
-        const int R = c0 + r, i = R / G, gg = R - (R / G) * G;
-        const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
-        const float L = sL[r];
-        const float2 a = *reinterpret_cast<const float2*>(sacc + r * DP + d);
-        const bool zero = !(L > 0.f);
-        const float v0 = zero ? 0.f : a.x / L, v1 = zero ? 0.f : a.y / L;
-        if (out_f32) *reinterpret_cast<float2*>(out_f32 + ob + d) = make_float2(v0, v1);
-        if (out_bf16)
-            *reinterpret_cast<unsigned*>(out_bf16 + ob + d) =
-                (unsigned)dfl::f32_to_bf16_rn(v0) | ((unsigned)dfl::f32_to_bf16_rn(v1) << 16);
-    }
-    FA_MARK(7);  // the splits merged (the merging blocks only)
-}
-
 template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
@@ -505,7 +386,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                                           long long C, long long window, float sl2, int ns,
                                           float* __restrict__ part_o, float2* __restrict__ part_ml,
                                           float* __restrict__ out_f32, u16* __restrict__ out_bf16,
-                                          int* __restrict__ ctr, unsigned char* smem) {
+                                          unsigned char* smem) {
     constexpr int KG = FA_WARPS / MT;  // key slices per tile
     constexpr int NKW = FA_NT / KG;    // keys per warp per tile (16 MT)
     constexpr int NJ = NKW / 8;        // score n-tiles per warp
@@ -971,13 +852,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(4);  // key slices merged
-    const bool fused = ns > 1 && ctr != nullptr;  // the splits merged by their last block (below)
-    if (kg != 0 && !fused) return;
+    if (kg != 0) return;
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int R = R0 + 8 * h;
-        if (kg != 0 || R >= M) continue;
+        if (R >= M) continue;
         const int i = R / G, gg = R - (R / G) * G;
         if (ns == 1) {
             const long long ob = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D;
@@ -1003,32 +883,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     FA_MARK(5);  // outputs written
-    if (!fused || FA_FC_PROBE == 2) return;
-
-    // The fused combine (ctr given, fast_attention.py FUSED_COMBINE): the split blocks of one (b, hk, chunk) count
-    // themselves in ctr[blockIdx.y * gridDim.z + blockIdx.z] once their partials are written, and the block that
-    // counts last merges the splits' partials of its chunk's rows and writes the outputs; no combine kernel. The
-    // merge is fast_attn_combine's arithmetic in its order (mx over every split, then L and o split by split, a
-    // split with m = -inf skipped, one IEEE division), so the outputs are its bits. Each thread fences its own
-    // partials before the barrier, and the counting thread's atomic follows the barrier: a block that sees the
-    // count ns - 1 sees every split's partials (read through L2, __ldcg). The last block leaves the count at 0
-    // for the next launch through the same counters (one launch in flight per counter array: fast_attention.py).
-    __threadfence();
-    __syncthreads();
-    int* flag = reinterpret_cast<int*>(smem);  // the tiles and the key-slice merge are done with shared memory
-    if (threadIdx.x == 0) {
-        int* c = ctr + (long long)blockIdx.y * gridDim.z + blockIdx.z;
-        const int last = atomicAdd(c, 1) == ns - 1;
-        if (last) *c = 0;
-        *flag = last;
-    }
-    __syncthreads();
-    if (!*flag || FA_FC_PROBE == 1) return;
-    merge_splits<DP, MT>(part_o, part_ml, B, W, Hq, Hk, D, ns, b, hk, lve, R0, kg, tq, out_f32, out_bf16,
-                         smem);
-    if (FA_FC_PROBE == 6)  // the merge again, its code now fetched (the stamp at its end is the second's)
-        merge_splits<DP, MT>(part_o, part_ml, B, W, Hq, Hk, D, ns, b, hk, lve, R0, kg, tq, out_f32, out_bf16,
-                             smem);
 }
 
 // One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits. The loads go in
@@ -1038,6 +892,9 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 // same operations in the same split order as that loop (o of a split with m = -inf is loaded but
 // not used), so the outputs are the same bits. CB is the launcher's (fast_attention.py
 // combine_batch): a batch of 8 at 4 splits held registers for 8 and ran slower than the loop.
+// Where every split fits one batch (ns <= CB: every call of up to 8 splits), (m, l) and o are loaded together
+// and the largest m taken from the loaded (m, l): one L2 latency before the arithmetic instead of two, the same
+// operations in the same order (session v20).
 template <int DP, int CB>
 __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                                              const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, int ns,
@@ -1061,7 +918,41 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 #pragma unroll
     for (int c = 0; c < NP; ++c) acc[c][0] = acc[c][1] = 0.f;
     float L = 0.f;
-    if (i < lve) {
+    if (FA_COMBINE_ONE_PASS && i < lve && ns <= CB) {
+        // one batch: (m, l) and o of every split loaded at once (one L2 latency, not two), then the same
+        // operations as the loop below
+        float2 ml[CB], x[CB][NP];
+#pragma unroll
+        for (int j = 0; j < CB; ++j) {
+            const bool in = j < ns;
+            ml[j] = in ? part_ml[j * rows + id] : make_float2(dfl::neg_inf(), 0.f);
+            const float* po = part_o + (j * rows + id) * DP;
+#pragma unroll
+            for (int c = 0; c < NP; ++c) {
+                const int d = 2 * (lane + 32 * c);
+                x[j][c] = in && d < DP ? *reinterpret_cast<const float2*>(po + d) : make_float2(0.f, 0.f);
+            }
+        }
+        float mx = dfl::neg_inf();
+#pragma unroll
+        for (int j = 0; j < CB; ++j)
+            if (j < ns) mx = fmaxf(mx, ml[j].x);
+#pragma unroll
+        for (int j = 0; j < CB; ++j) {
+            if (ml[j].x > dfl::neg_inf()) {  // false past ns
+                const float w = exp2f(ml[j].x - mx);
+                L += w * ml[j].y;
+#pragma unroll
+                for (int c = 0; c < NP; ++c) {
+                    const int d = 2 * (lane + 32 * c);
+                    if (d < DP) {
+                        acc[c][0] += w * x[j][c].x;
+                        acc[c][1] += w * x[j][c].y;
+                    }
+                }
+            }
+        }
+    } else if (i < lve) {
         float mx = dfl::neg_inf();
         for (int s0 = 0; s0 < ns; s0 += CB) {
             float t[CB];
@@ -1128,14 +1019,13 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
-        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16,        \
-        int* __restrict__ ctr) {                                                                                 \
+        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
         fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0,                                                        \
                       FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(                             \
             q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,                                               \
                                                        window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
-                                                       ctr, fa_smem);                                           \
+                                                       fa_smem);                                                \
     }
 
 #define FA_COMBINE_CB(DPV, CBV)                                                                                  \

@@ -49,7 +49,7 @@ SPLITS: int | None = None
 BLOCKS_PER_SM: int | None = None
 MIN_TILES_PER_SPLIT = 4
 
-_last = {"path": None, "combine": None}
+_last = {"path": None}
 
 
 def cp():
@@ -141,51 +141,12 @@ def wg_capable() -> bool:
         return False
 
 
-# The fused combine (fast_attention.cu, attn_body's ctr): with more than one key split, the split blocks of one
-# (b, KV head, row chunk) count themselves in a device counter once their partials are written, and the block that
-# counts last merges the splits and writes the outputs, with fast_attn_combine's arithmetic in its order (the same
-# bits; tests/gpu/test_fast_attention.py). It replaces the combine kernel's launch (its ~4 us of a round's
-# layer under the graph, docs/PERFORMANCE.md "Session v20"). True: fused wherever counters are at hand (below);
-# False: the combine kernel. The counters are int32, one per (b, KV head, chunk), made zero once per (device,
-# stream) outside any capture and left zero by every launch (its last block resets its own), so launches on one
-# stream may share them; two launches in flight at once on one array would count into the same words, which a
-# stream rules out. A call whose stream is capturing a graph and has no counters large enough yet launches the
-# combine kernel (allocating under capture is not allowed); ``last_combine()`` says which ran.
-FUSED_COMBINE = True
-_counters: dict[tuple[int, int], object] = {}
-
-
-def last_combine() -> str | None:
-    """'fused', 'kernel' or None (one split: no merge) for the latest attention_fast call that launched."""
-    return _last.get("combine")
-
-
-def split_counters(n: int):
-    """The current stream's zeroed counters, at least n of them, or None when the stream is capturing and has
-    none that large (made outside a capture only)."""
-    c = cp()
-    stream = c.cuda.get_current_stream()
-    key = (c.cuda.Device().id, int(stream.ptr))
-    have = _counters.get(key)
-    if have is not None and have.size >= n:
-        return have
-    try:
-        capturing = bool(stream.is_capturing())
-    except Exception:  # noqa: BLE001 - a CuPy without the query: assume not
-        capturing = False
-    if capturing:
-        return None
-    _counters[key] = made = c.zeros(max(n, 256), dtype=np.int32)
-    return made
-
-
-def fused_room(ns: int, smem: int, wg: bool) -> bool:
-    """Whether the last block's shared memory holds the merge's (m, l) table: 16 bytes of flag, then [ns][64]
-    float2, inside the launch's dynamic shared memory (the wgmma form's first KiB may go to alignment)."""
-    return 16 + ns * _ROWS * 8 <= smem - (1024 if wg else 0)
-
-
 EXTRA_OPTIONS: tuple[str, ...] = ()  # more NVRTC options (benchmarks/attn_phases.py: -DFA_TIMING)
+
+# The combine kernel's single pass where one batch holds every split (fast_attention.cu combine_body: (m, l) and o
+# loaded together, one L2 latency instead of two; the same bits). False builds the two passes (round_ab's
+# combine_two_pass; session v20).
+COMBINE_ONE_PASS = True
 
 
 def module_options(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
@@ -220,7 +181,8 @@ def _module_built(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], st
 
 
 def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None, wg: bool = False):
-    return _kernels_opts(dp, mt, f32_inputs, EXTRA_OPTIONS, stages, alias_for(dp, alias), wg)
+    extra = (*EXTRA_OPTIONS, *(() if COMBINE_ONE_PASS else ("-DFA_COMBINE_ONE_PASS=0",)))
+    return _kernels_opts(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias), wg)
 
 
 @functools.cache
@@ -327,10 +289,10 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
         raise ValueError("draft_attention: the context cache needs capacity >= 1 (slot p mod C)")
     why = unsupported(d, w, b, hk, cap)
     if why is not None:
-        _last["path"], _last["combine"] = f"exact-fallback ({why})", None
+        _last["path"] = f"exact-fallback ({why})"
         return attention(f32(q), f32(k), f32(v), kc_bits, vc_bits, frontier, live, int(window),
                          f32_out=f32_out, bf16_out=bf16_out)
-    _last["path"], _last["combine"] = "fast", None
+    _last["path"] = "fast"
     of = c.empty(q.shape, dtype=np.float32) if f32_out else None
     ob = c.empty(q.shape, dtype=np.uint16) if bf16_out else None
     if q.size == 0 or (of is None and ob is None):
@@ -360,21 +322,17 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     _last["path"] = "fast-wgmma" if wg else "fast"
     main, combine, smem = _kernels(dp, mt, not bits, stages, alias, wg)
     ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias, wg))
-    part_o = part_ml = ctr = None
+    part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
         part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
-        if FUSED_COMBINE and fused_room(ns, smem, wg):
-            ctr = split_counters(b * hk * chunks)
-    _last["combine"] = None if ns == 1 else "kernel" if ctr is None else "fused"
     sl2 = np.float32(_LOG2E / math.sqrt(d))
     launch(main, (ns, b * hk, chunks), (32 * _WARPS,),
            (q, k, v, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
             np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
-            _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob,
-            _NULL if ctr is None else ctr),
+            _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
            smem, pdl=pdl)
-    if ns > 1 and ctr is None:
+    if ns > 1:
         rows = b * hk * m_rows
         launch(combine[combine_batch(ns)], (-(-rows // 4),), (128,),
                (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
@@ -399,9 +357,7 @@ class FastAttentionMixin:
                                  "registers, 128-byte-swizzled K/V tiles, the same bits; "
                                  f"split-K over {_NT}-key tiles, one wave (SPLITS={SPLITS}, "
                                  f"BLOCKS_PER_SM={BLOCKS_PER_SM} (None: occupancy), "
-                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}), the splits merged by their last "
-                                 f"block (FUSED_COMBINE={FUSED_COMBINE}; else a combine kernel); "
-                                 f"K/V stages STAGES={STAGES} "
+                                 f"MIN_TILES_PER_SPLIT={MIN_TILES_PER_SPLIT}); K/V stages STAGES={STAGES} "
                                  "(None: 2), the first ones loaded before griddepcontrol.wait; aliased shared "
                                  f"memory ALIAS={ALIAS} (D 128 only: q rows and P scratch in K tiles, "
                                  "for 3 stages at two blocks a multiprocessor); PDL in masked_block "

@@ -95,8 +95,11 @@
 #   bash tools/h200_runs.sh v19-e          # session v19: each consumer thread fences before the head's zeroing count:
 #                                          # the head's and the round's tests, the round A/B
 #   bash tools/h200_runs.sh v20-a          # session v20: the attention's splits merged by their last block: the round
-#                                          # A/B against the combine kernel, the fused combine's GPU tests
-#   bash tools/h200_runs.sh v20-b          # session v20: every attention GPU test, the round and block GPU tests
+#                                          # A/B against the combine kernel, the fused combine's GPU tests (slower,
+#                                          # reverted: check out cec4461 to rerun; 57411bc for the probes of v20-b..d)
+#   bash tools/h200_runs.sh v20-e          # session v20: the combine kernel in one pass: its A/B against 498d94b's
+#                                          # (bits, us; h200-in/ holds that source), the round A/B, the attention tests
+#   bash tools/h200_runs.sh v20-f          # session v20: the round and block GPU tests, FastRound's CLI suite
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -638,15 +641,20 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step round-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs head_memset,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
-    v20-a)  # session v20: the attention's key splits merged by the last split block (fast_attention.FUSED_COMBINE)
+    v20-a)  # session v20 (tree cec4461; reverted): the attention's key splits merged by the last split block
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs attn_combine_kernel,default \
         --rounds 3 --json "$OUT/round_ab.json"
       step fused-tests timeout 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
         -k "fused or stale or capture_without or graph_replay or split_counts" ;;
-    v20-b)  # session v20: every attention GPU test (the fused combine by default), the round and block GPU tests
-      step attn-tests timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py
+    v20-e)  # session v20: the combine kernel's single pass where one batch holds every split
+      step combine-ab timeout 120 $PY -m benchmarks.combine_ab --before h200-in/fast_attention_498d94b.cu \
+        --json "$OUT/combine_ab.json"
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs combine_two_pass,default \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step attn-tests timeout 280 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py ;;
+    v20-f)  # session v20: the final tree's round and block GPU tests, FastRound's CLI suite
       step round-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
-      step block-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py ;;
+      step block-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -17,9 +17,7 @@
   round's shapes; 2, 3 and 4 K/V stages, in either layout, give the same bits; the aliased layout holds two
   blocks a multiprocessor at 3 stages (D 128) where shared memory allows; split counts 1 .. 64 (more splits
   than tiles too) within the bound, repeated calls and
-  a captured graph's replays give the eager bits;
-- the splits merged by their last block (fast_attention.FUSED_COMBINE) give the combine kernel's bits and leave
-  the counters at zero; a stale count is seen; a capture with no counters yet launches the combine kernel.
+  a captured graph's replays give the eager bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
 """
@@ -496,76 +494,11 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
         s.begin_capture()
         out = fa.attention_fast(*inputs, *rest, f32_out=False, bf16_out=True)[1]
         g = s.end_capture()
-        assert fa.last_combine() == "fused"  # the eager call made the stream's counters
         for _ in range(3):
             out.fill(0)
             g.launch(s)
             s.synchronize()
             assert np.array_equal(cupy.asnumpy(out), eager)
-
-
-@pytest.mark.parametrize("splits", [2, 3, 16, 64])
-@pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
-def test_fused_combine_gives_the_combine_kernels_bits(cupy, fa, monkeypatch, random_case, fp32_inputs, splits):
-    """The splits merged by their last block (fast_attention.FUSED_COMBINE) run fast_attn_combine's arithmetic in
-    its order: the same bits, FP32 and BF16 outputs, at every random case (one and four m-tiles a chunk, two row
-    chunks, D 32 .. 128, windows that leave some splits without a key for some rows, 64 splits: some with no context
-    tile). Two fused calls in a row (the second on the counters the first left) and the counters zero after each."""
-    name, by_mode = random_case
-    args = _device_args(cupy, by_mode[fp32_inputs][0], fp32_inputs)
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    monkeypatch.setattr(fa, "FUSED_COMBINE", False)
-    want = [cupy.asnumpy(x) for x in fa.attention_fast(*args, f32_out=True, bf16_out=True)]
-    assert fa.last_combine() == "kernel"
-    monkeypatch.setattr(fa, "FUSED_COMBINE", True)
-    for call in range(2):
-        got = [cupy.asnumpy(x) for x in fa.attention_fast(*args, f32_out=True, bf16_out=True)]
-        assert fa.last_combine() == "fused", f"{name}: the launcher did not fuse"
-        assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32)), f"{name}: call {call}, FP32 out"
-        assert np.array_equal(got[1], want[1]), f"{name}: call {call}, BF16 out"
-        assert not cupy.asnumpy(fa.split_counters(1)).any(), f"{name}: call {call} left a split count"
-
-
-def test_a_stale_split_count_is_seen(cupy, fa, monkeypatch):
-    """What the check above would see if a launch left a count behind (the last block's reset missing): a count
-    planted at 1 makes the next-to-last block merge and reset, and the last block's count stays (1 a chunk)."""
-    case = _prepared("full_B2_W16_Hq8_Hk1_two_chunks")[False][0]
-    args = _device_args(cupy, case, False)
-    monkeypatch.setattr(fa, "SPLITS", 4)
-    fa.attention_fast(*args, f32_out=True)
-    ctr = fa.split_counters(1)
-    cells = 2 * 1 * 2  # B x Hk x row chunks
-    try:
-        ctr[:cells] = 1
-        fa.attention_fast(*args, f32_out=True)
-        assert fa.last_combine() == "fused"
-        assert cupy.asnumpy(ctr[:cells]).tolist() == [1] * cells
-    finally:
-        ctr.fill(0)
-        cupy.cuda.get_current_stream().synchronize()
-
-
-def test_a_capture_without_counters_launches_the_combine_kernel(cupy, fa, monkeypatch):
-    """A stream that starts capturing before any eager call has no counters (none may be made under capture):
-    the call launches the combine kernel, and the replay gives the eager bits; after an eager call on the stream
-    the capture fuses."""
-    f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES["35B_local_B2_W16"])
-    monkeypatch.setattr(fa, "SPLITS", 4)
-    eager = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=False, bf16_out=True)[1])
-    s = cupy.cuda.Stream(non_blocking=True)
-    fa._counters.pop((cupy.cuda.Device().id, int(s.ptr)), None)  # a handle reused from an earlier test's stream
-    with s:
-        for want in ("kernel", "fused"):
-            s.begin_capture()
-            out = fa.attention_fast(*bits, *rest, f32_out=False, bf16_out=True)[1]
-            g = s.end_capture()
-            assert fa.last_combine() == want
-            out.fill(0)
-            g.launch(s)
-            s.synchronize()
-            assert np.array_equal(cupy.asnumpy(out), eager), want
-            fa.attention_fast(*bits, *rest, f32_out=False, bf16_out=True)  # eager: the stream's counters made
-            s.synchronize()
 
 
 # ------------------------------------------------------------------------ the wgmma form (fast_attention.WGMMA)
