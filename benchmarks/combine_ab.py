@@ -32,7 +32,8 @@ def _combine(cp, source: str):
     from kernels_cu.fast_attention import combine_batch
     from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS
 
-    opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={D}", "-DFA_MT=4", "-DFA_F32=0")
+    opts = (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={D}", "-DFA_MT=4", "-DFA_F32=0",
+            "-DFA_NS=2")  # the main kernel's stage count (sources since session v9 need it; older ones ignore it)
     mod = cp.RawModule(code=source, options=opts)
     batched = "FA_COMBINE_CB" in source  # the instances by batch (session v8 on)
     return lambda ns: mod.get_function(f"fast_attn_combine_d{D}_c{combine_batch(ns)}" if batched

@@ -17,7 +17,8 @@
   round's shapes; 2, 3 and 4 K/V stages, in either layout, give the same bits; the aliased layout holds two
   blocks a multiprocessor at 3 stages (D 128) where shared memory allows; split counts 1 .. 64 (more splits
   than tiles too) within the bound, repeated calls and
-  a captured graph's replays give the eager bits.
+  a captured graph's replays give the eager bits; the combine kernel in one pass (fast_attention.COMBINE_ONE_PASS)
+  gives the two-pass kernel's bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
 """
@@ -501,6 +502,22 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
             assert np.array_equal(cupy.asnumpy(out), eager)
 
 
+@pytest.mark.parametrize("splits", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
+def test_combine_in_one_pass_gives_the_two_pass_bits(cupy, fa, monkeypatch, shape, splits):
+    """The combine kernel with (m, l) and o loaded together where one batch holds every split (up to 8 splits;
+    fast_attention.COMBINE_ONE_PASS) runs the two-pass kernel's operations in its order: the same bits, FP32 and BF16
+    outputs (16 splits take two batches, so both builds run the two passes there)."""
+    _, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
+    monkeypatch.setattr(fa, "SPLITS", splits)
+    outs = []
+    for one_pass in (False, True):
+        monkeypatch.setattr(fa, "COMBINE_ONE_PASS", one_pass)
+        outs.append([cupy.asnumpy(x) for x in fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)])
+    assert np.array_equal(outs[0][0].view(np.uint32), outs[1][0].view(np.uint32))
+    assert np.array_equal(outs[0][1], outs[1][1])
+
+
 # ------------------------------------------------------------------------ the wgmma form (fast_attention.WGMMA)
 
 # the random cases the form takes: D 128 and more than 32 query rows (W x Hq / Hk = 64: one warpgroup)
@@ -517,7 +534,8 @@ def wg(fa, monkeypatch):
 
 
 def test_wgmma_cases_exist():
-    assert WG_CASES == ["full_B8_W16_Hq8_Hk2_ring_wrap", "local_S2048_C2048_B8_W16"], WG_CASES
+    assert WG_CASES == ["full_B2_W16_Hq8_Hk1_two_chunks", "full_B8_W16_Hq8_Hk2_ring_wrap",
+                        "local_S2048_C2048_B8_W16"], WG_CASES
 
 
 @pytest.mark.parametrize("stages", [None, 3])
