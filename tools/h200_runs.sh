@@ -99,7 +99,8 @@
 #                                          # reverted: check out cec4461 to rerun; 57411bc for the probes of v20-b..d)
 #   bash tools/h200_runs.sh v20-e          # session v20: the combine kernel in one pass: its A/B against 498d94b's
 #                                          # (bits, us; h200-in/ holds that source), the round A/B, the attention tests
-#   bash tools/h200_runs.sh v20-f          # session v20: the round and block GPU tests, FastRound's CLI suite
+#   bash tools/h200_runs.sh v20-f          # session v20: the final tree's combine A/B, changed attention tests, the
+#                                          # round A/B again, FastRound's GPU tests
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -652,9 +653,15 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs combine_two_pass,default \
         --rounds 3 --json "$OUT/round_ab.json"
       step attn-tests timeout 280 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py ;;
-    v20-f)  # session v20: the final tree's round and block GPU tests, FastRound's CLI suite
-      step round-tests timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py
-      step block-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py ;;
+    v20-f)  # session v20, the final tree: the combine's bits against 498d94b's (h200-in/ holds that source), the
+      # attention tests changed after v20-e, the round A/B again, FastRound's GPU tests (v19's final edits unrun)
+      step combine-ab timeout 90 $PY -m benchmarks.combine_ab --before h200-in/fast_attention_498d94b.cu \
+        --json "$OUT/combine_ab.json"
+      step attn-tests timeout 90 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        -k "one_pass or wgmma_cases_exist or two_chunks"
+      step round-ab timeout 90 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs combine_two_pass,default \
+        --rounds 3 --json "$OUT/round_ab.json"
+      step round-tests timeout 170 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
