@@ -5,7 +5,8 @@
 
 PATH is a fast_attention.cu to compare with (e.g. `git show bc06c16:kernels_cu/fast_attention.cu`).
 This tree's combine is launched as attention_fast does (fast_attention.combine_batch: the instance by
-the split count). Both are built with this tree's NVRTC options (kernels_cu.loader) and -DFA_SINGLE for D 128. The
+the split count); the other source's likewise, or its largest batch where it has no instance that large.
+Both are built with this tree's NVRTC options (kernels_cu.loader) and -DFA_SINGLE for D 128. The
 partials are random: o ~ N(0, 1), m ~ U(-8, 8) with a tenth of them -inf (a split that saw no key of
 the row), l ~ U(0.5, 64), one set per shape, at the rows and split counts of the round's attention
 calls (B1 W8: 8 (27B) and 16 (35B) splits; B8 W16: 4), and at 1-33 splits at B1 W8. Times: a CUDA
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 HQ, HK, D = 32, 8, 128
@@ -36,8 +38,11 @@ def _combine(cp, source: str):
             "-DFA_NS=2")  # the main kernel's stage count (sources since session v9 need it; older ones ignore it)
     mod = cp.RawModule(code=source, options=opts)
     batched = "FA_COMBINE_CB" in source  # the instances by batch (session v8 on)
-    return lambda ns: mod.get_function(f"fast_attn_combine_d{D}_c{combine_batch(ns)}" if batched
-                                       else f"fast_attn_combine_d{D}")
+    if not batched:
+        return lambda ns: mod.get_function(f"fast_attn_combine_d{D}")
+    # this tree's batch for ns, or the source's largest where it has no such instance (before v20: no c16)
+    have = [int(c) for c in re.findall(r"FA_COMBINE_CB\(DPV, (\d+)\)", source)]
+    return lambda ns: mod.get_function(f"fast_attn_combine_d{D}_c{min(combine_batch(ns), max(have))}")
 
 
 def main(argv=None) -> int:

@@ -892,7 +892,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 // same operations in the same split order as that loop (o of a split with m = -inf is loaded but
 // not used), so the outputs are the same bits. CB is the launcher's (fast_attention.py
 // combine_batch): a batch of 8 at 4 splits held registers for 8 and ran slower than the loop.
-// Where every split fits one batch (ns <= CB: every call of up to 8 splits), (m, l) and o are loaded together
+// Where every split fits one batch (ns <= CB: every call of up to 16 splits), (m, l) and o are loaded together
 // and the largest m taken from the loaded (m, l): one L2 latency before the arithmetic instead of two, the same
 // operations in the same order (session v20).
 template <int DP, int CB>
@@ -1009,7 +1009,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 }  // namespace fa
 
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_s{NS}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
-// fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8). kernels_cu/fast_attention.py compiles one variant per module
+// fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8, 16). kernels_cu/fast_attention.py compiles one variant per module
 // (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=, and -DFA_ALIAS=1 for the aliased layout at DP 128); without
 // FA_SINGLE every variant is built (CI's nvcc): 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a
 // forced STAGES; 3 builds with -DFA_NS=3).
@@ -1034,7 +1034,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         int W, int Hq, int Hk, int D, int ns, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) { \
         fa::combine_body<DPV, CBV>(part_o, part_ml, live, B, W, Hq, Hk, D, ns, out_f32, out_bf16);               \
     }
-#define FA_COMBINE(DPV) FA_COMBINE_CB(DPV, 2) FA_COMBINE_CB(DPV, 4) FA_COMBINE_CB(DPV, 8)
+#define FA_COMBINE(DPV) FA_COMBINE_CB(DPV, 2) FA_COMBINE_CB(DPV, 4) FA_COMBINE_CB(DPV, 8) FA_COMBINE_CB(DPV, 16)
 
 // one more expansion step, so that macro arguments (FA_DP) are expanded before ## pastes them
 #define FA_KERNEL_X(DPV, MTV, NSV, F32V, SUF) FA_KERNEL(DPV, MTV, NSV, F32V, SUF)

@@ -205,7 +205,9 @@ def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], st
 # fast_attention.cu's combine instances: splits whose loads it issues at once. combine_batch(ns) picks the
 # smallest that holds ns, at most the largest (H200, benchmarks/combine_ab.py, docs/reports/h200-combine-ab-v8.json:
 # a batch of 8 took 5.2 us a call at 4 splits against 4.3 for the per-split loop, 3.6 against 5.9 at 16 splits).
-COMBINE_BATCHES = (2, 4, 8)
+# 16 since session v20, when a batch that holds every split became one pass (combine_body, COMBINE_ONE_PASS): 9 to 16
+# splits (35B B1: 16) in one L2 latency instead of four (docs/reports/h200-v20-g-combine-ab.log).
+COMBINE_BATCHES = (2, 4, 8, 16)
 
 
 def combine_batch(ns: int) -> int:

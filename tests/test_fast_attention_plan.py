@@ -317,7 +317,7 @@ def test_combine_batch_holds_the_splits_and_matches_the_source():
     src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
     built = re.search(r"#define FA_COMBINE\(DPV\) (.*)", src).group(1)
     assert tuple(int(c) for c in re.findall(r"FA_COMBINE_CB\(DPV, (\d+)\)", built)) == fa.COMBINE_BATCHES
-    assert [fa.combine_batch(ns) for ns in (1, 2, 3, 4, 5, 8, 9, 16, 64)] == [2, 2, 4, 4, 8, 8, 8, 8, 8]
+    assert [fa.combine_batch(ns) for ns in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [2, 2, 4, 4, 8, 8, 16, 16, 16, 16]
     for ns in range(1, 100):
         cb = fa.combine_batch(ns)
         smaller = [c for c in fa.COMBINE_BATCHES if c < cb]

@@ -101,6 +101,8 @@
 #                                          # (bits, us; h200-in/ holds that source), the round A/B, the attention tests
 #   bash tools/h200_runs.sh v20-f          # session v20: the final tree's combine A/B, changed attention tests, the
 #                                          # round A/B again, FastRound's GPU tests
+#   bash tools/h200_runs.sh v20-g          # session v20: the combine's 16-split instance: combine A/B, tests, round A/B
+#   bash tools/h200_runs.sh v20-h          # session v20: the head and block GPU tests, the 35B B8 W16 trace
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -662,6 +664,19 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step round-ab timeout 90 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs combine_two_pass,default \
         --rounds 3 --json "$OUT/round_ab.json"
       step round-tests timeout 170 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_round.py ;;
+    v20-g)  # session v20: a combine instance of 16 splits (one pass at 35B B1): its bits and us against 498d94b's,
+      # the one-pass test, the round A/B on another machine; the head / block tests and the trace run after v20-f
+      step combine-ab timeout 90 $PY -m benchmarks.combine_ab --before h200-in/fast_attention_498d94b.cu \
+        --json "$OUT/combine_ab.json"
+      step attn-tests timeout 90 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        -k "one_pass or split_counts"
+      step round-ab timeout 100 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs combine_two_pass,default \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
+    v20-h)  # session v20 (run by hand after v20-f, on the same machine): the head and block GPU tests, the trace
+      step head-tests timeout 210 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_head.py
+      step block-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_block.py
+      step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16 \
+        --geometries dflash-35b-a3b --sequence ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

@@ -502,12 +502,12 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
             assert np.array_equal(cupy.asnumpy(out), eager)
 
 
-@pytest.mark.parametrize("splits", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("splits", [2, 3, 5, 8, 12, 16, 24])
 @pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
 def test_combine_in_one_pass_gives_the_two_pass_bits(cupy, fa, monkeypatch, shape, splits):
-    """The combine kernel with (m, l) and o loaded together where one batch holds every split (up to 8 splits;
+    """The combine kernel with (m, l) and o loaded together where one batch holds every split (up to 16 splits;
     fast_attention.COMBINE_ONE_PASS) runs the two-pass kernel's operations in its order: the same bits, FP32 and BF16
-    outputs (16 splits take two batches, so both builds run the two passes there)."""
+    outputs (24 splits take two batches of 16, so both builds run the two passes there)."""
     _, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
     monkeypatch.setattr(fa, "SPLITS", splits)
     outs = []
