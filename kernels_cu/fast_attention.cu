@@ -917,26 +917,23 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
     float acc[NP][2];
 #pragma unroll
     for (int c = 0; c < NP; ++c) acc[c][0] = acc[c][1] = 0.f;
-    float L = 0.f;
-    if (FA_COMBINE_ONE_PASS && i < lve && ns <= CB) {
-        // one batch: (m, l) and o of every split loaded at once (one L2 latency, not two), then the same
-        // operations as the loop below
-        float2 ml[CB], x[CB][NP];
+    float L = 0.f, mx = dfl::neg_inf();
+    // a batch of CB splits from s0: every (m, l) and o load issued before the first use, predicated past ns
+    auto load = [&](int s0, float2 (&ml)[CB], float2 (&x)[CB][NP]) {
 #pragma unroll
         for (int j = 0; j < CB; ++j) {
-            const bool in = j < ns;
-            ml[j] = in ? part_ml[j * rows + id] : make_float2(dfl::neg_inf(), 0.f);
-            const float* po = part_o + (j * rows + id) * DP;
+            const bool in = s0 + j < ns;
+            ml[j] = in ? part_ml[(s0 + j) * rows + id] : make_float2(dfl::neg_inf(), 0.f);
+            const float* po = part_o + ((s0 + j) * rows + id) * DP;
 #pragma unroll
             for (int c = 0; c < NP; ++c) {
                 const int d = 2 * (lane + 32 * c);
                 x[j][c] = in && d < DP ? *reinterpret_cast<const float2*>(po + d) : make_float2(0.f, 0.f);
             }
         }
-        float mx = dfl::neg_inf();
-#pragma unroll
-        for (int j = 0; j < CB; ++j)
-            if (j < ns) mx = fmaxf(mx, ml[j].x);
+    };
+    // the batch's splits in order: each one's weight, its l into L and its o into acc (m = -inf: nothing)
+    auto add = [&](const float2 (&ml)[CB], const float2 (&x)[CB][NP]) {
 #pragma unroll
         for (int j = 0; j < CB; ++j) {
             if (ml[j].x > dfl::neg_inf()) {  // false past ns
@@ -952,8 +949,15 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                 }
             }
         }
+    };
+    if (FA_COMBINE_ONE_PASS && i < lve && ns <= CB) {  // one batch: the largest m from the (m, l) loaded with o
+        float2 ml[CB], x[CB][NP];
+        load(0, ml, x);
+#pragma unroll
+        for (int j = 0; j < CB; ++j)
+            if (j < ns) mx = fmaxf(mx, ml[j].x);
+        add(ml, x);
     } else if (i < lve) {
-        float mx = dfl::neg_inf();
         for (int s0 = 0; s0 < ns; s0 += CB) {
             float t[CB];
 #pragma unroll
@@ -964,32 +968,8 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         }
         for (int s0 = 0; s0 < ns; s0 += CB) {
             float2 ml[CB], x[CB][NP];
-#pragma unroll
-            for (int j = 0; j < CB; ++j) {
-                const bool in = s0 + j < ns;
-                ml[j] = in ? part_ml[(s0 + j) * rows + id] : make_float2(dfl::neg_inf(), 0.f);
-                const float* po = part_o + ((s0 + j) * rows + id) * DP;
-#pragma unroll
-                for (int c = 0; c < NP; ++c) {
-                    const int d = 2 * (lane + 32 * c);
-                    x[j][c] = in && d < DP ? *reinterpret_cast<const float2*>(po + d) : make_float2(0.f, 0.f);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < CB; ++j) {
-                if (ml[j].x > dfl::neg_inf()) {  // false past ns
-                    const float w = exp2f(ml[j].x - mx);
-                    L += w * ml[j].y;
-#pragma unroll
-                    for (int c = 0; c < NP; ++c) {
-                        const int d = 2 * (lane + 32 * c);
-                        if (d < DP) {
-                            acc[c][0] += w * x[j][c].x;
-                            acc[c][1] += w * x[j][c].y;
-                        }
-                    }
-                }
-            }
+            load(s0, ml, x);
+            add(ml, x);
         }
     }
     const bool zero = !(L > 0.f);
