@@ -98,7 +98,10 @@
 #                                          # A/B against the combine kernel, the fused combine's GPU tests (slower,
 #                                          # reverted: check out cec4461 to rerun; 57411bc for the probes of v20-b..d)
 #   bash tools/h200_runs.sh v20-e          # session v20: the combine kernel in one pass: its A/B against 498d94b's
-#                                          # (bits, us; h200-in/ holds that source), the round A/B, the attention tests
+#                                          # (bits, us), the round A/B, the attention tests. v20-e/f/g read 498d94b's
+#                                          # source from h200-in/ (untracked; make it before the device call:
+#                                          # mkdir -p h200-in && git show 498d94b:kernels_cu/fast_attention.cu \
+#                                          #   > h200-in/fast_attention_498d94b.cu)
 #   bash tools/h200_runs.sh v20-f          # session v20: the final tree's combine A/B, changed attention tests, the
 #                                          # round A/B again, FastRound's GPU tests
 #   bash tools/h200_runs.sh v20-g          # session v20: the combine's 16-split instance: combine A/B, tests, round A/B
