@@ -208,7 +208,8 @@ CASES = {
                                  [16, 16, 16, 1, 16, 9, 16, 4]),
     "local_S100_C300_D64_Hq4_Hk1": (2, 16, 4, 1, 64, 300, 100, [1000, 150], [16, 11]),
     "local_S5_C64_D32_window_lt_W": (2, 16, 8, 2, 32, 64, 5, [2**40, 3], [16, 16]),
-    # two row chunks (W G = 128 rows: the split blocks of each chunk merge apart) and one m-tile at D 120 (8 rows)
+    # two row chunks (W G = 128 rows: two blocks of 64 query rows a split, the combine over both) and one m-tile at
+    # D 120 (8 rows)
     "full_B2_W16_Hq8_Hk1_two_chunks": (2, 16, 8, 1, 128, 1024, 0, [1024, 700], [16, 10]),
     "full_B3_W8_Hq4_Hk4_D120_one_mtile": (3, 8, 4, 4, 120, 512, 0, [512, 300, 2**33], [8, 5, 1]),
 }
