@@ -96,7 +96,9 @@
 #                                          # the head's and the round's tests, the round A/B
 #   bash tools/h200_runs.sh v20-a          # session v20: the attention's splits merged by their last block: the round
 #                                          # A/B against the combine kernel, the fused combine's GPU tests (slower,
-#                                          # reverted: check out cec4461 to rerun; 57411bc for the probes of v20-b..d)
+#                                          # reverted: check out cec4461 to rerun). v20-b..d ran by hand at 57411bc:
+#                                          # python -m benchmarks.fused_combine_probe; benchmarks.attn_phases --wgmma
+#                                          # on [--define=-DFA_FC_PROBE=5 or 6]; benchmarks.profile_round (35B 8x16)
 #   bash tools/h200_runs.sh v20-e          # session v20: the combine kernel in one pass: its A/B against 498d94b's
 #                                          # (bits, us), the round A/B, the attention tests. v20-e/f/g read 498d94b's
 #                                          # source from h200-in/ (untracked; make it before the device call:
