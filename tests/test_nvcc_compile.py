@@ -164,7 +164,8 @@ def test_fast_wgemm_builds_for_sm_90a_without_local_memory(tmp_path, n):
 def test_fast_attention_wgmma_form_builds_for_sm_90a_without_local_memory(tmp_path, stages):
     """kernels_cu/fast_attention.cu's wgmma form with the options fast_attention.py gives NVRTC for it (FA_SINGLE at
     D 128, 4 m-tiles, BF16 bits, -DFA_WG=1; sm_90a): it compiles, no C7515, no spill or stack frame in the main kernel
-    and the four combine kernels (the 64 + 32 accumulators stay in registers), and (where nvdisasm is here) the main
+    and the combine kernels, one a batch of fast_attention.COMBINE_BATCHES (the 64 + 32 accumulators stay in
+    registers), and (where nvdisasm is here) the main
     kernel's SASS holds the warpgroup MMAs: 8 k16 steps of QK and 4 of PV a context tile, 8 + 8 for the block tile's
     QK and its two PV passes = 28 HGMMA. The same options without -DFA_WG=1 build the mma.sync kernel (no HGMMA)."""
     from kernels_cu import fast_attention as fa
