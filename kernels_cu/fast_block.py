@@ -305,6 +305,22 @@ EARLY_TABLE_MAX_ROWS = 16
 # before it reads anything). Read at every launch; benchmarks/round_ab.py's nopdl_glue turns it off.
 PDL_GLUE = True
 
+# Timing probes only (benchmarks/round_ab.py's probe_no_* configurations; the results are WRONG): glue kernels
+# left out of the block, so that a round's replay shows what a fusion that removed them could save at most.
+# Names: "qkv_post" (the attention then reads q / k / v as zeros), "silu_mul" (the down GEMM reads zeros),
+# "post_norm" (the residual update + norm after the attention's o GEMM). An eager call zero-fills what the
+# skipped kernel would write, so that no stale non-finite value sends a kernel down a slow path.
+PROBE_SKIP: frozenset = frozenset()
+
+
+def _probe_skip(name: str, *outs) -> bool:
+    if name not in PROBE_SKIP:
+        return False
+    if not cp().cuda.get_current_stream().is_capturing():
+        for a in outs:
+            a.fill(0)
+    return True
+
 
 def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
     """A fast_block.cu kernel, under PDL while PDL_GLUE (read at the call)."""
@@ -419,6 +435,8 @@ class CudaEngine:
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
+        if _probe_skip("qkv_post", q, k, v):
+            return
         _glue("fb_qkv_post", (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
               (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
                frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0),
@@ -436,7 +454,7 @@ class CudaEngine:
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
-        if M == 0:
+        if M == 0 or _probe_skip("silu_mul", act):
             return
         if inter % 4 == 0 and (gu.data.ptr % 16 or act.data.ptr % 8):  # the kernel's 16-byte path
             raise ValueError("fb_silu_mul: gu must be 16-byte and act 8-byte aligned when I % 4 == 0 "
@@ -548,8 +566,9 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
         a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
         eng.layer_gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
-        eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X, norm_w=wts["post_norm"][l],
-                       eps=eps, **_norm_targets(ws, dm))
+        if not _probe_skip("post_norm", *_norm_targets(ws, dm).values()):
+            eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X,
+                           norm_w=wts["post_norm"][l], eps=eps, **_norm_targets(ws, dm))
         eng.mlp_act(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU, ws.ACT, M, dm.I)
         eng.layer_gemm(ws.ACT, wts["wdown"][l], ws.Z)
         tail = {"resid_in": ws.X, "branch": ws.Z}
