@@ -258,3 +258,41 @@ def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch
     finally:
         fr.drop()
         cp.cuda.Device().synchronize()
+
+
+@pytest.mark.parametrize("b,w", [(1, 8), (8, 16)])
+def test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits(cupy, monkeypatch, b, w):
+    """fast_block.QKV_FUSED (session v21): the attention normalizes and rotates q / k itself (attention_qkv) instead
+    of fb_qkv_post; the 35B geometry's round (D 128, random weights) must give the same bits either way, eager and as
+    a graph replay, at B1 W8 (mma.sync) and B8 W16 (the wgmma form). The committed round vectors have H 32 and a
+    head_dim the fused kernel does not take, so they never reach it."""
+    torch = pytest.importorskip("torch", reason="the round's random full-width weights are built with torch")
+    from benchmarks.gpu_bench import round_drafter, round_inputs
+    from conformance.geometry import GEOMETRIES, _capacity
+    from kernels_cu import fast_attention, fast_block
+    from reference.config import PRESETS
+
+    cp = cupy
+    cfg = PRESETS[GEOMETRIES["dflash-35b-a3b"]]
+    fr = round_drafter(cp, torch, cfg)[0]
+    kw, _ = round_inputs(cp, torch, cfg, b, w, 4096)
+    cap = _capacity(cfg, 4096)
+    outs, paths = {}, {}
+    try:
+        for fused in (False, True):
+            monkeypatch.setattr(fast_block, "QKV_FUSED", fused)
+            fr._ws.clear()
+            ws = fr.workspace(b, w, cap)
+            fr.step(**kw, graph=False)  # copies the rings in
+            args = dict(kw, context_k=ws.ck, context_v=ws.cv)
+            eager = _snap(fr.step(**args, graph=False))
+            paths[fused] = fast_attention.last_path()
+            fr.step(**args)  # the capture
+            replay = _snap(fr.step(**args))
+            assert fr.last_path == "graph" and _equal(replay, eager)
+            outs[fused] = eager
+    finally:
+        fr.drop()
+        cp.cuda.Device().synchronize()
+    assert paths[True].endswith("-qkv") and not paths[False].endswith("-qkv"), paths
+    assert _equal(outs[True], outs[False])
