@@ -55,6 +55,9 @@ using dfl::u16;
 #ifndef FA_QKV
 #define FA_QKV 0  // 1 (with FA_SINGLE): the kernel that normalizes and rotates q / k itself (attn_body's QKV)
 #endif
+#ifndef FA_QKV_PROBE
+#define FA_QKV_PROBE 0  // 1: timing probe only, q's rows not normalized or rotated (wrong bits)
+#endif
 #ifndef FA_QKV_W
 #define FA_QKV_W 16  // QKV: block rows W at most (its RoPE table, W x D fp32, sits in shared memory)
 #endif
@@ -611,7 +614,13 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         for (int t = 0; t < RPW; ++t) {
             const int r = warp * RPW + t, R = blockIdx.z * FA_ROWS + r;
             u16 o4[4] = {0, 0, 0, 0};
+#if FA_QKV_PROBE  // timing probe (benchmarks/qkv_attn_probe.py), WRONG bits: q rounded as it is
+            if (R < M)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o4[e] = dfl::f32_to_bf16_rn(x[t][e]);
+#else
             if (R < M) norm_rope(x[t], wq_, R / G, true, o4);  // warp-uniform
+#endif
 #pragma unroll
             for (int e = 0; e < 4; ++e) sQ[r * ST + lane + 32 * e] = o4[e];
         }
