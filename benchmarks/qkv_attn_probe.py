@@ -63,8 +63,6 @@ def main(argv=None) -> int:
         q = cp.empty((b, w, hq, d), np.uint16)
         k = cp.empty((b, w, hk, d), np.uint16)
         v = cp.empty((b, w, hk, d), np.uint16)
-        rope = cp.empty((b * w, d), np.float32)
-        CudaEngine.rope_table(frontier, inv, b * w, w, d, rope)
         shape = (fa.qkv_chunks(w, hq, hk), b, w, hk, d)
         kw, vw = cp.zeros(shape, np.uint16), cp.zeros(shape, np.uint16)
 
@@ -75,7 +73,7 @@ def main(argv=None) -> int:
             fa.attention_fast(q, k, v, kc, vc, frontier, live, 0, f32_out=False, bf16_out=True)
 
         def fused():
-            fa.attention_qkv(qkv, qn, kn, rope, 1e-6, kw, vw, kc, vc, frontier, live, 0, hq=hq, hk=hk)
+            fa.attention_qkv(qkv, qn, kn, inv, 1e-6, kw, vw, kc, vc, frontier, live, 0, hq=hq, hk=hk)
 
         post()
         t_two = _time(cp, lambda: (post(), attn()), args.reps, flush)

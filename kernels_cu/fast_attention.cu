@@ -390,10 +390,12 @@ __device__ __forceinline__ int tile_el(int row, int col) {
 
 // QKV (-DFA_QKV=1, session v21; BF16 bits, D 128, W <= FA_QKV_W): the block normalizes and rotates its q rows and
 // (the last split) the block's k rows itself, from the fused q/k/v GEMM output qkv [B W][Hq + 2 Hk][D] fp32 (qp),
-// instead of fb_qkv_post: qk_norm_rope.cuh's steps, so the same bits. Its rows' RoPE table comes from rope [B W][D]
-// (fast_block.cu fb_rope_table), its norm weights from q_norm / k_norm. The last split writes the block's BF16
-// k / v rows to kw / vw (its chunk's [B][W][Hk][D] region), from where the block tile is copied as before (kp / vp
-// are the same arrays).
+// instead of fb_qkv_post: qk_norm_rope.cuh's steps, so the same bits. Before the PDL wait it builds its rows' RoPE
+// table in shared memory (cos, sin of (frontier[b] + i) * inv_freq, rope_cos_sin: frontier and inv_freq are no
+// kernel's output) and reads its norm weights q_norm / k_norm (constants); after the wait every load of qkv it needs
+// is issued at once (one memory latency: each further dependent load waits behind the prefetched ring tiles). The
+// last split writes the block's BF16 k / v rows to kw / vw (its chunk's [B][W][Hk][D] region), from where the block
+// tile is copied as before (kp / vp are the same arrays).
 template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG, bool QKV = false>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* kp, const void* vp,
                                           const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -403,7 +405,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                                           float* __restrict__ out_f32, u16* __restrict__ out_bf16,
                                           unsigned char* smem, const float* __restrict__ q_norm = nullptr,
                                           const float* __restrict__ k_norm = nullptr,
-                                          const float* __restrict__ rope = nullptr, float eps = 0.f) {
+                                          const double* __restrict__ inv_freq = nullptr, float eps = 0.f) {
     constexpr int KG = FA_WARPS / MT;  // key slices per tile
     constexpr int NKW = FA_NT / KG;    // keys per warp per tile (16 MT)
     constexpr int NJ = NKW / 8;        // score n-tiles per warp
@@ -546,13 +548,19 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     for (int j = 0; j < NPRE; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
     FA_MARK(1);  // context tiles issued, pad zeroed
-    // QKV: the lane's elements d = lane + 32 e of the norm weights (constants: before the wait)
+    // QKV, before the wait: the lane's elements d = lane + 32 e of the norm weights (constants) and the RoPE table of
+    // the W positions F + i in shared memory (complete at qkv_rows' first barrier)
     float wq[4], wk[4];
     if constexpr (QKV) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             wq[e] = q_norm[lane + 32 * e];
             wk[e] = k_norm[lane + 32 * e];
+        }
+        const int half = D >> 1;
+        for (int idx = threadIdx.x; idx < W * half; idx += FA_WARPS * 32) {
+            const int i = idx / half, f = idx - (idx / half) * half;
+            dfl::rope_cos_sin(F + i, inv_freq, f, sRT[i * D + f], sRT[i * D + half + f]);
         }
     }
     dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
@@ -562,22 +570,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (sQ) by 16-byte loads, all
     // in flight at once (not cp.async: waiting for its group would wait for the prefetched tiles too), and come
     // back by ldmatrix (per-element loads with their index arithmetic cost ~5 us before the first tile)
-    // QKV: q's rows into sQ as BF16 bits (a warp a row, the lane's elements d = lane + 32 e), the table first
-    // (every load of both in flight at once), then (has_blk) the block's k and v rows j < live into kw / vw; ends
-    // with a barrier, after which sQ is complete and this block's k / v rows are visible to its block-tile copies
+    // QKV: q's rows into sQ as BF16 bits (a warp a row, the lane's elements d = lane + 32 e) and, in the last split,
+    // the block's k and v rows j < live into kw / vw; every load issued before the first use. Ends with a barrier,
+    // after which sQ is complete and this block's k / v rows are visible to its block-tile copies.
     auto qkv_rows = [&](const float (&wq_)[4], const float (&wk_)[4]) {
         const float* qkv = reinterpret_cast<const float*>(qp);
         const int heads = Hq + 2 * Hk, half = D >> 1;
-        constexpr int RPW = 16 * MT / FA_WARPS;  // q rows a warp
-        constexpr int TPT = FA_QKV_W * 128 / (FA_WARPS * 32 * 4);  // table float4s a thread (W <= FA_QKV_W)
-        const float* rt = rope + (long long)b * W * D;
-        float4 tv[TPT];
-#pragma unroll
-        for (int j = 0; j < TPT; ++j) {
-            const int idx = threadIdx.x + FA_WARPS * 32 * j;
-            tv[j] = idx * 4 < W * D ? reinterpret_cast<const float4*>(rt)[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        float x[RPW][4];
+        constexpr int RPW = 16 * MT / FA_WARPS;       // q rows a warp
+        constexpr int KPW = 2 * FA_QKV_W / FA_WARPS;  // k / v row jobs a warp: job c < FA_QKV_W is k row c, else v
+        const bool blk = split == ns - 1 && lve > 0;  // has_blk (block-uniform): the last split
+        float x[RPW][4], y[KPW][4];
 #pragma unroll
         for (int t = 0; t < RPW; ++t) {
             const int R = blockIdx.z * FA_ROWS + warp * RPW + t;
@@ -588,13 +590,18 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             for (int e = 0; e < 4; ++e) x[t][e] = ok ? src[lane + 32 * e] : 0.f;
         }
 #pragma unroll
-        for (int j = 0; j < TPT; ++j) {
-            const int idx = threadIdx.x + FA_WARPS * 32 * j;
-            if (idx * 4 < W * D) reinterpret_cast<float4*>(sRT)[idx] = tv[j];
+        for (int t = 0; t < KPW; ++t) {
+            const int c = warp * KPW + t;
+            const int j = c < FA_QKV_W ? c : c - FA_QKV_W;
+            const bool ok = blk && j < lve;
+            const float* src = qkv + (((long long)b * W + (ok ? j : 0)) * heads + Hq + (c < FA_QKV_W ? 0 : Hk) + hk) *
+                                         D;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) y[t][e] = ok ? src[lane + 32 * e] : 0.f;
         }
-        __syncthreads();
-        // one head row: normalized, rotated at table row i (rope), rounded to BF16 into o4
-        auto norm_rope = [&](const float (&xr)[4], const float (&w)[4], int i, bool rot, u16 (&o4)[4]) {  // rot: k, q
+        __syncthreads();  // the RoPE table (built before the wait by every thread) is complete; the loads fly on
+        // one head row: normalized, rotated at table row i, rounded to BF16 into o4
+        auto norm_rope = [&](const float (&xr)[4], const float (&w)[4], int i, u16 (&o4)[4]) {
             float ss = 0.f;
 #pragma unroll
             for (int e = 0; e < 4; ++e) ss = dfl::sq_acc(ss, xr[e]);
@@ -602,12 +609,11 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             float n[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) n[e] = dfl::head_scale(w[e], xr[e], den);
+            const float* tr = sRT + i * D;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int d = lane + 32 * e, f = d < half ? d : d - half;
-                const float* tr = sRT + i * D;
-                o4[e] = dfl::f32_to_bf16_rn(rot ? dfl::rope_pair(n[e], n[(e + 2) & 3], tr[f], tr[half + f], d < half)
-                                                : xr[e]);
+                o4[e] = dfl::f32_to_bf16_rn(dfl::rope_pair(n[e], n[(e + 2) & 3], tr[f], tr[half + f], d < half));
             }
         };
 #pragma unroll
@@ -619,24 +625,12 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 #pragma unroll
                 for (int e = 0; e < 4; ++e) o4[e] = dfl::f32_to_bf16_rn(x[t][e]);
 #else
-            if (R < M) norm_rope(x[t], wq_, R / G, true, o4);  // warp-uniform
+            if (R < M) norm_rope(x[t], wq_, R / G, o4);  // warp-uniform
 #endif
 #pragma unroll
             for (int e = 0; e < 4; ++e) sQ[r * ST + lane + 32 * e] = o4[e];
         }
-        if (split == ns - 1 && lve > 0) {  // has_blk (block-uniform): the last split
-            constexpr int KPW = 2 * FA_QKV_W / FA_WARPS;  // k / v row jobs a warp: job c < lve is k row c, else v
-            float y[KPW][4];
-#pragma unroll
-            for (int t = 0; t < KPW; ++t) {
-                const int c = warp * KPW + t;
-                const int j = c < FA_QKV_W ? c : c - FA_QKV_W;
-                const bool ok = j < lve;
-                const float* src = qkv + (((long long)b * W + (ok ? j : 0)) * heads + Hq + (c < FA_QKV_W ? 0 : Hk) +
-                                          hk) * D;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) y[t][e] = ok ? src[lane + 32 * e] : 0.f;
-            }
+        if (blk) {
             u16* kw = const_cast<u16*>(reinterpret_cast<const u16*>(kp));
             u16* vw = const_cast<u16*>(reinterpret_cast<const u16*>(vp));
 #pragma unroll
@@ -647,7 +641,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                 if (j >= lve) continue;  // warp-uniform
                 u16 o4[4];
                 if (isk) {
-                    norm_rope(y[t], wk_, j, true, o4);
+                    norm_rope(y[t], wk_, j, o4);
                 } else {  // v: rounded as it is
 #pragma unroll
                     for (int e = 0; e < 4; ++e) o4[e] = dfl::f32_to_bf16_rn(y[t][e]);
@@ -1152,12 +1146,12 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16,        \
-        const float* __restrict__ q_norm, const float* __restrict__ k_norm, const float* __restrict__ rope,      \
+        const float* __restrict__ q_norm, const float* __restrict__ k_norm, const double* __restrict__ inv_freq,  \
         float eps) {                                                                                             \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
         fa::attn_body<128, MTV, NSV, false, false, FA_WG_ARCH && MTV == 4, true>(                                \
             qkv, kw, vw, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns, part_o, part_ml, out_f32,    \
-            out_bf16, fa_smem, q_norm, k_norm, rope, eps);                                                       \
+            out_bf16, fa_smem, q_norm, k_norm, inv_freq, eps);                                                       \
     }
 #define FA_KERNEL_QKV_X(MTV, NSV) FA_KERNEL_QKV(MTV, NSV)
 
