@@ -579,15 +579,21 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         constexpr int RPW = 16 * MT / FA_WARPS;       // q rows a warp
         constexpr int KPW = 2 * FA_QKV_W / FA_WARPS;  // k / v row jobs a warp: job c < FA_QKV_W is k row c, else v
         const bool blk = split == ns - 1 && lve > 0;  // has_blk (block-uniform): the last split
+        // q row r = warp * RPW + t is R = R0q + t: its position i and group index g advance one row at a time
+        const int R0q = blockIdx.z * FA_ROWS + warp * RPW;
+        const int qi0 = R0q / G, qg0 = R0q - (R0q / G) * G;
         float x[RPW][4], y[KPW][4];
+        {
+            int qi = qi0, qg = qg0;
 #pragma unroll
-        for (int t = 0; t < RPW; ++t) {
-            const int R = blockIdx.z * FA_ROWS + warp * RPW + t;
-            const bool ok = R < M;
-            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
-            const float* src = qkv + (((long long)b * W + i) * heads + (long long)hk * G + gg) * D;
+            for (int t = 0; t < RPW; ++t) {
+                const bool ok = R0q + t < M;
+                const float* src = qkv + (((long long)b * W + (ok ? qi : 0)) * heads + (long long)hk * G + qg) * D;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) x[t][e] = ok ? src[lane + 32 * e] : 0.f;
+                for (int e = 0; e < 4; ++e) x[t][e] = ok ? src[lane + 32 * e] : 0.f;
+                qg = qg + 1 == G ? 0 : qg + 1;
+                qi = qg == 0 ? qi + 1 : qi;
+            }
         }
 #pragma unroll
         for (int t = 0; t < KPW; ++t) {
@@ -600,55 +606,59 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             for (int e = 0; e < 4; ++e) y[t][e] = ok ? src[lane + 32 * e] : 0.f;
         }
         __syncthreads();  // the RoPE table (built before the wait by every thread) is complete; the loads fly on
-        // one head row: normalized, rotated at table row i, rounded to BF16 into o4
-        auto norm_rope = [&](const float (&xr)[4], const float (&w)[4], int i, u16 (&o4)[4]) {
+        // one head row: normalized, rotated at table row i, rounded to BF16 into o4 (zeros where !ok). Straight-line
+        // code (no branch, qk_norm_rope.cuh's steps are branch-free), so that the rows' latencies overlap
+        auto norm_rope = [&](const float (&xr)[4], const float (&w)[4], int i, bool ok, u16 (&o4)[4]) {
             float ss = 0.f;
 #pragma unroll
             for (int e = 0; e < 4; ++e) ss = dfl::sq_acc(ss, xr[e]);
-            const float den = dfl::head_den(ss, D, eps);
+            const float inv = dfl::head_inv(ss, D, eps);
             float n[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) n[e] = dfl::head_scale(w[e], xr[e], den);
+            for (int e = 0; e < 4; ++e) n[e] = dfl::head_scale(w[e], xr[e], inv);
             const float* tr = sRT + i * D;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int d = lane + 32 * e, f = d < half ? d : d - half;
-                o4[e] = dfl::f32_to_bf16_rn(dfl::rope_pair(n[e], n[(e + 2) & 3], tr[f], tr[half + f], d < half));
+                const u16 h = dfl::f32_to_bf16_rn(dfl::rope_pair(n[e], n[(e + 2) & 3], tr[f], tr[half + f], d < half));
+                o4[e] = ok ? h : (u16)0;
             }
         };
+        int qi = qi0, qg = qg0;
 #pragma unroll
         for (int t = 0; t < RPW; ++t) {
-            const int r = warp * RPW + t, R = blockIdx.z * FA_ROWS + r;
-            u16 o4[4] = {0, 0, 0, 0};
+            const int r = warp * RPW + t;
+            u16 o4[4];
 #if FA_QKV_PROBE  // timing probe (benchmarks/qkv_attn_probe.py), WRONG bits: q rounded as it is
-            if (R < M)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o4[e] = dfl::f32_to_bf16_rn(x[t][e]);
+            for (int e = 0; e < 4; ++e) o4[e] = R0q + t < M ? dfl::f32_to_bf16_rn(x[t][e]) : (u16)0;
 #else
-            if (R < M) norm_rope(x[t], wq_, R / G, o4);  // warp-uniform
+            norm_rope(x[t], wq_, qi < W ? qi : W - 1, R0q + t < M, o4);
 #endif
 #pragma unroll
             for (int e = 0; e < 4; ++e) sQ[r * ST + lane + 32 * e] = o4[e];
+            qg = qg + 1 == G ? 0 : qg + 1;
+            qi = qg == 0 ? qi + 1 : qi;
         }
         if (blk) {
             u16* kw = const_cast<u16*>(reinterpret_cast<const u16*>(kp));
             u16* vw = const_cast<u16*>(reinterpret_cast<const u16*>(vp));
+            const bool kwarp = warp * KPW < FA_QKV_W;  // warps of k rows, then of v rows (warp-uniform)
 #pragma unroll
             for (int t = 0; t < KPW; ++t) {
                 const int c = warp * KPW + t;
-                const bool isk = c < FA_QKV_W;
-                const int j = isk ? c : c - FA_QKV_W;
-                if (j >= lve) continue;  // warp-uniform
+                const int j = kwarp ? c : c - FA_QKV_W;
                 u16 o4[4];
-                if (isk) {
-                    norm_rope(y[t], wk_, j, o4);
+                if (kwarp) {
+                    norm_rope(y[t], wk_, j < W ? j : W - 1, true, o4);
                 } else {  // v: rounded as it is
 #pragma unroll
                     for (int e = 0; e < 4; ++e) o4[e] = dfl::f32_to_bf16_rn(y[t][e]);
                 }
-                u16* dst = (isk ? kw : vw) + ((((long long)blockIdx.z * B + b) * W + j) * Hk + hk) * D;
+                u16* dst = (kwarp ? kw : vw) + ((((long long)blockIdx.z * B + b) * W + j) * Hk + hk) * D;
+                if (j < lve)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = o4[e];
+                    for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = o4[e];
             }
         }
         __syncthreads();

@@ -468,7 +468,9 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
 // The row's RoPE table (cos, sin of pos * inv_freq[i], formed and reduced in double as
 // common.cuh head_norm_rope, then rounded to fp32) is built once per block in shared memory, not
 // once per element of every head; the head RMSNorm sums squares per lane then by the warp's
-// butterfly (no block barriers). The arithmetic per element is head_norm_rope's. q [M, Hq, D],
+// butterfly (no block barriers). The arithmetic per element is qk_norm_rope.cuh's (rsqrtf and products where
+// head_norm_rope divides by a square root, since session v21; the attention that does this work itself,
+// fast_attention.cu FA_QKV, uses the same helpers and gets the same bits). q [M, Hq, D],
 // k / v [M, Hk, D] out, each rounded once to BF16: as BF16 bits (bits_out, what the fast attention
 // reads directly: h200-attention-v5.md, the same bits as the fp32 path, 4-5 us less per layer) or
 // as fp32 values. Dynamic shared memory:
@@ -531,8 +533,8 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     const float* w = isq ? q_norm : k_norm;
     float ss = 0.f;  // qk_norm_rope.cuh: the same steps as the attention that does this work itself (FA_QKV)
     for (int d = lane; d < D; d += 32) ss = dfl::sq_acc(ss, hv[d]);
-    const float den = dfl::head_den(ss, D, eps);
-    for (int d = lane; d < D; d += 32) hv[d] = dfl::head_scale(w[d], hv[d], den);  // each lane its own elements
+    const float inv = dfl::head_inv(ss, D, eps);
+    for (int d = lane; d < D; d += 32) hv[d] = dfl::head_scale(w[d], hv[d], inv);  // each lane its own elements
     __syncwarp();
     void* out = isq ? q : k;
     const long long o = isq ? ((long long)r * Hq + h) * D : ((long long)r * Hk + (h - Hq)) * D;
