@@ -564,6 +564,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
     dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
+    FA_MARK(7);                     // the wait returned
     dfl::pdl_trigger();             // the combine may be launched; it waits for this grid's completion
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).

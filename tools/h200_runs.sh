@@ -111,6 +111,7 @@
 #   bash tools/h200_runs.sh v21-a          # session v21: the round without one glue kernel at a time (timing probes)
 #   bash tools/h200_runs.sh v21-b          # session v21: q / k normalized in the attention: tests, round A/B, trace
 #   bash tools/h200_runs.sh v21-c          # session v21: attention_qkv's second form: probe, tests, round A/B
+#   bash tools/h200_runs.sh v21-d          # session v21: attention_qkv's phases, the 35B round traces
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -703,6 +704,11 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         "tests/gpu/test_fast_round.py::test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs qkv_unfused,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
+    v21-d)  # session v21: where attention_qkv's time goes: phases against attention_fast's, the 35B round traces
+      step phases timeout 100 $PY -m benchmarks.attn_phases --wgmma on
+      step phases-qkv timeout 100 $PY -m benchmarks.attn_phases --wgmma on --qkv
+      step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
+        --geometries dflash-35b-a3b --sequence ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
