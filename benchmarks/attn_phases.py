@@ -9,7 +9,7 @@ spread of block start times (global timer, ns) and the kernel's event time.
 --qkv: the kernel that normalizes and rotates q / k itself (fast_attention.attention_qkv, session v21) on random
 fp32 q/k/v GEMM rows, in place of attention_fast on BF16 bits.
 
-Phases: 1 context tiles issued / pad zeroed (and, --qkv, the RoPE table built), 7 the wait returned, 6 first
+Phases: 1 context tiles issued / pad zeroed, 7 (--qkv: the RoPE table copied and) the wait returned, 6 first
 context tile in shared memory (after q's rows), 2 context tiles done,
 3 block tile done, 4 key slices merged, 5 outputs written. Timing build only; the stamps cost a few
 instructions per phase.
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
 
     from benchmarks.bench_fast_attention import GEOMS, HK, HQ, SHAPES, D, make_inputs
     from kernels_cu import fast_attention as fa
+    from kernels_cu.fast_block import CudaEngine
 
     fa.EXTRA_OPTIONS = ("-DFA_TIMING",)
     fa.WGMMA = args.wgmma == "on"
@@ -64,9 +65,11 @@ def main(argv=None) -> int:
                 nw = cp.asarray((0.5 + rng.random(D)).astype(np.float32))
                 inv = cp.asarray(1.0 / (1e7 ** (np.arange(0, D, 2, dtype=np.float64) / D)))
                 scr = [cp.zeros((fa.qkv_chunks(w, HQ, HK), b, w, HK, D), np.uint16) for _ in range(2)]
+                rope = cp.empty((b * w, D), np.float32)
+                CudaEngine.rope_table(x["frontier"], inv, b * w, w, D, rope)
 
                 def call():
-                    fa.attention_qkv(qkv, nw, nw, inv, 1e-6, *scr, *common, hq=HQ, hk=HK)
+                    fa.attention_qkv(qkv, nw, nw, rope, 1e-6, *scr, *common, hq=HQ, hk=HK)
             else:
                 def call():
                     fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)

@@ -60,6 +60,8 @@ def main(argv=None) -> int:
         frontier = cp.full((b,), 4096, np.int64)
         live = cp.full((b,), w, np.int32)
         inv = cp.asarray(1.0 / (1e7 ** (np.arange(0, d, 2, dtype=np.float64) / d)))
+        rope = cp.empty((b * w, d), np.float32)
+        CudaEngine.rope_table(frontier, inv, b * w, w, d, rope)
         q = cp.empty((b, w, hq, d), np.uint16)
         k = cp.empty((b, w, hk, d), np.uint16)
         v = cp.empty((b, w, hk, d), np.uint16)
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
             fa.attention_fast(q, k, v, kc, vc, frontier, live, 0, f32_out=False, bf16_out=True)
 
         def fused():
-            fa.attention_qkv(qkv, qn, kn, inv, 1e-6, kw, vw, kc, vc, frontier, live, 0, hq=hq, hk=hk)
+            fa.attention_qkv(qkv, qn, kn, rope, 1e-6, kw, vw, kc, vc, frontier, live, 0, hq=hq, hk=hk)
 
         post()
         t_two = _time(cp, lambda: (post(), attn()), args.reps, flush)

@@ -390,12 +390,16 @@ __device__ __forceinline__ int tile_el(int row, int col) {
 
 // QKV (-DFA_QKV=1, session v21; BF16 bits, D 128, W <= FA_QKV_W): the block normalizes and rotates its q rows and
 // (the last split) the block's k rows itself, from the fused q/k/v GEMM output qkv [B W][Hq + 2 Hk][D] fp32 (qp),
-// instead of fb_qkv_post: qk_norm_rope.cuh's steps, so the same bits. Before the PDL wait it builds its rows' RoPE
-// table in shared memory (cos, sin of (frontier[b] + i) * inv_freq, rope_cos_sin: frontier and inv_freq are no
-// kernel's output) and reads its norm weights q_norm / k_norm (constants); after the wait every load of qkv it needs
-// is issued at once (one memory latency: each further dependent load waits behind the prefetched ring tiles). The
-// last split writes the block's BF16 k / v rows to kw / vw (its chunk's [B][W][Hk][D] region), from where the block
-// tile is copied as before (kp / vp are the same arrays).
+// instead of fb_qkv_post: qk_norm_rope.cuh's steps, so the same bits. Before the PDL wait it copies its W rows of
+// the RoPE table rope [B W][D] (fast_block.cu fb_rope_table: cos, then sin) into shared memory and reads its norm
+// weights q_norm / k_norm (constants). fb_rope_table runs first in the block, and the table is safe to read before
+// the wait: this kernel starts only once the kernel ahead (the q/k/v GEMM) has started, which follows a
+// fb_resid_norm that triggers its dependents only after its own wait; so every kernel up to that fb_resid_norm's
+// predecessor has completed, fb_rope_table among them (building the table here in double took ~4.6 us a block at
+// B8 W16, on the critical path, since the GEMM's blocks leave no room to start early). After the wait every load of
+// qkv it needs is issued at once (each further dependent load would wait behind the prefetched ring tiles). The
+// last split writes the block's BF16 k / v rows to kw / vw (its chunk's [B][W][Hk][D] region), from where the
+// block tile is copied as before (kp / vp are the same arrays).
 template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG, bool QKV = false>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* kp, const void* vp,
                                           const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -405,7 +409,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                                           float* __restrict__ out_f32, u16* __restrict__ out_bf16,
                                           unsigned char* smem, const float* __restrict__ q_norm = nullptr,
                                           const float* __restrict__ k_norm = nullptr,
-                                          const double* __restrict__ inv_freq = nullptr, float eps = 0.f) {
+                                          const float* __restrict__ rope = nullptr, float eps = 0.f) {
     constexpr int KG = FA_WARPS / MT;  // key slices per tile
     constexpr int NKW = FA_NT / KG;    // keys per warp per tile (16 MT)
     constexpr int NJ = NKW / 8;        // score n-tiles per warp
@@ -548,8 +552,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     for (int j = 0; j < NPRE; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
     FA_MARK(1);  // context tiles issued, pad zeroed
-    // QKV, before the wait: the lane's elements d = lane + 32 e of the norm weights (constants) and the RoPE table of
-    // the W positions F + i in shared memory (complete at qkv_rows' first barrier)
+    // QKV, before the wait: the lane's elements d = lane + 32 e of the norm weights (constants) and the block's rows
+    // of the RoPE table in shared memory (complete at qkv_rows' first barrier)
     float wq[4], wk[4];
     if constexpr (QKV) {
 #pragma unroll
@@ -557,11 +561,16 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             wq[e] = q_norm[lane + 32 * e];
             wk[e] = k_norm[lane + 32 * e];
         }
-        const int half = D >> 1;
-        for (int idx = threadIdx.x; idx < W * half; idx += FA_WARPS * 32) {
-            const int i = idx / half, f = idx - (idx / half) * half;
-            dfl::rope_cos_sin(F + i, inv_freq, f, sRT[i * D + f], sRT[i * D + half + f]);
+        constexpr int TPT = FA_QKV_W * 128 / (FA_WARPS * 32 * 4);  // table float4s a thread (W <= FA_QKV_W)
+        const float4* rt = reinterpret_cast<const float4*>(rope + (long long)b * W * D);
+        float4 tv[TPT];
+#pragma unroll
+        for (int j = 0; j < TPT; ++j) {
+            const int idx = threadIdx.x + FA_WARPS * 32 * j;
+            tv[j] = idx * 4 < W * D ? rt[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
+#pragma unroll
+        for (int j = 0; j < TPT; ++j) reinterpret_cast<float4*>(sRT)[threadIdx.x + FA_WARPS * 32 * j] = tv[j];
     }
     dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
     FA_MARK(7);                     // the wait returned
@@ -606,7 +615,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 #pragma unroll
             for (int e = 0; e < 4; ++e) y[t][e] = ok ? src[lane + 32 * e] : 0.f;
         }
-        __syncthreads();  // the RoPE table (built before the wait by every thread) is complete; the loads fly on
+        __syncthreads();  // the RoPE table (copied before the wait by every thread) is complete; the loads fly on
         // one head row: normalized, rotated at table row i, rounded to BF16 into o4 (zeros where !ok). Straight-line
         // code (no branch, qk_norm_rope.cuh's steps are branch-free), so that the rows' latencies overlap
         auto norm_rope = [&](const float (&xr)[4], const float (&w)[4], int i, bool ok, u16 (&o4)[4]) {
@@ -1157,12 +1166,12 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16,        \
-        const float* __restrict__ q_norm, const float* __restrict__ k_norm, const double* __restrict__ inv_freq,  \
+        const float* __restrict__ q_norm, const float* __restrict__ k_norm, const float* __restrict__ rope,      \
         float eps) {                                                                                             \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
         fa::attn_body<128, MTV, NSV, false, false, FA_WG_ARCH && MTV == 4, true>(                                \
             qkv, kw, vw, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns, part_o, part_ml, out_f32,    \
-            out_bf16, fa_smem, q_norm, k_norm, inv_freq, eps);                                                       \
+            out_bf16, fa_smem, q_norm, k_norm, rope, eps);                                                       \
     }
 #define FA_KERNEL_QKV_X(MTV, NSV) FA_KERNEL_QKV(MTV, NSV)
 

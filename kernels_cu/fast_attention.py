@@ -373,22 +373,23 @@ def qkv_chunks(w: int, hq: int, hk: int) -> int:
     return -(-w * (hq // hk) // _ROWS)
 
 
-def attention_qkv(qkv, q_norm, k_norm, inv_freq, eps: float, kw, vw, kc_bits, vc_bits, frontier, live, window, *,
+def attention_qkv(qkv, q_norm, k_norm, rope, eps: float, kw, vw, kc_bits, vc_bits, frontier, live, window, *,
                   hq: int, hk: int, pdl: bool = False):
     """fb_qkv_post then attention_fast in one kernel (session v21): the attention normalizes and rotates its q rows
     and the block's k rows itself, from the fused q/k/v GEMM output qkv [B, W, Hq + 2 Hk, D] fp32, with
     qk_norm_rope.cuh's steps, so the output is the same BF16 bits as fb_qkv_post's q / k / v through
-    attention_fast. q_norm / k_norm [D] fp32; inv_freq [D / 2] float64 (RoPE at positions frontier[b] + i, the
-    table built in the kernel); kw / vw [qkv_chunks, B, W, Hk, D] uint16, where the last split of each chunk puts
-    the block's BF16 k / v rows. Returns the BF16 bits [B, W, Hq, D] (rows >= live zero). Only where qkv_takes;
-    ``pdl`` as attention_fast's (the kernel ahead writes none of the caches, frontier, live)."""
+    attention_fast. q_norm / k_norm [D] fp32; rope [B W, D] fp32 (fast_block.cu fb_rope_table: cos then sin at
+    positions frontier[b] + i; read before the wait, so it must be complete before the kernel ahead starts: see
+    fast_attention.cu QKV); kw / vw [qkv_chunks, B, W, Hk, D] uint16, where the last split of each chunk puts the
+    block's BF16 k / v rows. Returns the BF16 bits [B, W, Hq, D] (rows >= live zero). Only where qkv_takes;
+    ``pdl`` as attention_fast's (the kernel ahead writes none of the caches, frontier, live, rope)."""
     c = cp()
     b, w, heads, d = qkv.shape
     cap = kc_bits.shape[1]
     if heads != hq + 2 * hk or hq % hk or not qkv_takes(d, w, b, hk, cap):
         raise ValueError(f"attention_qkv: qkv {qkv.shape} with Hq {hq}, Hk {hk}, C {cap} (D {_MAX_D}, W <= {QKV_W})")
     want = (qkv_chunks(w, hq, hk), b, w, hk, d)
-    for name, a, shape, dt in (("qkv", qkv, qkv.shape, np.float32), ("inv_freq", inv_freq, (d // 2,), np.float64),
+    for name, a, shape, dt in (("qkv", qkv, qkv.shape, np.float32), ("rope", rope, (b * w, d), np.float32),
                                ("q_norm", q_norm, (d,), np.float32), ("k_norm", k_norm, (d,), np.float32),
                                ("kw", kw, want, np.uint16), ("vw", vw, want, np.uint16),
                                ("k ring", kc_bits, (b, cap, hk, d), np.uint16),
@@ -401,7 +402,7 @@ def attention_qkv(qkv, q_norm, k_norm, inv_freq, eps: float, kw, vw, kc_bits, vc
         return ob
     frontier = c.ascontiguousarray(c.asarray(frontier), dtype=np.int64)
     live = c.ascontiguousarray(c.asarray(live), dtype=np.int32)
-    _launch((qkv, kw, vw), (q_norm, k_norm, inv_freq, np.float32(eps)), kc_bits, vc_bits, frontier, live, int(window),
+    _launch((qkv, kw, vw), (q_norm, k_norm, rope, np.float32(eps)), kc_bits, vc_bits, frontier, live, int(window),
             b, w, hq, hk, d, cap, True, None, ob, pdl, qkv=True)
     return ob
 

@@ -545,6 +545,27 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     }
 }
 
+// The block's RoPE table for the attention that normalizes and rotates q / k itself (fast_attention.cu FA_QKV):
+// rope [M, D] fp32, row r = (b, i) at position frontier[b] + i (r = b W + i): cos of pos * inv_freq[c] in columns
+// c < D/2, sin in c + D/2, as fb_qkv_post's table (qk_norm_rope.cuh rope_cos_sin). Grid (M), D/2 threads. Launched
+// at the block's start under PDL: frontier is read and the table written only after the wait (the kernel ahead
+// may be the caller's, writing frontier; an attention of the previous call may still read the table). The
+// attention reads the table before its own wait: see fast_attention.cu QKV for why that is safe.
+extern "C" __global__ void fb_rope_table(const long long* __restrict__ frontier, const double* __restrict__ inv_freq,
+                                         int M, int W, int D, float* __restrict__ rope) {
+    dfl::pdl_wait_for(frontier);
+    dfl::pdl_trigger();
+    const int r = blockIdx.x, half = D >> 1;
+    if (r >= M) return;
+    const long long pos = frontier[r / W] + (long long)(r % W);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float c, s;
+        dfl::rope_cos_sin(pos, inv_freq, i, c, s);
+        rope[(long long)r * D + i] = c;
+        rope[(long long)r * D + half + i] = s;
+    }
+}
+
 // DFlash2 input side on the fp32 normalized input x [M, H]. dl [2M, 4G] holds the delta GEMM of
 // the BF16 hi parts (rows < M) and of the BF16 remainders (rows >= M): delta = hi row + lo row,
 // the projection of x to about 2^-17 relative (the exact mode projects the fp32 x). base0 is side

@@ -307,7 +307,7 @@ PDL_GLUE = True
 
 # The attention normalizes and rotates q and the block's k itself, from the q/k/v GEMM's fp32 output, where
 # kernels_cu/fast_attention.qkv_takes the shape (D 128, W <= 16): no fb_qkv_post between the GEMM and the attention,
-# the same bits (fast_attention.attention_qkv, qk_norm_rope.cuh).
+# the same bits (fast_attention.attention_qkv, qk_norm_rope.cuh; a RoPE table made once a call by fb_rope_table).
 # Session v21 measured the round without fb_qkv_post 18 us faster at both 35B shapes (round_ab probe_no_qkv_post,
 # docs/reports/h200-v21-a-round-ab.log). Read at every call; benchmarks/round_ab.py's qkv_unfused turns it off.
 QKV_FUSED = True
@@ -461,11 +461,19 @@ class CudaEngine:
             return False
         return self.attention_fn is fa.attention_fast and fa.qkv_takes(dm.D, dm.W, dm.B, dm.Hk, capacity)
 
-    def qkv_attention(self, qkv, q_norm, k_norm, freqs, eps, kw, vw, kc, vc, frontier, live, window, dm):
-        """fb_qkv_post and the attention in one kernel (fast_attention.attention_qkv): BF16 bits [B, W, Hq, D]."""
+    @staticmethod
+    def rope_table(frontier, freqs, M, W, d, rope):
+        """rope [M, d] fp32: cos then sin at row r's position frontier[r / W] + r % W (fb_rope_table)."""
+        if M:
+            _glue("fb_rope_table", (M,), (max(32, d // 2),), (frontier, freqs, np.int32(M), np.int32(W), np.int32(d),
+                                                               rope))
+
+    def qkv_attention(self, qkv, q_norm, k_norm, rope, eps, kw, vw, kc, vc, frontier, live, window, dm):
+        """fb_qkv_post and the attention in one kernel (fast_attention.attention_qkv): BF16 bits [B, W, Hq, D].
+        rope: the call's RoPE table (rope_table, launched at the block's start)."""
         from kernels_cu import fast_attention as fa
 
-        return fa.attention_qkv(qkv.reshape(dm.B, dm.W, dm.Hq + 2 * dm.Hk, dm.D), q_norm, k_norm, freqs, eps, kw,
+        return fa.attention_qkv(qkv.reshape(dm.B, dm.W, dm.Hq + 2 * dm.Hk, dm.D), q_norm, k_norm, rope, eps, kw,
                                 vw, kc, vc, frontier, live, int(window), hq=dm.Hq, hk=dm.Hk, pdl=self._attention_pdl)
 
     @staticmethod
@@ -529,8 +537,9 @@ class Workspace:
         self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), qkv_t)
         self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
         self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
-        if dm.D == 128 and dm.W <= 16:  # qkv_attention's k / v rows (where fast_attention.qkv_takes the shape)
+        if dm.D == 128 and dm.W <= 16:  # qkv_attention's RoPE table, k / v rows (where fast_attention.qkv_takes)
             chunks = -(-dm.W * (dm.Hq // dm.Hk) // 64)
+            self.RT = eng.empty((M, dm.D), f32)
             self.KS = eng.empty((chunks, dm.B, dm.W, dm.Hk, dm.D), u16)
             self.VS = eng.empty((chunks, dm.B, dm.W, dm.Hk, dm.D), u16)
         self.O = _split_out(eng, M, H, dm.Hq * dm.D)  # [M, H], or [S, M, H] partials (split_k)
@@ -588,13 +597,15 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     fuses = getattr(eng, "fuses_qkv", None)
     fused = (bool(layers) and fuses is not None and getattr(ws, "KS", None) is not None
              and fuses(dm, layers[0][2].shape[1]))
+    if fused:  # first: the attention reads it before its PDL wait (fast_attention.cu QKV says why that is safe)
+        eng.rope_table(frontier, freqs, M, W, dm.D, ws.RT)
     for l, window, kc, vc in layers:
         src = entry if tail is None else tail
         eng.resid_norm(M, H, W, **src, resid_out=ws.X, norm_w=wts["input_norm"][l], eps=eps,
                        **_norm_targets(ws, dm))
         eng.layer_gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
         if fused:
-            a = eng.qkv_attention(ws.QKV, wts["q_norm"][l], wts["k_norm"][l], freqs, eps, ws.KS, ws.VS, kc, vc,
+            a = eng.qkv_attention(ws.QKV, wts["q_norm"][l], wts["k_norm"][l], ws.RT, eps, ws.KS, ws.VS, kc, vc,
                                   frontier, live, window, dm)
         else:
             eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier,

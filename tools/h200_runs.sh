@@ -112,6 +112,7 @@
 #   bash tools/h200_runs.sh v21-b          # session v21: q / k normalized in the attention: tests, round A/B, trace
 #   bash tools/h200_runs.sh v21-c          # session v21: attention_qkv's second form: probe, tests, round A/B
 #   bash tools/h200_runs.sh v21-d          # session v21: attention_qkv's phases, the 35B round traces
+#   bash tools/h200_runs.sh v21-e          # session v21: attention_qkv's fourth form: probe, phases, tests, round A/B
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -709,6 +710,13 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step phases-qkv timeout 100 $PY -m benchmarks.attn_phases --wgmma on --qkv
       step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
         --geometries dflash-35b-a3b --sequence ;;
+    v21-e)  # session v21: attention_qkv's fourth form (the table from fb_rope_table, copied before the wait)
+      step probe timeout 120 $PY -m benchmarks.qkv_attn_probe
+      step phases-qkv timeout 100 $PY -m benchmarks.attn_phases --wgmma on --qkv
+      step qkv-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_qkv_attention.py \
+        "tests/gpu/test_fast_round.py::test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits"
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs qkv_unfused,default \
+        --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

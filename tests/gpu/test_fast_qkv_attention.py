@@ -8,7 +8,8 @@ inputs:
   the block and the context, live counts of 0 .. W, positions past 2^32, split counts 1, 3 and the heuristic's;
 - the block's k / v rows the last split writes (rows < live) equal fb_qkv_post's k / v;
 - under PDL, behind a producer that writes qkv only after spinning 20 ms (having triggered at once), the
-  kernel still gives the ordinary launch's bits: it reads qkv only after its wait;
+  kernel still gives the ordinary launch's bits: it reads qkv only after its wait (the RoPE table, written before
+  the producer, it may read before);
 - FastRound at the 35B geometry (tests/gpu/test_fast_round.py): fast_block.QKV_FUSED on and off give the same bits.
 A mutant (q_norm for k) must break the equality, so the comparison can fail.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
@@ -66,15 +67,18 @@ def _two_kernels(cp, c, k_norm=None):
 
 
 def _fused(cp, c, pdl=False, before=None):
-    """attention_qkv: (out bits, k scratch, v scratch)."""
+    """fb_rope_table then attention_qkv: (out bits, k scratch, v scratch)."""
     from kernels_cu import fast_attention as fa
+    from kernels_cu.fast_block import CudaEngine
 
     b, w, hq, hk, d = c["b"], c["w"], c["hq"], c["hk"], c["d"]
+    rope = cp.empty((b * w, d), np.float32)
+    CudaEngine.rope_table(c["frontier"], c["inv_freq"], b * w, w, d, rope)
     shape = (fa.qkv_chunks(w, hq, hk), b, w, hk, d)
     kw, vw = cp.zeros(shape, np.uint16), cp.zeros(shape, np.uint16)
     if before is not None:
         before()
-    out = fa.attention_qkv(c["qkv"], c["q_norm"], c["k_norm"], c["inv_freq"], 1e-6, kw, vw, c["kc"], c["vc"],
+    out = fa.attention_qkv(c["qkv"], c["q_norm"], c["k_norm"], rope, 1e-6, kw, vw, c["kc"], c["vc"],
                            c["frontier"], c["live"], c["window"], hq=hq, hk=hk, pdl=pdl)
     return out, kw, vw
 
