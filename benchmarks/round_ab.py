@@ -53,6 +53,7 @@ over ``--rounds`` passes, each a set of module attributes:
               (fast_attention.COMBINE_ONE_PASS False; default: one pass where one batch holds every split)
   qkv_unfused fb_qkv_post then the attention (fast_block.QKV_FUSED False; default: the attention normalizes and
               rotates q / k itself where fast_attention.qkv_takes the shape, session v21)
+  qkv_nopdl   that attention launched the ordinary way (fast_block.QKV_PDL False)
   probe_no_qkv_post, probe_no_silu_mul, probe_no_post_norm  TIMING PROBES, WRONG RESULTS: the block without
               that glue kernel (fast_block.PROBE_SKIP), what a fusion removing it could save at most
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -111,6 +112,7 @@ CONFIGS = {
     "head_memset": {"kernels_cu.fast_head.CLEAN": False},
     "combine_two_pass": {"kernels_cu.fast_attention.COMBINE_ONE_PASS": False},
     "qkv_unfused": {"kernels_cu.fast_block.QKV_FUSED": False},
+    "qkv_nopdl": {"kernels_cu.fast_block.QKV_PDL": False},
     "probe_no_qkv_post": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"qkv_post"})},
     "probe_no_silu_mul": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"silu_mul"})},
     "probe_no_post_norm": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"post_norm"})},

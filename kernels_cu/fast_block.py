@@ -311,6 +311,8 @@ PDL_GLUE = True
 # Session v21 measured the round without fb_qkv_post 18 us faster at both 35B shapes (round_ab probe_no_qkv_post,
 # docs/reports/h200-v21-a-round-ab.log). Read at every call; benchmarks/round_ab.py's qkv_unfused turns it off.
 QKV_FUSED = True
+# qkv_attention under PDL like the attention it replaces (False: launched the ordinary way; round_ab's qkv_nopdl)
+QKV_PDL = True
 
 # Timing probes only (benchmarks/round_ab.py's probe_no_* configurations; the results are WRONG): glue kernels
 # left out of the block, so that a round's replay shows what a fusion that removed them could save at most.
@@ -474,7 +476,8 @@ class CudaEngine:
         from kernels_cu import fast_attention as fa
 
         return fa.attention_qkv(qkv.reshape(dm.B, dm.W, dm.Hq + 2 * dm.Hk, dm.D), q_norm, k_norm, rope, eps, kw,
-                                vw, kc, vc, frontier, live, int(window), hq=dm.Hq, hk=dm.Hk, pdl=self._attention_pdl)
+                                vw, kc, vc, frontier, live, int(window), hq=dm.Hq, hk=dm.Hk,
+                                pdl=self._attention_pdl and QKV_PDL)
 
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):

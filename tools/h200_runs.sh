@@ -113,6 +113,7 @@
 #   bash tools/h200_runs.sh v21-c          # session v21: attention_qkv's second form: probe, tests, round A/B
 #   bash tools/h200_runs.sh v21-d          # session v21: attention_qkv's phases, the 35B round traces
 #   bash tools/h200_runs.sh v21-e          # session v21: attention_qkv's fourth form: probe, phases, tests, round A/B
+#   bash tools/h200_runs.sh v21-f          # session v21: attention_qkv with and without PDL, the 35B traces
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -717,6 +718,11 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         "tests/gpu/test_fast_round.py::test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs qkv_unfused,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
+    v21-f)  # session v21: why attention_qkv loses in the round: with and without PDL, the 35B traces
+      step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --geometries dflash-35b-a3b \
+        --configs qkv_unfused,qkv_nopdl,default --rounds 2 --json "$OUT/round_ab.json"
+      step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
+        --geometries dflash-35b-a3b --sequence ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
