@@ -4,13 +4,10 @@ block, and the global timer at entry), run at masked_block's four round shapes (
 call), and per phase the mean and max over blocks of the cycles since the block's entry, with the
 spread of block start times (global timer, ns) and the kernel's event time.
 
-    python -m benchmarks.attn_phases [--wgmma on] [--qkv] [--json out.json]
+    python -m benchmarks.attn_phases [--wgmma on] [--json out.json]
 
---qkv: the kernel that normalizes and rotates q / k itself (fast_attention.attention_qkv, session v21) on random
-fp32 q/k/v GEMM rows, in place of attention_fast on BF16 bits.
-
-Phases: 1 context tiles issued / pad zeroed, 7 (--qkv: the RoPE table copied and) the wait returned, 6 first
-context tile in shared memory (after q's rows), 2 context tiles done,
+Phases: 1 context tiles issued / pad zeroed (before the PDL wait), 7 the wait returned (session v21), 6 first
+context tile in shared memory (q in registers), 2 context tiles done,
 3 block tile done, 4 key slices merged, 5 outputs written. Timing build only; the stamps cost a few
 instructions per phase.
 """
@@ -41,7 +38,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--wgmma", choices=["off", "on"], default="off",
                     help="fast_attention.WGMMA False / True (the wgmma form where it takes the shape)")
-    ap.add_argument("--qkv", action="store_true", help="attention_qkv on fp32 q/k/v rows (session v21)")
     args = ap.parse_args(argv)
     import cupy as cp
     import numpy as np
@@ -49,7 +45,6 @@ def main(argv=None) -> int:
 
     from benchmarks.bench_fast_attention import GEOMS, HK, HQ, SHAPES, D, make_inputs
     from kernels_cu import fast_attention as fa
-    from kernels_cu.fast_block import CudaEngine
 
     fa.EXTRA_OPTIONS = ("-DFA_TIMING",)
     fa.WGMMA = args.wgmma == "on"
@@ -59,27 +54,13 @@ def main(argv=None) -> int:
         for b, w in SHAPES:
             x = make_inputs(cp, torch, b, w, cap, window, tails)
             common = (x["kc"], x["vc"], x["frontier"], x["live"], window)
-            if args.qkv:
-                rng = np.random.default_rng(b * 100 + w)
-                qkv = cp.asarray(rng.standard_normal((b, w, HQ + 2 * HK, D)).astype(np.float32))
-                nw = cp.asarray((0.5 + rng.random(D)).astype(np.float32))
-                inv = cp.asarray(1.0 / (1e7 ** (np.arange(0, D, 2, dtype=np.float64) / D)))
-                scr = [cp.zeros((fa.qkv_chunks(w, HQ, HK), b, w, HK, D), np.uint16) for _ in range(2)]
-                rope = cp.empty((b * w, D), np.float32)
-                CudaEngine.rope_table(x["frontier"], inv, b * w, w, D, rope)
-
-                def call():
-                    fa.attention_qkv(qkv, nw, nw, rope, 1e-6, *scr, *common, hq=HQ, hk=HK)
-            else:
-                def call():
-                    fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)
             for _ in range(3):
-                call()
+                fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)
             cp.cuda.runtime.deviceSynchronize()
             mt = fa._mt(min(w * HQ // HK, 64))
             stages = fa.stages_for()
             wg = fa.wg_for(fa._dp(D), D, mt, True, fa.alias_for(fa._dp(D)))
-            mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS, stages, wg=wg, qkv=args.qkv)
+            mod = fa._module(fa._dp(D), mt, False, fa.EXTRA_OPTIONS, stages, wg=wg)
             clk, st = (_global(cp, mod, n) for n in ("fa_clock", "fa_start"))
             clk_a = cp.ndarray((TIMING_BLOCKS * 8,), dtype=np.uint64, memptr=clk)
             st_a = cp.ndarray((TIMING_BLOCKS,), dtype=np.uint64, memptr=st)
@@ -87,7 +68,7 @@ def main(argv=None) -> int:
             st_a.fill(0)
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
             e0.record()
-            call()
+            fa.attention_fast(*x["bits"], *common, f32_out=False, bf16_out=True)
             e1.record()
             e1.synchronize()
             ms = cp.cuda.get_elapsed_time(e0, e1)
@@ -97,7 +78,7 @@ def main(argv=None) -> int:
             n = int(used.sum())
             c, s = c[used], s[used]
             rel = {name: (c[:, p] - c[:, 0]) / clock_hz * 1e6 for p, name in PHASES}
-            r = {"shape": f"{label} B{b} W{w}", "wgmma": wg, "qkv": args.qkv, "blocks": n, "event_us": ms * 1e3,
+            r = {"shape": f"{label} B{b} W{w}", "wgmma": wg, "blocks": n, "event_us": ms * 1e3,
                  "start_spread_us": float((s.max() - s.min()) / 1e3),
                  "mean_us": {k: float(v[v >= 0].mean()) if (v >= 0).any() else None for k, v in rel.items()},
                  "max_us": {k: float(v.max()) for k, v in rel.items()}}

@@ -51,9 +51,6 @@ over ``--rounds`` passes, each a set of module attributes:
   attn_wg_s3  the wgmma form with 3 K/V stages (fast_attention.STAGES 3; default 2)
   combine_two_pass  the attention's combine kernel in two passes (m, then (m, l) and o) at every split count
               (fast_attention.COMBINE_ONE_PASS False; default: one pass where one batch holds every split)
-  qkv_unfused fb_qkv_post then the attention (fast_block.QKV_FUSED False; default: the attention normalizes and
-              rotates q / k itself where fast_attention.qkv_takes the shape, session v21)
-  qkv_nopdl   that attention launched the ordinary way (fast_block.QKV_PDL False)
   probe_no_qkv_post, probe_no_silu_mul, probe_no_post_norm  TIMING PROBES, WRONG RESULTS: the block without
               that glue kernel (fast_block.PROBE_SKIP), what a fusion removing it could save at most
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -111,8 +108,6 @@ CONFIGS = {
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
     "head_memset": {"kernels_cu.fast_head.CLEAN": False},
     "combine_two_pass": {"kernels_cu.fast_attention.COMBINE_ONE_PASS": False},
-    "qkv_unfused": {"kernels_cu.fast_block.QKV_FUSED": False},
-    "qkv_nopdl": {"kernels_cu.fast_block.QKV_PDL": False},
     "probe_no_qkv_post": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"qkv_post"})},
     "probe_no_silu_mul": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"silu_mul"})},
     "probe_no_post_norm": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"post_norm"})},

@@ -42,7 +42,6 @@
 // p * v only where p > 0 (the reference's rule). The block tile is scanned always (its P_lo
 // may be 0). Rows >= live are written as zeros.
 #include "common.cuh"
-#include "qk_norm_rope.cuh"
 
 using dfl::u16;
 
@@ -51,15 +50,6 @@ using dfl::u16;
 #define FA_ROWS 64   // query rows (W x G) per block
 #ifndef FA_ALIAS
 #define FA_ALIAS 0  // 1: the aliased shared-memory layout (attn_body's ALIAS)
-#endif
-#ifndef FA_QKV
-#define FA_QKV 0  // 1 (with FA_SINGLE): the kernel that normalizes and rotates q / k itself (attn_body's QKV)
-#endif
-#ifndef FA_QKV_PROBE
-#define FA_QKV_PROBE 0  // 1: timing probe only, q's rows not normalized or rotated (wrong bits)
-#endif
-#ifndef FA_QKV_W
-#define FA_QKV_W 16  // QKV: block rows W at most (its RoPE table, W x D fp32, sits in shared memory)
 #endif
 #ifndef FA_COMBINE_ONE_PASS
 #define FA_COMBINE_ONE_PASS 1  // 0: the combine's two passes even where one batch holds every split (combine_body)
@@ -388,28 +378,15 @@ __device__ __forceinline__ int tile_el(int row, int col) {
               : row * ST + col;
 }
 
-// QKV (-DFA_QKV=1, session v21; BF16 bits, D 128, W <= FA_QKV_W): the block normalizes and rotates its q rows and
-// (the last split) the block's k rows itself, from the fused q/k/v GEMM output qkv [B W][Hq + 2 Hk][D] fp32 (qp),
-// instead of fb_qkv_post: qk_norm_rope.cuh's steps, so the same bits. Before the PDL wait it copies its W rows of
-// the RoPE table rope [B W][D] (fast_block.cu fb_rope_table: cos, then sin) into shared memory and reads its norm
-// weights q_norm / k_norm (constants). fb_rope_table runs first in the block, and the table is safe to read before
-// the wait: this kernel starts only once the kernel ahead (the q/k/v GEMM) has started, which follows a
-// fb_resid_norm that triggers its dependents only after its own wait; so every kernel up to that fb_resid_norm's
-// predecessor has completed, fb_rope_table among them (building the table here in double took ~4.6 us a block at
-// B8 W16, on the critical path, since the GEMM's blocks leave no room to start early). After the wait every load of
-// qkv it needs is issued at once (each further dependent load would wait behind the prefetched ring tiles). The
-// last split writes the block's BF16 k / v rows to kw / vw (its chunk's [B][W][Hk][D] region), from where the
-// block tile is copied as before (kp / vp are the same arrays).
-template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG, bool QKV = false>
-__device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* kp, const void* vp,
-                                          const u16* __restrict__ kc, const u16* __restrict__ vc,
-                                          const long long* __restrict__ frontier, const int* __restrict__ live,
-                                          int B, int W, int Hq, int Hk, int D, long long C, long long window, float sl2,
-                                          int ns, float* __restrict__ part_o, float2* __restrict__ part_ml,
+template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
+__device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
+                                          const void* __restrict__ vp, const u16* __restrict__ kc,
+                                          const u16* __restrict__ vc, const long long* __restrict__ frontier,
+                                          const int* __restrict__ live, int B, int W, int Hq, int Hk, int D,
+                                          long long C, long long window, float sl2, int ns,
+                                          float* __restrict__ part_o, float2* __restrict__ part_ml,
                                           float* __restrict__ out_f32, u16* __restrict__ out_bf16,
-                                          unsigned char* smem, const float* __restrict__ q_norm = nullptr,
-                                          const float* __restrict__ k_norm = nullptr,
-                                          const float* __restrict__ rope = nullptr, float eps = 0.f) {
+                                          unsigned char* smem) {
     constexpr int KG = FA_WARPS / MT;  // key slices per tile
     constexpr int NKW = FA_NT / KG;    // keys per warp per tile (16 MT)
     constexpr int NJ = NKW / 8;        // score n-tiles per warp
@@ -421,7 +398,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     static_assert(NS >= 2 && NS <= 4, "2 to 4 stages (cp_wait_n)");
     static_assert(!WG || (DP == 128 && MT == 4 && FA_WARPS == 4 && !F32 && !ALIAS),
                   "wgmma: one warpgroup over 64 rows, D 128, BF16 bits, the default layout");
-    static_assert(!QKV || (DP == 128 && !F32 && !ALIAS), "QKV: D 128, BF16 bits, the default layout");
     // a K / V tile: [FA_NT][ST] rows padded 16 bytes (ldmatrix without conflicts), or (WG) two swizzled halves of
     // [FA_NT][64] (wg_desc's layout, no padding, 1024-byte aligned: the launcher takes D == DP and gives 1 KiB slack)
     constexpr int TILE = WG ? FA_NT * DP : FA_NT * ST;
@@ -440,10 +416,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                   "aliased: a K tile holds q's rows and the P scratch");
     u16* sQ = ALIAS ? sK + (NS - 1) * FA_NT * ST : sV + NS * TILE;
     float* ps = reinterpret_cast<float*>(ALIAS ? sK : sQ);  // aliased: stage st's K tile is ps + st * KTF
-    // QKV: the RoPE table of batch row b's W positions [W][D] fp32, after the q / P scratch region (fast_attention.py
-    // smem_bytes: the larger of q's rows and the scratch)
-    constexpr int QREG = 16 * MT * ST * 2 > FA_WARPS * 16 * NKW * 4 ? 16 * MT * ST * 2 : FA_WARPS * 16 * NKW * 4;
-    float* sRT = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(sV + NS * TILE) + QREG);
     constexpr int KTF = FA_NT * ST / 2;                      // a K tile in floats
 
 #ifdef FA_TIMING
@@ -552,128 +524,14 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     for (int j = 0; j < NPRE; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
     FA_MARK(1);  // context tiles issued, pad zeroed
-    // QKV, before the wait: the lane's elements d = lane + 32 e of the norm weights (constants) and the block's rows
-    // of the RoPE table in shared memory (complete at qkv_rows' first barrier)
-    float wq[4], wk[4];
-    if constexpr (QKV) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            wq[e] = q_norm[lane + 32 * e];
-            wk[e] = k_norm[lane + 32 * e];
-        }
-        constexpr int TPT = FA_QKV_W * 128 / (FA_WARPS * 32 * 4);  // table float4s a thread (W <= FA_QKV_W)
-        const float4* rt = reinterpret_cast<const float4*>(rope + (long long)b * W * D);
-        float4 tv[TPT];
-#pragma unroll
-        for (int j = 0; j < TPT; ++j) {
-            const int idx = threadIdx.x + FA_WARPS * 32 * j;
-            tv[j] = idx * 4 < W * D ? rt[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int j = 0; j < TPT; ++j) reinterpret_cast<float4*>(sRT)[threadIdx.x + FA_WARPS * 32 * j] = tv[j];
-    }
     dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
-    FA_MARK(7);                     // the wait returned
+    FA_MARK(7);                     // the wait returned (benchmarks/attn_phases.py)
     dfl::pdl_trigger();             // the combine may be launched; it waits for this grid's completion
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
     // FP32 q: read and split here. BF16 bits: the block's rows go to shared memory (sQ) by 16-byte loads, all
     // in flight at once (not cp.async: waiting for its group would wait for the prefetched tiles too), and come
     // back by ldmatrix (per-element loads with their index arithmetic cost ~5 us before the first tile)
-    // QKV: q's rows into sQ as BF16 bits (a warp a row, the lane's elements d = lane + 32 e) and, in the last split,
-    // the block's k and v rows j < live into kw / vw; every load issued before the first use. Ends with a barrier,
-    // after which sQ is complete and this block's k / v rows are visible to its block-tile copies.
-    auto qkv_rows = [&](const float (&wq_)[4], const float (&wk_)[4]) {
-        const float* qkv = reinterpret_cast<const float*>(qp);
-        const int heads = Hq + 2 * Hk, half = D >> 1;
-        constexpr int RPW = 16 * MT / FA_WARPS;       // q rows a warp
-        constexpr int KPW = 2 * FA_QKV_W / FA_WARPS;  // k / v row jobs a warp: job c < FA_QKV_W is k row c, else v
-        const bool blk = split == ns - 1 && lve > 0;  // has_blk (block-uniform): the last split
-        // q row r = warp * RPW + t is R = R0q + t: its position i and group index g advance one row at a time
-        const int R0q = blockIdx.z * FA_ROWS + warp * RPW;
-        const int qi0 = R0q / G, qg0 = R0q - (R0q / G) * G;
-        float x[RPW][4], y[KPW][4];
-        {
-            int qi = qi0, qg = qg0;
-#pragma unroll
-            for (int t = 0; t < RPW; ++t) {
-                const bool ok = R0q + t < M;
-                const float* src = qkv + (((long long)b * W + (ok ? qi : 0)) * heads + (long long)hk * G + qg) * D;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) x[t][e] = ok ? src[lane + 32 * e] : 0.f;
-                qg = qg + 1 == G ? 0 : qg + 1;
-                qi = qg == 0 ? qi + 1 : qi;
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < KPW; ++t) {
-            const int c = warp * KPW + t;
-            const int j = c < FA_QKV_W ? c : c - FA_QKV_W;
-            const bool ok = blk && j < lve;
-            const float* src = qkv + (((long long)b * W + (ok ? j : 0)) * heads + Hq + (c < FA_QKV_W ? 0 : Hk) + hk) *
-                                         D;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) y[t][e] = ok ? src[lane + 32 * e] : 0.f;
-        }
-        __syncthreads();  // the RoPE table (copied before the wait by every thread) is complete; the loads fly on
-        // one head row: normalized, rotated at table row i, rounded to BF16 into o4 (zeros where !ok). Straight-line
-        // code (no branch, qk_norm_rope.cuh's steps are branch-free), so that the rows' latencies overlap
-        auto norm_rope = [&](const float (&xr)[4], const float (&w)[4], int i, bool ok, u16 (&o4)[4]) {
-            float ss = 0.f;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) ss = dfl::sq_acc(ss, xr[e]);
-            const float inv = dfl::head_inv(ss, D, eps);
-            float n[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) n[e] = dfl::head_scale(w[e], xr[e], inv);
-            const float* tr = sRT + i * D;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int d = lane + 32 * e, f = d < half ? d : d - half;
-                const u16 h = dfl::f32_to_bf16_rn(dfl::rope_pair(n[e], n[(e + 2) & 3], tr[f], tr[half + f], d < half));
-                o4[e] = ok ? h : (u16)0;
-            }
-        };
-        int qi = qi0, qg = qg0;
-#pragma unroll
-        for (int t = 0; t < RPW; ++t) {
-            const int r = warp * RPW + t;
-            u16 o4[4];
-#if FA_QKV_PROBE  // timing probe (benchmarks/qkv_attn_probe.py), WRONG bits: q rounded as it is
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o4[e] = R0q + t < M ? dfl::f32_to_bf16_rn(x[t][e]) : (u16)0;
-#else
-            norm_rope(x[t], wq_, qi < W ? qi : W - 1, R0q + t < M, o4);
-#endif
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sQ[r * ST + lane + 32 * e] = o4[e];
-            qg = qg + 1 == G ? 0 : qg + 1;
-            qi = qg == 0 ? qi + 1 : qi;
-        }
-        if (blk) {
-            u16* kw = const_cast<u16*>(reinterpret_cast<const u16*>(kp));
-            u16* vw = const_cast<u16*>(reinterpret_cast<const u16*>(vp));
-            const bool kwarp = warp * KPW < FA_QKV_W;  // warps of k rows, then of v rows (warp-uniform)
-#pragma unroll
-            for (int t = 0; t < KPW; ++t) {
-                const int c = warp * KPW + t;
-                const int j = kwarp ? c : c - FA_QKV_W;
-                u16 o4[4];
-                if (kwarp) {
-                    norm_rope(y[t], wk_, j < W ? j : W - 1, true, o4);
-                } else {  // v: rounded as it is
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) o4[e] = dfl::f32_to_bf16_rn(y[t][e]);
-                }
-                u16* dst = (kwarp ? kw : vw) + ((((long long)blockIdx.z * B + b) * W + j) * Hk + hk) * D;
-                if (j < lve)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dst[lane + 32 * e] = o4[e];
-            }
-        }
-        __syncthreads();
-    };
-
     unsigned qa[KS][4], ql[QL][4];
     bool lo_any = false;
     if constexpr (F32) {
@@ -694,25 +552,21 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
         }
     } else {
-        if constexpr (QKV) {
-            qkv_rows(wq, wk);
-        } else {
-            constexpr int QP = (QROWS + RPP - 1) / RPP;
-            uint4 qv[QP];
+        constexpr int QP = (QROWS + RPP - 1) / RPP;
+        uint4 qv[QP];
 #pragma unroll
-            for (int j = 0; j < QP; ++j) {
-                const int R = blockIdx.z * FA_ROWS + lrow + RPP * j;
-                const bool ok = lrow + RPP * j < QROWS && R < M && ch_ok;
-                const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
-                const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + lch * 8;
-                qv[j] = ok ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(qp) + off)
-                           : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int j = 0; j < QP; ++j)
-                if (lrow + RPP * j < QROWS) *reinterpret_cast<uint4*>(sQ + (lrow + RPP * j) * ST + lch * 8) = qv[j];
-            __syncthreads();
+        for (int j = 0; j < QP; ++j) {
+            const int R = blockIdx.z * FA_ROWS + lrow + RPP * j;
+            const bool ok = lrow + RPP * j < QROWS && R < M && ch_ok;
+            const int i = ok ? R / G : 0, gg = ok ? R - (R / G) * G : 0;
+            const long long off = (((long long)b * W + i) * Hq + (long long)hk * G + gg) * D + lch * 8;
+            qv[j] = ok ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(qp) + off)
+                       : make_uint4(0u, 0u, 0u, 0u);
         }
+#pragma unroll
+        for (int j = 0; j < QP; ++j)
+            if (lrow + RPP * j < QROWS) *reinterpret_cast<uint4*>(sQ + (lrow + RPP * j) * ST + lch * 8) = qv[j];
+        __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
             ldsm_x4(sQ + (mt * 16 + (lane & 15)) * ST + ks * 16 + ((lane >> 4) << 3), qa[ks][0], qa[ks][1], qa[ks][2],
@@ -739,8 +593,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         for (int idx = threadIdx.x; idx < FA_NT * CPR; idx += FA_WARPS * 32) {
             const int row = idx / CPR, ch = idx - (idx / CPR) * CPR;
             const bool ok = row < lve;
-            const long long off =
-                ((((QKV ? (long long)blockIdx.z * B : 0LL) + b) * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
+            const long long off = (((long long)b * W + (ok ? row : 0)) * Hk + hk) * D + ch * 8;
             const int so = WG ? st * TILE + el(row, ch * 8) : (st * FA_NT + row) * ST + ch * 8;
             cp_async16(smem_addr(sK + so), reinterpret_cast<const u16*>(kp) + off, ok ? 16 : 0);
             cp_async16(smem_addr(sV + so), reinterpret_cast<const u16*>(vp) + off, ok ? 16 : 0);
@@ -1156,25 +1009,6 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
                                                        fa_smem);                                                \
     }
 
-// fast_attn_d128_m{MT}_s{NS}_q: QKV (attn_body's), from the q/k/v GEMM's fp32 output (-DFA_QKV=1 with FA_SINGLE;
-// fast_attention.py attention_qkv). kw / vw: the block's BF16 k / v rows, [chunks][B][W][Hk][D] each, written by
-// the last split and read back by its block tile.
-#define FA_KERNEL_QKV(MTV, NSV)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d128_m##MTV##_s##NSV##_q(             \
-        const float* __restrict__ qkv, unsigned short* kw, unsigned short* vw,                                   \
-        const unsigned short* __restrict__ kc, const unsigned short* __restrict__ vc,                            \
-        const long long* __restrict__ frontier, const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, \
-        long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
-        float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16,        \
-        const float* __restrict__ q_norm, const float* __restrict__ k_norm, const float* __restrict__ rope,      \
-        float eps) {                                                                                             \
-        extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<128, MTV, NSV, false, false, FA_WG_ARCH && MTV == 4, true>(                                \
-            qkv, kw, vw, kc, vc, frontier, live, B, W, Hq, Hk, D, C, window, sl2, ns, part_o, part_ml, out_f32,    \
-            out_bf16, fa_smem, q_norm, k_norm, rope, eps);                                                       \
-    }
-#define FA_KERNEL_QKV_X(MTV, NSV) FA_KERNEL_QKV(MTV, NSV)
-
 #define FA_COMBINE_CB(DPV, CBV)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) fast_attn_combine_d##DPV##_c##CBV(                        \
         const float* __restrict__ part_o, const float2* __restrict__ part_ml, const int* __restrict__ live, int B, \
@@ -1188,9 +1022,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 #define FA_COMBINE_X(DPV) FA_COMBINE(DPV)
 
 #ifdef FA_SINGLE
-#if FA_QKV
-FA_KERNEL_QKV_X(FA_MT, FA_NS)
-#elif FA_F32
+#if FA_F32
 FA_KERNEL_X(FA_DP, FA_MT, FA_NS, true, f)
 #else
 FA_KERNEL_X(FA_DP, FA_MT, FA_NS, false, b)
@@ -1213,7 +1045,4 @@ FA_ALL_MT(16)
 FA_ALL_MT(32)
 FA_ALL_MT(64)
 FA_ALL_MT(128)
-FA_KERNEL_QKV(1, 2)
-FA_KERNEL_QKV(2, 2)
-FA_KERNEL_QKV(4, 2)
 #endif

@@ -72,21 +72,13 @@ def _mt(rows: int) -> int:
     return 1 if rows <= 16 else 2 if rows <= 32 else 4
 
 
-def smem_bytes(dp: int, mt: int, stages: int = 2, alias: bool = False, wg: bool = False, qkv: bool = False) -> int:
+def smem_bytes(dp: int, mt: int, stages: int = 2, alias: bool = False, wg: bool = False) -> int:
     """``stages`` stages of K and V tiles [64][dp + 8] (16-bit; ``wg``, the wgmma form's swizzled layout: [64][dp],
     no padding, after up to 1 KiB of slack that aligns them to 1024 bytes), then one region shared by the q rows
     [16 mt][dp + 8] (16-bit) and the per-warp P scratch [4][16][16 mt] fp32: the larger of the two. ``alias`` (the
-    aliased layout, ALIAS): no such region, q's rows and the scratch sit in K tiles. ``qkv`` (the kernel that
-    normalizes and rotates q / k itself, attention_qkv): then its RoPE table of QKV_W positions [QKV_W][dp] fp32."""
+    aliased layout, ALIAS): no such region, q's rows and the scratch sit in K tiles."""
     tiles = 2 * stages * _NT * (dp if wg else dp + 8) * 2 + (1024 if wg else 0)
-    if alias:
-        return tiles
-    return tiles + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4) + (QKV_W * dp * 4 if qkv else 0)
-
-
-# attention_qkv (fast_attention.cu -DFA_QKV=1, FA_QKV_W): block rows W at most, since the block's RoPE table
-# [W][D] fp32 sits in shared memory (8 KiB at W 16: two blocks a multiprocessor still fit at D 128)
-QKV_W = 16
+    return tiles if alias else tiles + max(16 * mt * (dp + 8) * 2, _WARPS * 16 * (16 * mt) * 4)
 
 
 # K/V pipeline stages (2 to 4): the kernel issues its first `stages` context tiles before it waits for the
@@ -158,51 +150,47 @@ COMBINE_ONE_PASS = True
 
 
 def module_options(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
-                   alias: bool = False, wg: bool = False, qkv: bool = False) -> tuple[str, ...]:
-    """NVRTC's options for one variant (FA_SINGLE); the wgmma form adds -DFA_WG=1 (the caller names sm_90a), the
-    kernel that normalizes and rotates q / k itself -DFA_QKV=1."""
+                   alias: bool = False, wg: bool = False) -> tuple[str, ...]:
+    """NVRTC's options for one variant (FA_SINGLE); the wgmma form adds -DFA_WG=1 (the caller names sm_90a)."""
     return (*NVRTC_OPTIONS, f"-I{KERNEL_DIR}", "-DFA_SINGLE", f"-DFA_DP={dp}", f"-DFA_MT={mt}", f"-DFA_NS={stages}",
             f"-DFA_F32={int(f32_inputs)}", *(("-DFA_ALIAS=1",) if alias else ()), *(("-DFA_WG=1",) if wg else ()),
-            *(("-DFA_QKV=1", f"-DFA_QKV_W={QKV_W}") if qkv else ()), *extra)
+            *extra)
 
 
 def _module(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...] = (), stages: int = 2,
-            alias: bool | None = None, wg: bool = False, qkv: bool = False):
+            alias: bool | None = None, wg: bool = False):
     """One variant per module (FA_SINGLE): NVRTC builds only what a geometry uses. ``alias`` None: alias_for(dp),
     the layout attention_fast launches."""
-    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias), wg, qkv)
+    return _module_built(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias), wg)
 
 
 @functools.cache
 def _module_built(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int, alias: bool,
-                  wg: bool = False, qkv: bool = False):
+                  wg: bool = False):
     import cupy
 
     if alias and dp != _MAX_D:
         raise ValueError(f"the aliased layout is built at D {_MAX_D} only, not {dp}")
     if wg and not wg_shape(dp, dp, mt, not f32_inputs, alias):
         raise ValueError(f"the wgmma form is built for BF16 bits at D {_MAX_D}, 4 m-tiles, the default layout")
-    if qkv and (dp != _MAX_D or f32_inputs or alias):
-        raise ValueError(f"the q/k normalizing kernel is built for BF16 bits at D {_MAX_D}, the default layout")
     code = (KERNEL_DIR / "fast_attention.cu").read_text()
-    opts = module_options(dp, mt, f32_inputs, extra, stages, alias, wg, qkv)
+    opts = module_options(dp, mt, f32_inputs, extra, stages, alias, wg)
     if wg:  # CuPy's RawModule picks plain sm_90, which has no wgmma
         return nvrtc_arch_module(code, "fast_attention_wg.cu", ["--gpu-architecture=sm_90a", *opts])
     return cupy.RawModule(code=code, options=opts)
 
 
-def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None, wg: bool = False,
-             qkv: bool = False):
+def _kernels(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None, wg: bool = False):
     extra = (*EXTRA_OPTIONS, *(() if COMBINE_ONE_PASS else ("-DFA_COMBINE_ONE_PASS=0",)))
-    return _kernels_opts(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias), wg, qkv)
+    return _kernels_opts(dp, mt, f32_inputs, extra, stages, alias_for(dp, alias), wg)
 
 
 @functools.cache
 def _kernels_opts(dp: int, mt: int, f32_inputs: bool, extra: tuple[str, ...], stages: int = 2, alias: bool = False,
-                  wg: bool = False, qkv: bool = False):
-    mod = _module(dp, mt, f32_inputs, extra, stages, alias, wg, qkv)
-    name = f"fast_attn_d{dp}_m{mt}_s{stages}_{'q' if qkv else 'f' if f32_inputs else 'b'}"
-    smem = smem_bytes(dp, mt, stages, alias, wg, qkv)
+                  wg: bool = False):
+    mod = _module(dp, mt, f32_inputs, extra, stages, alias, wg)
+    name = f"fast_attn_d{dp}_m{mt}_s{stages}_{'f' if f32_inputs else 'b'}"
+    smem = smem_bytes(dp, mt, stages, alias, wg)
     combine_names = {cb: f"fast_attn_combine_d{dp}_c{cb}" for cb in COMBINE_BATCHES}
     if wg:
         main = ModuleFunction(mod.get_function(name), name, smem)
@@ -232,17 +220,17 @@ def _sm_count(dev_id: int) -> int:
 
 
 def resident_blocks(dp: int, mt: int, f32_inputs: bool, stages: int = 2, alias: bool | None = None,
-                    wg: bool = False, qkv: bool = False) -> int:
+                    wg: bool = False) -> int:
     """Blocks of one kernel variant a multiprocessor holds at once: its registers (allocated per warp
     in units of 256) and its shared memory (plus the per-block reservation) against the device's.
     ``alias`` None: alias_for(dp)."""
-    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages, alias_for(dp, alias), wg, qkv)
+    return _resident_blocks(dp, mt, f32_inputs, cp().cuda.Device().id, stages, alias_for(dp, alias), wg)
 
 
 @functools.cache
 def _resident_blocks(dp: int, mt: int, f32_inputs: bool, dev_id: int, stages: int = 2, alias: bool = False,
-                     wg: bool = False, qkv: bool = False) -> int:
-    main, _, smem = _kernels(dp, mt, f32_inputs, stages, alias, wg, qkv)
+                     wg: bool = False) -> int:
+    main, _, smem = _kernels(dp, mt, f32_inputs, stages, alias, wg)
     try:  # the driver's occupancy calculator, where CuPy exposes it
         return max(1, int(cp().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(main.kernel.ptr, 32 * _WARPS,
                                                                                         smem)))
@@ -327,84 +315,31 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     live = c.ascontiguousarray(c.asarray(live), dtype=np.int32)
     window = int(window)
 
-    _launch((q, k, v), (), kc, vc, frontier, live, window, b, w, hq, hk, d, cap, bits, of, ob, pdl, qkv=False)
-    return of, ob
-
-
-def _launch(head: tuple, tail: tuple, kc, vc, frontier, live, window: int, b: int, w: int, hq: int, hk: int, d: int,
-            cap: int, bits: bool, of, ob, pdl: bool, qkv: bool) -> None:
-    """The attention kernel (arguments ``head``, the caches .. outputs, then ``tail``) and, over several key
-    splits, the combine."""
-    c = cp()
     g = hq // hk
     m_rows = w * g
     chunks = -(-m_rows // _ROWS)
     dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
     stages, alias = stages_for(), alias_for(dp)
     wg = wg_for(dp, d, mt, bits, alias)
-    _last["path"] = ("fast-wgmma" if wg else "fast") + ("-qkv" if qkv else "")
-    main, combine, smem = _kernels(dp, mt, not bits, stages, alias, wg, qkv)
-    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias, wg, qkv))
+    _last["path"] = "fast-wgmma" if wg else "fast"
+    main, combine, smem = _kernels(dp, mt, not bits, stages, alias, wg)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias, wg))
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
         part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
     sl2 = np.float32(_LOG2E / math.sqrt(d))
     launch(main, (ns, b * hk, chunks), (32 * _WARPS,),
-           (*head, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
+           (q, k, v, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
             np.int64(cap), np.int64(window), sl2, np.int32(ns), _NULL if part_o is None else part_o,
-            _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob, *tail),
+            _NULL if part_ml is None else part_ml, _NULL if of is None else of, _NULL if ob is None else ob),
            smem, pdl=pdl)
     if ns > 1:
         rows = b * hk * m_rows
         launch(combine[combine_batch(ns)], (-(-rows // 4),), (128,),
                (part_o, part_ml, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
                 np.int32(ns), _NULL if of is None else of, _NULL if ob is None else ob), 0, pdl=pdl)
-
-
-def qkv_takes(d: int, w: int, b: int, hk: int, capacity: int) -> bool:
-    """Whether attention_qkv covers the call: the fast kernel's shapes (unsupported), D 128, W <= QKV_W, the default
-    shared-memory layout."""
-    return unsupported(d, w, b, hk, capacity) is None and d == _MAX_D and w <= QKV_W and not alias_for(_MAX_D)
-
-
-def qkv_chunks(w: int, hq: int, hk: int) -> int:
-    """The row chunks of attention_qkv's grid: its k / v scratch holds one [B, W, Hk, D] region a chunk."""
-    return -(-w * (hq // hk) // _ROWS)
-
-
-def attention_qkv(qkv, q_norm, k_norm, rope, eps: float, kw, vw, kc_bits, vc_bits, frontier, live, window, *,
-                  hq: int, hk: int, pdl: bool = False):
-    """fb_qkv_post then attention_fast in one kernel (session v21): the attention normalizes and rotates its q rows
-    and the block's k rows itself, from the fused q/k/v GEMM output qkv [B, W, Hq + 2 Hk, D] fp32, with
-    qk_norm_rope.cuh's steps, so the output is the same BF16 bits as fb_qkv_post's q / k / v through
-    attention_fast. q_norm / k_norm [D] fp32; rope [B W, D] fp32 (fast_block.cu fb_rope_table: cos then sin at
-    positions frontier[b] + i; read before the wait, so it must be complete before the kernel ahead starts: see
-    fast_attention.cu QKV); kw / vw [qkv_chunks, B, W, Hk, D] uint16, where the last split of each chunk puts the
-    block's BF16 k / v rows. Returns the BF16 bits [B, W, Hq, D] (rows >= live zero). Only where qkv_takes;
-    ``pdl`` as attention_fast's (the kernel ahead writes none of the caches, frontier, live, rope)."""
-    c = cp()
-    b, w, heads, d = qkv.shape
-    cap = kc_bits.shape[1]
-    if heads != hq + 2 * hk or hq % hk or not qkv_takes(d, w, b, hk, cap):
-        raise ValueError(f"attention_qkv: qkv {qkv.shape} with Hq {hq}, Hk {hk}, C {cap} (D {_MAX_D}, W <= {QKV_W})")
-    want = (qkv_chunks(w, hq, hk), b, w, hk, d)
-    for name, a, shape, dt in (("qkv", qkv, qkv.shape, np.float32), ("rope", rope, (b * w, d), np.float32),
-                               ("q_norm", q_norm, (d,), np.float32), ("k_norm", k_norm, (d,), np.float32),
-                               ("kw", kw, want, np.uint16), ("vw", vw, want, np.uint16),
-                               ("k ring", kc_bits, (b, cap, hk, d), np.uint16),
-                               ("v ring", vc_bits, (b, cap, hk, d), np.uint16)):
-        if tuple(a.shape) != tuple(shape) or a.dtype != dt or not a.flags.c_contiguous or a.data.ptr % 16:
-            raise ValueError(f"attention_qkv: {name} {a.shape} {a.dtype}, expected {shape} {np.dtype(dt)} "
-                             "(C-contiguous, 16-byte aligned)")
-    ob = c.empty((b, w, hq, d), dtype=np.uint16)
-    if qkv.size == 0:
-        return ob
-    frontier = c.ascontiguousarray(c.asarray(frontier), dtype=np.int64)
-    live = c.ascontiguousarray(c.asarray(live), dtype=np.int32)
-    _launch((qkv, kw, vw), (q_norm, k_norm, rope, np.float32(eps)), kc_bits, vc_bits, frontier, live, int(window),
-            b, w, hq, hk, d, cap, True, None, ob, pdl, qkv=True)
-    return ob
+    return of, ob
 
 
 class FastAttentionMixin:

@@ -19,7 +19,6 @@
 // Arithmetic is fp32 (FMA contraction on, the loader's NVRTC options); represented and named BF16
 // points are rounded once with the cvt.rn conversions of common.cuh.
 #include "common.cuh"
-#include "qk_norm_rope.cuh"
 
 using dfl::u16;
 
@@ -468,9 +467,7 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
 // The row's RoPE table (cos, sin of pos * inv_freq[i], formed and reduced in double as
 // common.cuh head_norm_rope, then rounded to fp32) is built once per block in shared memory, not
 // once per element of every head; the head RMSNorm sums squares per lane then by the warp's
-// butterfly (no block barriers). The arithmetic per element is qk_norm_rope.cuh's (rsqrtf and products where
-// head_norm_rope divides by a square root, since session v21; the attention that does this work itself,
-// fast_attention.cu FA_QKV, uses the same helpers and gets the same bits). q [M, Hq, D],
+// butterfly (no block barriers). The arithmetic per element is head_norm_rope's. q [M, Hq, D],
 // k / v [M, Hk, D] out, each rounded once to BF16: as BF16 bits (bits_out, what the fast attention
 // reads directly: h200-attention-v5.md, the same bits as the fp32 path, 4-5 us less per layer) or
 // as fp32 values. Dynamic shared memory:
@@ -505,7 +502,12 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     // the wait, while the kernel ahead still runs (few rows: fast_block.py EARLY_TABLE_MAX_ROWS), and the
     // head's norm weight asked for in L2; else after it, beside the loads of the head.
     auto table = [&]() {
-        for (int i = threadIdx.x; i < half; i += blockDim.x) dfl::rope_cos_sin(pos, inv_freq, i, cs[i], cs[half + i]);
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            double s_, c_;
+            sincos((double)pos * inv_freq[i], &s_, &c_);
+            cs[i] = (float)c_;
+            cs[half + i] = (float)s_;
+        }
     };
     if (early_table) {
         table();
@@ -531,38 +533,21 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     }
     const bool isq = h < Hq;
     const float* w = isq ? q_norm : k_norm;
-    float ss = 0.f;  // qk_norm_rope.cuh: the same steps as the attention that does this work itself (FA_QKV)
-    for (int d = lane; d < D; d += 32) ss = dfl::sq_acc(ss, hv[d]);
-    const float inv = dfl::head_inv(ss, D, eps);
-    for (int d = lane; d < D; d += 32) hv[d] = dfl::head_scale(w[d], hv[d], inv);  // each lane its own elements
+    float ss = 0.f;
+    for (int d = lane; d < D; d += 32) {
+        const float xv = hv[d];
+        ss += xv * xv;
+    }
+    const float ms = dfl::warp_sum(ss) / (float)D;
+    const float den = sqrtf(ms + eps);
+    for (int d = lane; d < D; d += 32) hv[d] = w[d] * (hv[d] / den);  // each lane its own elements
     __syncwarp();
     void* out = isq ? q : k;
     const long long o = isq ? ((long long)r * Hq + h) * D : ((long long)r * Hk + (h - Hq)) * D;
     for (int d = lane; d < D; d += 32) {
         const int i = d < half ? d : d - half;
-        fb_store_bf16(out, o + d, dfl::rope_pair(hv[d], hv[d < half ? d + half : d - half], cs[i], cs[half + i],
-                                                 d < half), bits_out);
-    }
-}
-
-// The block's RoPE table for the attention that normalizes and rotates q / k itself (fast_attention.cu FA_QKV):
-// rope [M, D] fp32, row r = (b, i) at position frontier[b] + i (r = b W + i): cos of pos * inv_freq[c] in columns
-// c < D/2, sin in c + D/2, as fb_qkv_post's table (qk_norm_rope.cuh rope_cos_sin). Grid (M), D/2 threads. Launched
-// at the block's start under PDL: frontier is read and the table written only after the wait (the kernel ahead
-// may be the caller's, writing frontier; an attention of the previous call may still read the table). The
-// attention reads the table before its own wait: see fast_attention.cu QKV for why that is safe.
-extern "C" __global__ void fb_rope_table(const long long* __restrict__ frontier, const double* __restrict__ inv_freq,
-                                         int M, int W, int D, float* __restrict__ rope) {
-    dfl::pdl_wait_for(frontier);
-    dfl::pdl_trigger();
-    const int r = blockIdx.x, half = D >> 1;
-    if (r >= M) return;
-    const long long pos = frontier[r / W] + (long long)(r % W);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float c, s;
-        dfl::rope_cos_sin(pos, inv_freq, i, c, s);
-        rope[(long long)r * D + i] = c;
-        rope[(long long)r * D + half + i] = s;
+        const float nx = hv[d], cf = cs[i], sf = cs[half + i];
+        fb_store_bf16(out, o + d, d < half ? nx * cf - hv[d + half] * sf : nx * cf + hv[d - half] * sf, bits_out);
     }
 }
 

@@ -305,15 +305,6 @@ EARLY_TABLE_MAX_ROWS = 16
 # before it reads anything). Read at every launch; benchmarks/round_ab.py's nopdl_glue turns it off.
 PDL_GLUE = True
 
-# The attention normalizes and rotates q and the block's k itself, from the q/k/v GEMM's fp32 output, where
-# kernels_cu/fast_attention.qkv_takes the shape (D 128, W <= 16): no fb_qkv_post between the GEMM and the attention,
-# the same bits (fast_attention.attention_qkv, qk_norm_rope.cuh; a RoPE table made once a call by fb_rope_table).
-# Session v21 measured the round without fb_qkv_post 18 us faster at both 35B shapes (round_ab probe_no_qkv_post,
-# docs/reports/h200-v21-a-round-ab.log). Read at every call; benchmarks/round_ab.py's qkv_unfused turns it off.
-QKV_FUSED = True
-# qkv_attention under PDL like the attention it replaces (False: launched the ordinary way; round_ab's qkv_nopdl)
-QKV_PDL = True
-
 # Timing probes only (benchmarks/round_ab.py's probe_no_* configurations; the results are WRONG): glue kernels
 # left out of the block, so that a round's replay shows what a fusion that removed them could save at most.
 # Names: "qkv_post" (the attention then reads q / k / v as zeros), "silu_mul" (the down GEMM reads zeros),
@@ -323,9 +314,14 @@ PROBE_SKIP: frozenset = frozenset()
 
 
 def _probe_skip(name: str, *outs) -> bool:
+    """Whether PROBE_SKIP names the kernel; then outs are zero-filled, except while a CUDA graph is captured."""
     if name not in PROBE_SKIP:
         return False
-    if not cp().cuda.get_current_stream().is_capturing():
+    try:
+        capturing = cp().cuda.get_current_stream().is_capturing()
+    except ImportError:  # the NumPy engine of the CPU tests
+        capturing = False
+    if not capturing:
         for a in outs:
             a.fill(0)
     return True
@@ -452,33 +448,6 @@ class CudaEngine:
                np.int32(1 if M <= EARLY_TABLE_MAX_ROWS else 0)),
               4 * d * (1 + _QKV_WARPS))
 
-    def fuses_qkv(self, dm, capacity: int) -> bool:
-        """Whether block_forward runs qkv_attention (QKV_FUSED, BF16 q/k/v, the fast attention, a shape
-        fast_attention.qkv_takes) instead of qkv_post then attention."""
-        if not (QKV_FUSED and QKV_BITS) or "qkv_post" in PROBE_SKIP:
-            return False
-        try:
-            from kernels_cu import fast_attention as fa
-        except Exception:  # noqa: BLE001 - no fast attention here: the two-kernel path (the exact fallback)
-            return False
-        return self.attention_fn is fa.attention_fast and fa.qkv_takes(dm.D, dm.W, dm.B, dm.Hk, capacity)
-
-    @staticmethod
-    def rope_table(frontier, freqs, M, W, d, rope):
-        """rope [M, d] fp32: cos then sin at row r's position frontier[r / W] + r % W (fb_rope_table)."""
-        if M:
-            _glue("fb_rope_table", (M,), (max(32, d // 2),), (frontier, freqs, np.int32(M), np.int32(W), np.int32(d),
-                                                               rope))
-
-    def qkv_attention(self, qkv, q_norm, k_norm, rope, eps, kw, vw, kc, vc, frontier, live, window, dm):
-        """fb_qkv_post and the attention in one kernel (fast_attention.attention_qkv): BF16 bits [B, W, Hq, D].
-        rope: the call's RoPE table (rope_table, launched at the block's start)."""
-        from kernels_cu import fast_attention as fa
-
-        return fa.attention_qkv(qkv.reshape(dm.B, dm.W, dm.Hq + 2 * dm.Hk, dm.D), q_norm, k_norm, rope, eps, kw,
-                                vw, kc, vc, frontier, live, int(window), hq=dm.Hq, hk=dm.Hk,
-                                pdl=self._attention_pdl and QKV_PDL)
-
     @staticmethod
     def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
         dparts, dstride = _parts(dl, 2 * M, H // 4)
@@ -540,11 +509,6 @@ class Workspace:
         self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), qkv_t)
         self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
         self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
-        if dm.D == 128 and dm.W <= 16:  # qkv_attention's RoPE table, k / v rows (where fast_attention.qkv_takes)
-            chunks = -(-dm.W * (dm.Hq // dm.Hk) // 64)
-            self.RT = eng.empty((M, dm.D), f32)
-            self.KS = eng.empty((chunks, dm.B, dm.W, dm.Hk, dm.D), u16)
-            self.VS = eng.empty((chunks, dm.B, dm.W, dm.Hk, dm.D), u16)
         self.O = _split_out(eng, M, H, dm.Hq * dm.D)  # [M, H], or [S, M, H] partials (split_k)
         self.GU = eng.empty((M, 2 * dm.I), f32)
         self.ACT = eng.empty((M, dm.I), u16)
@@ -597,23 +561,14 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     mlp_base [L, 2, 2, H] (fp32) and attn_proj / mlp_proj [L, 4G, H] (BF16 bits)."""
     M, H, W = dm.M, dm.H, dm.W
     tail = None  # the previous layer's MLP branch, joined to the stream by the next residual update
-    fuses = getattr(eng, "fuses_qkv", None)
-    fused = (bool(layers) and fuses is not None and getattr(ws, "KS", None) is not None
-             and fuses(dm, layers[0][2].shape[1]))
-    if fused:  # first: the attention reads it before its PDL wait (fast_attention.cu QKV says why that is safe)
-        eng.rope_table(frontier, freqs, M, W, dm.D, ws.RT)
     for l, window, kc, vc in layers:
         src = entry if tail is None else tail
         eng.resid_norm(M, H, W, **src, resid_out=ws.X, norm_w=wts["input_norm"][l], eps=eps,
                        **_norm_targets(ws, dm))
         eng.layer_gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
-        if fused:
-            a = eng.qkv_attention(ws.QKV, wts["q_norm"][l], wts["k_norm"][l], ws.RT, eps, ws.KS, ws.VS, kc, vc,
-                                  frontier, live, window, dm)
-        else:
-            eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier,
-                         eps, ws.Q, ws.K, ws.V)
-            a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
+        eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier, eps,
+                     ws.Q, ws.K, ws.V)
+        a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
         eng.layer_gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
         if not _probe_skip("post_norm", *_norm_targets(ws, dm).values()):
@@ -737,8 +692,7 @@ class FastBlockMixin:
         rec = super().environment()
         rec["fast_block"] = ("masked_block / draft_layer: BF16 GEMMs (gemm_bf16) through resident [Wq;Wk;Wv] and "
                              "[Wgate;Wup], fast_block.cu glue kernels, attention: " + self._fb_engine().attention_name)
-        rec["fast_block_paths"] = (f"QKV_BITS={QKV_BITS} (read when a workspace is made), QKV_FUSED={QKV_FUSED} "
-                                   "(fb_qkv_post's work in the attention where fast_attention.qkv_takes), RESID_NORM_PATH="
+        rec["fast_block_paths"] = (f"QKV_BITS={QKV_BITS} (read when a workspace is made), RESID_NORM_PATH="
                                    f"{RESID_NORM_PATH}, RESID_NORM_CLUSTER_MAX_ROWS={RESID_NORM_CLUSTER_MAX_ROWS}, "
                                    f"RESID_NORM_THREADS={RESID_NORM_THREADS} (None: resid_norm_threads(H)), "
                                    f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "

@@ -440,3 +440,27 @@ def test_block_workspace_follows_the_gemv_switches(monkeypatch):
     assert block._fb_workspace(dm) is not first
     monkeypatch.setattr(fast_gemv, "GEMV", True)
     assert block._fb_workspace(dm) is first  # still cached under its own key
+
+
+def test_probe_skip_leaves_the_post_attention_norm_out(monkeypatch):
+    """fast_block.PROBE_SKIP (round_ab's probe_no_post_norm, a timing probe with wrong results on purpose): the block
+    then runs one residual norm a layer fewer, zero-fills its outputs, and its hidden rows change; empty, the block
+    is the same as before."""
+    from kernels_cu import fast_block
+
+    case = larger_case("dflash")
+    calls = []
+    real = NumpyEngine.resid_norm
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(NumpyEngine, "resid_norm", staticmethod(counted))
+    base = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
+    n_base = len(calls)
+    calls.clear()
+    monkeypatch.setattr(fast_block, "PROBE_SKIP", frozenset({"post_norm"}))
+    probed = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
+    assert n_base - len(calls) == len(case.params["windows"])  # one a layer
+    assert not np.array_equal(np.asarray(base), np.asarray(probed))

@@ -109,7 +109,9 @@
 #   bash tools/h200_runs.sh v20-g          # session v20: the combine's 16-split instance: combine A/B, tests, round A/B
 #   bash tools/h200_runs.sh v20-h          # session v20: the head and block GPU tests, the 35B B8 W16 trace
 #   bash tools/h200_runs.sh v21-a          # session v21: the round without one glue kernel at a time (timing probes)
-#   bash tools/h200_runs.sh v21-b          # session v21: q / k normalized in the attention: tests, round A/B, trace
+#   bash tools/h200_runs.sh v21-cublas     # session v21: do cuBLAS's GEMMs wait behind a programmatic graph edge?
+#   bash tools/h200_runs.sh v21-b          # session v21 (trees named in the section; the fused attention was dropped):
+#                                          # q / k normalized in the attention: tests, round A/B, trace
 #   bash tools/h200_runs.sh v21-c          # session v21: attention_qkv's second form: probe, tests, round A/B
 #   bash tools/h200_runs.sh v21-d          # session v21: attention_qkv's phases, the 35B round traces
 #   bash tools/h200_runs.sh v21-e          # session v21: attention_qkv's fourth form: probe, phases, tests, round A/B
@@ -691,34 +693,38 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
     v21-a)  # session v21: what removing each glue kernel could save at most (timing probes, wrong tokens)
       step round-ab timeout 330 $PY -m benchmarks.round_ab --shapes 1x8,8x16 \
         --configs default,probe_no_qkv_post,probe_no_silu_mul,probe_no_post_norm --rounds 3 --json "$OUT/round_ab.json" ;;
-    v21-b)  # session v21: q / k normalized and rotated in the attention (fast_attention.attention_qkv): its tests,
-      # the round A/B against fb_qkv_post + attention, the 35B B8 W16 trace
+    v21-cublas)  # session v21: whether cuBLAS's GEMM kernels wait for the kernel ahead behind a programmatic edge
+      step cublas-pdl timeout 120 $PY -m benchmarks.cublas_pdl_probe ;;
+    v21-b)  # session v21 at tree e9d44c4 (git checkout it: the fused attention was dropped after v21-f): q / k
+      # normalized and rotated in the attention (attention_qkv, first form): its tests, the round A/B, the trace
       step qkv-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_qkv_attention.py \
         "tests/gpu/test_fast_round.py::test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs qkv_unfused,default \
         --rounds 3 --json "$OUT/round_ab.json"
       step profile timeout 120 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 8x16 \
         --geometries dflash-35b-a3b --sequence ;;
-    v21-c)  # session v21: attention_qkv's second form (table before the wait, loads at once): alone, tests, round
+    v21-c)  # session v21 at trees bc6b029 (attention_qkv's second form: table before the wait, loads at once) and
+      # 7ccc874 (third: rsqrt, rows branch-free): alone, tests, round A/B
       step probe timeout 120 $PY -m benchmarks.qkv_attn_probe
       step probe-norows timeout 120 $PY -m benchmarks.qkv_attn_probe --extra=-DFA_QKV_PROBE=1
       step qkv-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_qkv_attention.py \
         "tests/gpu/test_fast_round.py::test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs qkv_unfused,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
-    v21-d)  # session v21: where attention_qkv's time goes: phases against attention_fast's, the 35B round traces
+    v21-d)  # session v21 at tree 5984202: where attention_qkv's time goes: phases against attention_fast's, traces
       step phases timeout 100 $PY -m benchmarks.attn_phases --wgmma on
       step phases-qkv timeout 100 $PY -m benchmarks.attn_phases --wgmma on --qkv
       step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
         --geometries dflash-35b-a3b --sequence ;;
-    v21-e)  # session v21: attention_qkv's fourth form (the table from fb_rope_table, copied before the wait)
+    v21-e)  # session v21 at tree e97487d: attention_qkv's fourth form (the table from fb_rope_table, read before the
+      # wait)
       step probe timeout 120 $PY -m benchmarks.qkv_attn_probe
       step phases-qkv timeout 100 $PY -m benchmarks.attn_phases --wgmma on --qkv
       step qkv-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_qkv_attention.py \
         "tests/gpu/test_fast_round.py::test_round_with_qkv_in_the_attention_gives_the_two_kernel_bits"
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs qkv_unfused,default \
         --rounds 3 --json "$OUT/round_ab.json" ;;
-    v21-f)  # session v21: why attention_qkv loses in the round: with and without PDL, the 35B traces
+    v21-f)  # session v21 at tree 8db3288: attention_qkv's fourth form with and without PDL, the 35B traces
       step round-ab timeout 150 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --geometries dflash-35b-a3b \
         --configs qkv_unfused,qkv_nopdl,default --rounds 2 --json "$OUT/round_ab.json"
       step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
