@@ -116,6 +116,7 @@
 #   bash tools/h200_runs.sh v21-d          # session v21: attention_qkv's phases, the 35B round traces
 #   bash tools/h200_runs.sh v21-e          # session v21: attention_qkv's fourth form: probe, phases, tests, round A/B
 #   bash tools/h200_runs.sh v21-f          # session v21: attention_qkv with and without PDL, the 35B traces
+#   bash tools/h200_runs.sh v21-g          # session v21: the 35B B8 layer GEMMs' K splits, round A/B
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -729,6 +730,9 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         --configs qkv_unfused,qkv_nopdl,default --rounds 2 --json "$OUT/round_ab.json"
       step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
         --geometries dflash-35b-a3b --sequence ;;
+    v21-g)  # session v21: the 35B layer GEMMs' K splits again (v7 chose them on GEMMs alone, before PDL)
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 8x16 --geometries dflash-35b-a3b \
+        --configs default,split_od2,split_qkv2,split_gu2 --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
