@@ -732,7 +732,7 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         --geometries dflash-35b-a3b --sequence ;;
     v21-g)  # session v21: the 35B layer GEMMs' K splits again (v7 chose them on GEMMs alone, before PDL)
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 8x16 --geometries dflash-35b-a3b \
-        --configs default,split_od2,split_qkv2,split_gu2 --rounds 3 --json "$OUT/round_ab.json" ;;
+        --configs default,split_od2,split_o2,split_d2 --rounds 3 --json "$OUT/round_ab.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
