@@ -51,8 +51,8 @@ over ``--rounds`` passes, each a set of module attributes:
   attn_wg_s3  the wgmma form with 3 K/V stages (fast_attention.STAGES 3; default 2)
   combine_two_pass  the attention's combine kernel in two passes (m, then (m, l) and o) at every split count
               (fast_attention.COMBINE_ONE_PASS False; default: one pass where one batch holds every split)
-  split_od2   the 35B o and down GEMMs split over K in 2 (fast_block.GEMM_SPLITS; default 4); split_o2, split_d2:
-              one of them (the q/k/v and [gate; up] outputs are whole arrays: no split applies to them)
+  split_od4   the 35B o and down GEMMs split over K in 4, sessions v7-v20's (fast_block.GEMM_SPLITS; default 2 since
+              v21, whose A/B also ran o or down alone in 2: tree c59863a's split_o2 / split_d2)
   probe_no_qkv_post, probe_no_silu_mul, probe_no_post_norm  TIMING PROBES, WRONG RESULTS: the block without
               that glue kernel (fast_block.PROBE_SKIP), what a fusion removing it could save at most
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -110,12 +110,8 @@ CONFIGS = {
     "rn_block": {"kernels_cu.fast_block.RESID_NORM_PATH": "block"},
     "head_memset": {"kernels_cu.fast_head.CLEAN": False},
     "combine_two_pass": {"kernels_cu.fast_attention.COMBINE_ONE_PASS": False},
-    "split_od2": {"kernels_cu.fast_block.GEMM_SPLITS": {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 2,
-                                                        (2048, 6144): 2}},
-    "split_o2": {"kernels_cu.fast_block.GEMM_SPLITS": {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 2,
-                                                       (2048, 6144): 4}},
-    "split_d2": {"kernels_cu.fast_block.GEMM_SPLITS": {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 4,
-                                                       (2048, 6144): 2}},
+    "split_od4": {"kernels_cu.fast_block.GEMM_SPLITS": {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 4,
+                                                        (2048, 6144): 4}},
     "probe_no_qkv_post": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"qkv_post"})},
     "probe_no_silu_mul": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"silu_mul"})},
     "probe_no_post_norm": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"post_norm"})},

@@ -117,6 +117,7 @@
 #   bash tools/h200_runs.sh v21-e          # session v21: attention_qkv's fourth form: probe, phases, tests, round A/B
 #   bash tools/h200_runs.sh v21-f          # session v21: attention_qkv with and without PDL, the 35B traces
 #   bash tools/h200_runs.sh v21-g          # session v21: the 35B B8 layer GEMMs' K splits, round A/B
+#   bash tools/h200_runs.sh v21-h          # session v21: 35B masked_block B8 W16 geometry with the o / down splits at 2
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -730,9 +731,13 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
         --configs qkv_unfused,qkv_nopdl,default --rounds 2 --json "$OUT/round_ab.json"
       step profile timeout 150 $PY -m benchmarks.profile_round --no-gemm-probe --shapes 1x8,8x16 \
         --geometries dflash-35b-a3b --sequence ;;
-    v21-g)  # session v21: the 35B layer GEMMs' K splits again (v7 chose them on GEMMs alone, before PDL)
+    v21-g)  # session v21 at tree c59863a: the 35B layer GEMMs' K splits again (v7 chose them on GEMMs alone, before PDL)
       step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 8x16 --geometries dflash-35b-a3b \
         --configs default,split_od2,split_o2,split_d2 --rounds 3 --json "$OUT/round_ab.json" ;;
+    v21-h)  # session v21: the 35B masked_block geometry at B8 W16 with the o / down GEMMs split in 2 (fast_block's
+      # default since v21-g), against the float64 reference (its CPU reference takes ~3 minutes)
+      step geo-35b-b8w16-block timeout 280 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --geometry dflash-35b-a3b --batch 8 --width 16 --ops masked_block --json "$OUT/geo_35b_b8w16_block.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
