@@ -283,9 +283,10 @@ def _parts(a, rows: int, cols: int) -> tuple[int, int]:
 #   (2048, 6144) 35B down:               M 128 12.6 -> 9.5 (S 4), M 8 10.5 -> 8.6 (S 4)
 # Shapes not listed, and where splitting measured no gain (27B q/k/v, o, gate/up; the heads), run
 # one GEMM. GEMM_SPLITS = {} turns every split off. Session v21 measured the round with the 35B o and down split
-# in 2 instead of 4 (benchmarks/round_ab.py split_od2; at <= 16 rows they run whole on fast_gemv): 35B B8 W16
-# 0.924 -> 0.918 ms, each of the three passes (docs/reports/h200-v21-g-round-ab.log; o alone 0.924, down alone
-# 0.922). The GEMMs alone had favoured 4 (above); in the round, fb_resid_norm sums half the partials.
+# in 2 instead of 4 (round_ab's split_od2 at tree c59863a; at <= 16 rows these GEMMs run whole on fast_gemv): 35B
+# B8 W16 0.924 -> 0.918 ms in each of three passes (docs/reports/h200-v21-g-round-ab.log; o alone in 2 0.924, down
+# alone 0.922). The GEMMs alone had favoured 4 (above); in the round, fb_resid_norm sums half the partials.
+# round_ab's split_od4 is the old table.
 GEMM_SPLITS = {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 2, (2048, 6144): 2}
 SPLIT_MAX_M = 256  # rows up to which GEMM_SPLITS applies
 

@@ -444,8 +444,7 @@ def test_block_workspace_follows_the_gemv_switches(monkeypatch):
 
 def test_probe_skip_leaves_the_post_attention_norm_out(monkeypatch):
     """fast_block.PROBE_SKIP (round_ab's probe_no_post_norm, a timing probe with wrong results on purpose): the block
-    then runs one residual norm a layer fewer, zero-fills its outputs, and its hidden rows change; empty, the block
-    is the same as before."""
+    then runs one residual norm a layer fewer (the post-attention one), and its hidden rows change."""
     from kernels_cu import fast_block
 
     case = larger_case("dflash")
