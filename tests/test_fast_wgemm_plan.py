@@ -127,8 +127,8 @@ def test_layer_gemm_routing(monkeypatch, gemv, gemv_ok, wgemm, ok, expected):
 
 
 def test_workspace_holds_the_whole_output_where_wgemm_takes_the_shape(monkeypatch):
-    """A split_k shape (35B o: (2048, 4096) splits 4) gets [M, N] where the wgmma kernel takes it, [S, M, N] where
-    not: the kernel writes the whole sum, the consumer must not read four partials."""
+    """A split_k shape (35B o: (2048, 4096), split in GEMM_SPLITS' S) gets [M, N] where the wgmma kernel takes it,
+    [S, M, N] where not: the kernel writes the whole sum, the consumer must not read S partials."""
     import kernels_cu.fast_block as fb
 
     class Eng:
@@ -138,8 +138,10 @@ def test_workspace_holds_the_whole_output_where_wgemm_takes_the_shape(monkeypatc
         def __init__(self, takes):
             self.wgemm_takes = lambda M, N, K: takes
 
+    S = fb.split_k(128, 2048, 4096)
+    assert S > 1  # the shape is split (else this test checks nothing)
     assert fb._split_out(Eng(True), 128, 2048, 4096).shape == (128, 2048)
-    assert fb._split_out(Eng(False), 128, 2048, 4096).shape == (4, 128, 2048)
+    assert fb._split_out(Eng(False), 128, 2048, 4096).shape == (S, 128, 2048)
 
 
 def test_the_block_workspace_key_follows_the_wgemm_switches(monkeypatch):
