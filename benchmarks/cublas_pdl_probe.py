@@ -43,27 +43,12 @@ ONE, TWO = 0x3F80, 0x4000  # BF16 1.0 and 2.0
 
 
 def _rewrite(graph, from_port: int) -> int:
-    """Every edge of the graph into a kernel node becomes programmatic from ``from_port``; returns how many."""
+    """Every edge of the graph between two kernel nodes becomes programmatic from ``from_port``; returns how many."""
     from kernels_cu import pdl
 
-    api = pdl._graph_api()
-    n = ctypes.c_size_t(0)
-    pdl._check(api["cuGraphGetEdges_v2"](graph, None, None, None, ctypes.byref(n)), "cuGraphGetEdges")
-    k = n.value
-    frm, to, data = (ctypes.c_void_p * k)(), (ctypes.c_void_p * k)(), (pdl._EdgeData * k)()
-    pdl._check(api["cuGraphGetEdges_v2"](graph, frm, to, data, ctypes.byref(n)), "cuGraphGetEdges")
-    sel = [i for i in range(k) if pdl._kernel_of(to[i]) and pdl._kernel_of(frm[i])]
-    if not sel:
-        return 0
-    m = len(sel)
-    f2, t2 = (ctypes.c_void_p * m)(*[frm[i] for i in sel]), (ctypes.c_void_p * m)(*[to[i] for i in sel])
-    old = (pdl._EdgeData * m)(*[data[i] for i in sel])
-    new = (pdl._EdgeData * m)()
-    for j in range(m):
-        new[j].from_port, new[j].type = from_port, pdl._DEPENDENCY_PROGRAMMATIC
-    pdl._check(api["cuGraphRemoveDependencies_v2"](graph, f2, t2, old, m), "cuGraphRemoveDependencies")
-    pdl._check(api["cuGraphAddDependencies_v2"](graph, f2, t2, new, m), "cuGraphAddDependencies")
-    return m
+    edges = frm, to, _ = pdl.graph_edges(graph)
+    sel = [i for i in range(len(frm)) if pdl._kernel_of(to[i]) and pdl._kernel_of(frm[i])]
+    return pdl.make_programmatic(graph, edges, sel, from_port)
 
 
 def _run(cp, fill, consumer, x, from_port: int | None):
@@ -91,6 +76,7 @@ def _run(cp, fill, consumer, x, from_port: int | None):
 def main(argv=None) -> int:
     import cupy as cp
 
+    from kernels_cu import pdl
     from kernels_cu.fast_block import CaptureGemm
 
     mod = cp.RawModule(code=_SRC, options=("-std=c++17",))
@@ -107,7 +93,8 @@ def main(argv=None) -> int:
             gemm(x, w, out)  # eager warm-up (cuBLAS picks and loads its kernel)
             cp.cuda.get_current_stream().synchronize()
             want = 2.0 * (K // S)  # every output element: the filled x (2.0) times w (1.0) over K / S
-            for port, pname in ((None, "as captured"), (1, "programmatic"), (2, "launch order")):
+            for port, pname in ((None, "as captured"), (pdl._PORT_PROGRAMMATIC, "programmatic"),
+                                (pdl._PORT_LAUNCH_ORDER, "launch order")):
                 out.fill(-1)
                 try:
                     m = _run(cp, fill, lambda: gemm(x, w, out), x, port)

@@ -229,28 +229,41 @@ def _kernel_of(node) -> int:
     return int.from_bytes(bytes(buf[:8]), "little")
 
 
-def _relax(graph) -> int:
+def graph_edges(graph):
+    """A graph's edges as ctypes arrays: (from nodes, to nodes, CUgraphEdgeData), all of the same length."""
     api = _graph_api()
     n = ctypes.c_size_t(0)
     _check(api["cuGraphGetEdges_v2"](graph, None, None, None, ctypes.byref(n)), "cuGraphGetEdges")
     k = n.value
-    if k == 0:
-        return 0
     frm, to, data = (ctypes.c_void_p * k)(), (ctypes.c_void_p * k)(), (_EdgeData * k)()
-    _check(api["cuGraphGetEdges_v2"](graph, frm, to, data, ctypes.byref(n)), "cuGraphGetEdges")
-    sel = relax_edges([(d.from_port, d.to_port, d.type) for d in data],
-                      [d.type == _DEPENDENCY_PROGRAMMATIC and _kernel_of(to[i]) in _LAUNCHED for i, d in enumerate(data)])
+    if k:
+        _check(api["cuGraphGetEdges_v2"](graph, frm, to, data, ctypes.byref(n)), "cuGraphGetEdges")
+    return frm, to, data
+
+
+def make_programmatic(graph, edges, sel, from_port: int) -> int:
+    """Rewrite the edges ``sel`` (indices into graph_edges' arrays ``edges``) as programmatic dependencies from
+    ``from_port`` (_PORT_PROGRAMMATIC or _PORT_LAUNCH_ORDER); returns how many."""
     if not sel:
         return 0
+    api = _graph_api()
+    frm, to, data = edges
     m = len(sel)
     f2, t2 = (ctypes.c_void_p * m)(*[frm[i] for i in sel]), (ctypes.c_void_p * m)(*[to[i] for i in sel])
     old = (_EdgeData * m)(*[data[i] for i in sel])
     new = (_EdgeData * m)()
     for j in range(m):
-        new[j].from_port, new[j].type = _PORT_LAUNCH_ORDER, _DEPENDENCY_PROGRAMMATIC
+        new[j].from_port, new[j].type = from_port, _DEPENDENCY_PROGRAMMATIC
     _check(api["cuGraphRemoveDependencies_v2"](graph, f2, t2, old, m), "cuGraphRemoveDependencies")
     _check(api["cuGraphAddDependencies_v2"](graph, f2, t2, new, m), "cuGraphAddDependencies")
     return m
+
+
+def _relax(graph) -> int:
+    edges = frm, to, data = graph_edges(graph)
+    ours = [d.type == _DEPENDENCY_PROGRAMMATIC and _kernel_of(to[i]) in _LAUNCHED for i, d in enumerate(data)]
+    sel = relax_edges([(d.from_port, d.to_port, d.type) for d in data], ours)
+    return make_programmatic(graph, edges, sel, _PORT_LAUNCH_ORDER)
 
 
 class CapturedGraph:
