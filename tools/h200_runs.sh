@@ -118,6 +118,8 @@
 #   bash tools/h200_runs.sh v21-f          # session v21: attention_qkv with and without PDL, the 35B traces
 #   bash tools/h200_runs.sh v21-g          # session v21: the 35B B8 layer GEMMs' K splits, round A/B
 #   bash tools/h200_runs.sh v21-h          # session v21: 35B masked_block B8 W16 geometry with the o / down splits at 2
+#   bash tools/h200_runs.sh v22-a          # session v22: the ring tiles asked into L2 ahead of the attention, 35B round
+#                                          # A/B; the PDL GPU tests (pdl.py refactored at v21's end)
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -738,6 +740,11 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       # default since v21-g), against the float64 reference (its CPU reference takes ~3 minutes)
       step geo-35b-b8w16-block timeout 280 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --geometry dflash-35b-a3b --batch 8 --width 16 --ops masked_block --json "$OUT/geo_35b_b8w16_block.json" ;;
+    v22-a)  # session v22: ring_prefetch (fast_attention.ring_prefetch) where and how much, the 35B rounds; test_pdl
+      step round-ab timeout 330 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --geometries dflash-35b-a3b \
+        --configs default,rpf_norm_t2,rpf_norm_t4,rpf_norm_t8,rpf_norm_t16,rpf_qkv_t2,rpf_qkv_t4,rpf_norm_f2_t4 \
+        --rounds 2 --json "$OUT/round_ab.json"
+      step pdl-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
