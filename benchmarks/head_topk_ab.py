@@ -11,8 +11,9 @@ logits are within the two GEMMs' rounding of each other).
 Columns: ms of the cuBLAS path (fast_head.ENABLED off: gemmEx or the tuned cuBLASLt GEMM + split top-k), of the Op
 with it on (routed by fast_head.MAX_ROWS: above an Op's limit this is the cuBLAS path again), and of the fused
 kernel alone at every row count (without the merge); growth = time at the largest row count over time at the
-smallest, per column; other kernel = the kernel fast_head.PINGPONG does not pick, alone (single_ms: the single-tile
-fast_head_topk while the ping-pong kernel is the default); floor = the head's bytes at 4.1 TB/s.
+smallest, per column; GEMM = the head GEMM alone (gemmEx into FP32 logits, no top-k: the rows' tensor work that
+any one-pass implementation pays); other kernel = the kernel fast_head.PINGPONG does not pick, alone (single_ms: the
+single-tile fast_head_topk while the ping-pong kernel is the default); floor = the head's bytes at 4.1 TB/s.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
     from benchmarks.gpu_bench import Timer, bits
     from kernels_cu import fast_head
     from kernels_cu.fast import FastCudaBackend
+    from kernels_cu.fast_gemm import gemm_bf16
 
     timer = Timer(cp, torch)
     fast = FastCudaBackend()
@@ -70,6 +72,11 @@ def main(argv=None) -> int:
                     lambda hid=hid, hb=hb, vr=vr, k=k, partial=partial:
                     fast_head.topk_partial_into(hid, hb, vr, k, partial), reps=args.reps)
             fast_head.PINGPONG = pp0
+            # the head GEMM alone (gemmEx, FP32 logits, no top-k): what any one-pass implementation pays for the
+            # rows' tensor work, to read the fused kernel's growth against
+            logits = cp.empty((m, vr), dtype=np.float32)
+            res["gemm_ms"] = timer(lambda hid=hid, hb=hb, logits=logits: gemm_bf16(hid, hb, logits), reps=args.reps)
+            del logits
             res["ids_equal_frac"] = float((got[True] == got[False]).mean())
             out.append(res)
             print(json.dumps(res), flush=True)
@@ -79,11 +86,13 @@ def main(argv=None) -> int:
         lo, hi = rs[0], rs[-1]
         print(f"\n{name}: rows {lo['rows']} -> {hi['rows']}, floor {lo['floor_ms']:.3f} ms")
         other = "single_ms" if "single_ms" in lo else "pingpong_ms"
-        print(f"{'rows':>5} {'cublas ms':>10} {'fused ms':>9} {'kernel ms':>10} {other[:-3]:>9} {'ids equal':>9}")
+        print(f"{'rows':>5} {'cublas ms':>10} {'fused ms':>9} {'kernel ms':>10} {other[:-3]:>9} {'GEMM ms':>8} "
+              f"{'ids equal':>9}")
         for r in rs:
             print(f"{r['rows']:>5} {r['cublas_ms']:>10.3f} {r['fused_ms']:>9.3f} {r['kernel_ms']:>10.3f} "
-                  f"{r[other]:>9.3f} {r['ids_equal_frac']:>9.4f}")
-        print(f"growth: cublas {hi['cublas_ms'] / lo['cublas_ms']:.3f}x, fused {hi['fused_ms'] / lo['fused_ms']:.3f}x")
+                  f"{r[other]:>9.3f} {r['gemm_ms']:>8.3f} {r['ids_equal_frac']:>9.4f}")
+        print(f"growth: cublas {hi['cublas_ms'] / lo['cublas_ms']:.3f}x, fused {hi['fused_ms'] / lo['fused_ms']:.3f}x, "
+              f"the GEMM alone {hi['gemm_ms'] / lo['gemm_ms']:.3f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": out, "compile_options": fast_head.compile_options()[:-1]}, f, indent=1)

@@ -53,10 +53,6 @@ over ``--rounds`` passes, each a set of module attributes:
               (fast_attention.COMBINE_ONE_PASS False; default: one pass where one batch holds every split)
   split_od4   the 35B o and down GEMMs split over K in 4, sessions v7-v20's (fast_block.GEMM_SPLITS; default 2 since
               v21, whose A/B also ran o or down alone in 2: tree c59863a's split_o2 / split_d2)
-  rpf_norm_t<n>, rpf_qkv_t<n>, rpf_norm_f2_t<n>, rpf_qkv_f2_t<n>  the first n (1, 2, 3, 4, 6, 8, 16) context tiles of
-              every key split (from the third with f2) asked into L2 by fast_prefetch.cu's ring_prefetch before the
-              layer's first residual norm (norm) or after its qkv GEMM (qkv) (fast_block.RING_PREFETCH_AT; default
-              nowhere)
   probe_no_qkv_post, probe_no_silu_mul, probe_no_post_norm  TIMING PROBES, WRONG RESULTS: the block without
               that glue kernel (fast_block.PROBE_SKIP), what a fusion removing it could save at most
 (fb_resid_norm's block size is not switched here: 256 threads at H 5120 would leave its register
@@ -121,15 +117,6 @@ CONFIGS = {
     "probe_no_post_norm": {"kernels_cu.fast_block.PROBE_SKIP": frozenset({"post_norm"})},
     "default": {},
 }
-# The ring tiles asked into L2 ahead of each layer's attention (session v22, fast_attention.ring_prefetch):
-# rpf_<where>_t<n> asks for the first n tiles of every key split, rpf_<where>_f<k>_t<n> for n tiles from the k-th;
-# where: "norm" (before the layer's first residual norm) or "qkv" (between the qkv GEMM and fb_qkv_post).
-for _at in ("norm", "qkv"):
-    for _first in (0, 2):
-        for _n in (1, 2, 3, 4, 6, 8, 16):
-            CONFIGS[f"rpf_{_at}{f'_f{_first}' if _first else ''}_t{_n}"] = {
-                "kernels_cu.fast_block.RING_PREFETCH_AT": _at, "kernels_cu.fast_attention.RING_PREFETCH_TILES": _n,
-                "kernels_cu.fast_attention.RING_PREFETCH_FIRST": _first}
 
 
 def _target(path: str):

@@ -273,62 +273,6 @@ def _aligned(x, n: int = 16):
     return x if x.data.ptr % n == 0 else x.copy()
 
 
-def plan(b: int, w: int, hq: int, hk: int, d: int, cap: int, window: int, bits: bool) -> tuple:
-    """The kernel variant and grid attention_fast launches for a call of this shape (a geometry the fast kernel
-    takes, ``unsupported`` None): (dp, mt, stages, alias, wg, row chunks, key splits)."""
-    m_rows = w * (hq // hk)
-    chunks = -(-m_rows // _ROWS)
-    dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
-    stages, alias = stages_for(), alias_for(dp)
-    wg = wg_for(dp, d, mt, bits, alias)
-    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias, wg))
-    return dp, mt, stages, alias, wg, chunks, ns
-
-
-# Ring tiles asked into L2 ahead of the attention (session v22, kernels_cu/fast_prefetch.cu ring_prefetch):
-# block_forward launches ring_prefetch where fast_block.RING_PREFETCH_AT says, for RING_PREFETCH_TILES tiles of
-# each key split from its RING_PREFETCH_FIRST-th. A hint only: the attention's bits do not depend on it.
-RING_PREFETCH_TILES = 0
-RING_PREFETCH_FIRST = 0
-
-
-@functools.cache
-def _ring_prefetch_fn():
-    from kernels_cu.loader import load_module
-
-    return load_module("fast_prefetch").get_function("ring_prefetch")
-
-
-def ring_prefetch(q, kc_bits, vc_bits, frontier, window, *, tiles=None, first=None, pdl=False) -> int:
-    """Ask L2 for the context tiles attention_fast(q, ..., kc_bits, vc_bits, frontier, ..., window) will read
-    first: ``tiles`` (RING_PREFETCH_TILES) tiles of each key split from its ``first`` (RING_PREFETCH_FIRST). q
-    only gives the call's shape and form (FP32 or BF16 bits); the caches must be the arrays the attention will
-    read, contiguous, [B, C, Hk, D] of 16-bit values. Returns the prefetch jobs launched (0: nothing to do, or a
-    geometry the fast kernel does not take). Under ``pdl`` (block_forward) it triggers at once and waits for the
-    kernel ahead at its end (kernels_cu/pdl.py)."""
-    tiles = RING_PREFETCH_TILES if tiles is None else int(tiles)
-    first = RING_PREFETCH_FIRST if first is None else int(first)
-    b, w, hq, d = q.shape
-    hk, cap = kc_bits.shape[2], kc_bits.shape[1]
-    if tiles <= 0 or q.size == 0 or cap < 1 or hq % hk or unsupported(d, w, b, hk, cap) is not None:
-        return 0
-    if kc_bits.shape != (b, cap, hk, d) or vc_bits.shape != kc_bits.shape:
-        raise ValueError(f"ring_prefetch: caches {kc_bits.shape} / {vc_bits.shape}, expected [B, C, Hk, D] = "
-                         f"{(b, cap, hk, d)}")
-    if not (kc_bits.flags.c_contiguous and vc_bits.flags.c_contiguous) or kc_bits.itemsize != 2 \
-            or vc_bits.itemsize != 2:
-        raise ValueError("ring_prefetch: the caches must be contiguous 16-bit arrays (the ones the attention reads)")
-    if (kc_bits.data.ptr | vc_bits.data.ptr) % 16:
-        return 0  # the attention reads a 16-byte-aligned copy, which this cannot name
-    bits = getattr(q, "dtype", None) == np.uint16
-    ns = plan(b, w, hq, hk, d, cap, int(window), bits)[-1]
-    jobs = 2 * tiles
-    launch(_ring_prefetch_fn(), (-(-jobs // 64), ns, b), (64,),
-           (kc_bits, vc_bits, cp().ascontiguousarray(frontier, dtype=np.int64), np.int64(cap),
-            np.uint32(hk * d * 2), np.int64(window), np.int32(ns), np.int32(first), np.int32(tiles)), 0, pdl=pdl)
-    return jobs * ns * b
-
-
 def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out=True, bf16_out=False,
                    pdl=False):
     """ops_attention.attention's contract on the fast kernel: q [B,W,Hq,D], k/v [B,W,Hk,D] FP32 (or BF16
@@ -371,10 +315,15 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     live = c.ascontiguousarray(c.asarray(live), dtype=np.int32)
     window = int(window)
 
-    m_rows = w * (hq // hk)
-    dp, mt, stages, alias, wg, chunks, ns = plan(b, w, hq, hk, d, cap, window, bits)
+    g = hq // hk
+    m_rows = w * g
+    chunks = -(-m_rows // _ROWS)
+    dp, mt = _dp(d), _mt(min(m_rows, _ROWS))
+    stages, alias = stages_for(), alias_for(dp)
+    wg = wg_for(dp, d, mt, bits, alias)
     _last["path"] = "fast-wgmma" if wg else "fast"
     main, combine, smem = _kernels(dp, mt, not bits, stages, alias, wg)
+    ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, alias, wg))
     part_o = part_ml = None
     if ns > 1:
         part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)

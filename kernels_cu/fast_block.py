@@ -309,12 +309,6 @@ EARLY_TABLE_MAX_ROWS = 16
 # before it reads anything). Read at every launch; benchmarks/round_ab.py's nopdl_glue turns it off.
 PDL_GLUE = True
 
-# Where block_forward asks L2 for the ring tiles the layer's attention will read first (session v22,
-# kernels_cu.fast_attention.ring_prefetch, RING_PREFETCH_TILES of each key split): None nowhere, "norm" before the
-# layer's first residual norm (ahead of the qkv GEMM), "qkv" between the qkv GEMM and fb_qkv_post. A hint: no
-# result depends on it.
-RING_PREFETCH_AT: str | None = None
-
 # Timing probes only (benchmarks/round_ab.py's probe_no_* configurations; the results are WRONG): glue kernels
 # left out of the block, so that a round's replay shows what a fusion that removed them could save at most.
 # Names: "qkv_post" (the attention then reads q / k / v as zeros), "silu_mul" (the down GEMM reads zeros),
@@ -340,14 +334,6 @@ def _probe_skip(name: str, *outs) -> bool:
 def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
     """A fast_block.cu kernel, under PDL while PDL_GLUE (read at the call)."""
     launch(_fn(name), grid, block, args, shared_mem, pdl=PDL_GLUE)
-
-
-def _fast_attention_fn():
-    try:
-        from kernels_cu.fast_attention import attention_fast
-    except Exception:  # noqa: BLE001 - as attention_impl
-        return None
-    return attention_fast
 
 
 def attention_impl():
@@ -484,15 +470,6 @@ class CudaEngine:
                              "(workspace arrays are)")
         _glue("fb_silu_mul", _row_grid(-(-inter // 4), M), (_THREADS,), (gu, np.int32(M), np.int32(inter), act))
 
-    def ring_prefetch(self, q, kc, vc, frontier, window):
-        """The ring tiles this layer's attention reads first, asked into L2 (RING_PREFETCH_AT), when the attention
-        is the fast kernel; under PDL like the glue."""
-        if self.attention_fn is not _fast_attention_fn():
-            return
-        from kernels_cu.fast_attention import ring_prefetch
-
-        ring_prefetch(q, kc, vc, frontier, window, pdl=PDL_GLUE)
-
     def attention(self, q, k, v, kc, vc, frontier, live, window):
         """block_forward calls it right after qkv_post: the fast kernel may then run under PDL
         (kernels_cu/pdl.py), prefetching ring tiles while qkv_post finishes."""
@@ -590,13 +567,9 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     tail = None  # the previous layer's MLP branch, joined to the stream by the next residual update
     for l, window, kc, vc in layers:
         src = entry if tail is None else tail
-        if RING_PREFETCH_AT == "norm":
-            eng.ring_prefetch(ws.Q, kc, vc, frontier, window)
         eng.resid_norm(M, H, W, **src, resid_out=ws.X, norm_w=wts["input_norm"][l], eps=eps,
                        **_norm_targets(ws, dm))
         eng.layer_gemm(_gemm_input(eng, ws, dm, wts, l, "attn"), wts["wqkv"][l], ws.QKV)
-        if RING_PREFETCH_AT == "qkv":
-            eng.ring_prefetch(ws.Q, kc, vc, frontier, window)
         eng.qkv_post(ws.QKV, M, W, dm.Hq, dm.Hk, dm.D, wts["q_norm"][l], wts["k_norm"][l], freqs, frontier, eps,
                      ws.Q, ws.K, ws.V)
         a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)

@@ -118,8 +118,10 @@
 #   bash tools/h200_runs.sh v21-f          # session v21: attention_qkv with and without PDL, the 35B traces
 #   bash tools/h200_runs.sh v21-g          # session v21: the 35B B8 layer GEMMs' K splits, round A/B
 #   bash tools/h200_runs.sh v21-h          # session v21: 35B masked_block B8 W16 geometry with the o / down splits at 2
-#   bash tools/h200_runs.sh v22-a          # session v22: the ring tiles asked into L2 ahead of the attention, 35B round
-#                                          # A/B; the PDL GPU tests (pdl.py refactored at v21's end)
+#   bash tools/h200_runs.sh v22-a          # session v22 at tree 672cae9 (ring_prefetch, dropped after this run): the
+#                                          # ring tiles asked into L2 ahead of the attention, 35B round A/B; test_pdl
+#   bash tools/h200_runs.sh v22-b          # session v22: test_pdl, the rounds, the head's growth against the GEMM
+#                                          # alone, the 35B masked_block geometry at B8 W8
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -740,11 +742,20 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       # default since v21-g), against the float64 reference (its CPU reference takes ~3 minutes)
       step geo-35b-b8w16-block timeout 280 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --geometry dflash-35b-a3b --batch 8 --width 16 --ops masked_block --json "$OUT/geo_35b_b8w16_block.json" ;;
-    v22-a)  # session v22: ring_prefetch (fast_attention.ring_prefetch) where and how much, the 35B rounds; test_pdl
+    v22-a)  # session v22 at tree 672cae9 (git checkout it: ring_prefetch was dropped after this run): where and how
+      # much of the ring to ask into L2 ahead of the attention (round_ab rpf_*), the 35B rounds; test_pdl
       step round-ab timeout 330 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --geometries dflash-35b-a3b \
         --configs default,rpf_norm_t2,rpf_norm_t4,rpf_norm_t8,rpf_norm_t16,rpf_qkv_t2,rpf_qkv_t4,rpf_norm_f2_t4 \
         --rounds 2 --json "$OUT/round_ab.json"
       step pdl-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py ;;
+    v22-b)  # session v22: test_pdl with the wgmma form accepted; the rounds on this tree; the head Ops' growth with the
+      # GEMM alone beside it; the 35B masked_block geometry at B8 W8 (64 rows: the o / down splits at 2, not run in v21)
+      step pdl-tests timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py
+      step round-ab timeout 200 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --configs default --rounds 3 \
+        --json "$OUT/round_ab.json"
+      step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
+      step geo-35b-b8w8-block timeout 280 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --geometry dflash-35b-a3b --batch 8 --width 8 --ops masked_block --json "$OUT/geo_35b_b8w8_block.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done

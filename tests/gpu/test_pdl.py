@@ -171,7 +171,8 @@ def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape
         for j in [j for j in range(3) if j != last] + [last]:
             _produce(cp, mod, new[j], bufs[j])
         got = cp.asnumpy(fa.attention_fast(*bufs, *rest, f32_out=True, bf16_out=True, pdl=True)[0])
-        assert fa.last_path() == "fast"
+        # the fast kernel, not the exact fallback; at B8 W16 with BF16 bits on an H200 its wgmma form (v17)
+        assert fa.last_path() in ("fast", "fast-wgmma"), fa.last_path()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"input {'qkv'[last]} read early"
 
 
