@@ -122,6 +122,8 @@
 #                                          # ring tiles asked into L2 ahead of the attention, 35B round A/B; test_pdl
 #   bash tools/h200_runs.sh v22-b          # session v22: test_pdl, the rounds, the head's growth against the GEMM
 #                                          # alone, the 35B masked_block geometry at B8 W8
+#   bash tools/h200_runs.sh v22-c          # session v22: the 35B rounds; the GPU tests of the attention, head, block
+#                                          # and round; v22-d: the 35B rounds; every other GPU test file
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
 #   bash tools/h200_runs.sh v9-lt          # session v9 after the review: the head GEMM's and FastRound's GPU
 #                                          # tests, FastRound's CLI suite, the head A/B (logs.tgz)
@@ -756,6 +758,17 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step head-ab timeout 120 $PY -m benchmarks.head_topk_ab --rows 7,15,56,120 --reps 11 --json "$OUT/head_ab.json"
       step geo-35b-b8w8-block timeout 280 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --geometry dflash-35b-a3b --batch 8 --width 8 --ops masked_block --json "$OUT/geo_35b_b8w8_block.json" ;;
+    v22-c)  # session v22: the 35B rounds on this machine; tests/gpu's four largest files at the final tree
+      step round-ab timeout 100 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --geometries dflash-35b-a3b \
+        --configs default --rounds 3 --json "$OUT/round_ab.json"
+      step gpu-tests-a timeout 480 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_fast_attention.py \
+        tests/gpu/test_fast_head.py tests/gpu/test_fast_block.py tests/gpu/test_fast_round.py ;;
+    v22-d)  # session v22: the 35B rounds on this machine; every other tests/gpu file at the final tree
+      step round-ab timeout 100 $PY -m benchmarks.round_ab --shapes 1x8,8x16 --geometries dflash-35b-a3b \
+        --configs default --rounds 3 --json "$OUT/round_ab.json"
+      step gpu-tests-b timeout 480 $PY -m pytest -q -p no:cacheprovider tests/gpu \
+        --deselect tests/gpu/test_fast_attention.py --deselect tests/gpu/test_fast_head.py \
+        --deselect tests/gpu/test_fast_block.py --deselect tests/gpu/test_fast_round.py ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
