@@ -122,6 +122,7 @@
 #                                          # ring tiles asked into L2 ahead of the attention, 35B round A/B; test_pdl
 #   bash tools/h200_runs.sh v22-b          # session v22: test_pdl, the rounds, the head's growth against the GEMM
 #                                          # alone, the 35B masked_block geometry at B8 W8
+#   bash tools/h200_runs.sh v22-e          # session v22: the head Ops and the attention against torch eager, one run
 #   bash tools/h200_runs.sh v22-c          # session v22: the 35B rounds; the GPU tests of the attention, head, block
 #                                          # and round; v22-d: the 35B rounds; every other GPU test file
 #   bash tools/h200_runs.sh v16-b          # session v16: the head's and fast_wgemm's GPU tests, the head-form round A/B
@@ -769,6 +770,10 @@ pp_xonce_no_epilogue --rows 7,120 --json "$OUT/head_probe.json" ;;
       step gpu-tests-b timeout 480 $PY -m pytest -q -p no:cacheprovider tests/gpu \
         --ignore=tests/gpu/test_fast_attention.py --ignore=tests/gpu/test_fast_head.py \
         --ignore=tests/gpu/test_fast_block.py --ignore=tests/gpu/test_fast_round.py ;;
+    v22-e)  # session v22: the Ops changed since v12's bench (the fused head v13-v19, the attention v17 / v20) against
+      # torch eager in one run
+      step bench timeout 240 $PY -m benchmarks.gpu_bench --no-exact --ops proposal_head,candidate_topk,draft_attention \
+        --json "$OUT/bench.json" ;;
     *) echo "unknown section $what" >&2; exit 2 ;;
   esac
 done
