@@ -260,7 +260,8 @@ def make_programmatic(graph, edges, sel, from_port: int) -> int:
 
 
 def _relax(graph) -> int:
-    edges = frm, to, data = graph_edges(graph)
+    edges = graph_edges(graph)
+    _, to, data = edges
     ours = [d.type == _DEPENDENCY_PROGRAMMATIC and _kernel_of(to[i]) in _LAUNCHED for i, d in enumerate(data)]
     sel = relax_edges([(d.from_port, d.to_port, d.type) for d in data], ours)
     return make_programmatic(graph, edges, sel, _PORT_LAUNCH_ORDER)
