@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,32 +23,32 @@ from reference.config import (
     reduced,
 )
 
-PUBLIC = Path(__file__).parents[2] / "shared" / "configs" / "public"
 FIXTURES = Path(__file__).parent / "data" / "configs"
+# The published draft config.json files, copied byte for byte (field names, nesting and value
+# spellings as released), so that a clone with nothing beside it tests them.
+PUBLISHED = (
+    "SpecForge_qwen3-8b-dflash.config.json",
+    "SpecForge_qwen3.6-27b-dflash2.config.json",
+    "z-lab_Qwen3.8-27B-DFlash2.config.json",
+)
+# Optional extra check: a directory holding the originals (set by a CI job that has them); the
+# copies above must equal them byte for byte. Unset, the copies stand on their own.
+ORIGINALS_ENV = "DFLASH_PUBLISHED_CONFIGS"
 DFLASH2_FILE = "z-lab_Qwen3.8-27B-DFlash2.config.json"
 DFLASH_FILE = "SpecForge_qwen3-8b-dflash.config.json"
 MiB = 2**20
 
-needs_public = pytest.mark.skipif(
-    not PUBLIC.is_dir(), reason=f"{PUBLIC} is absent (CI keeps ../shared beside the checkout)"
-)
-
-
-def public_files() -> list[Path]:
-    return sorted(PUBLIC.glob("*.json")) if PUBLIC.is_dir() else []
-
 
 def fixture(name: str) -> dict:
-    """A published config (a copy under tests/data/configs, checked against ../shared below)."""
+    """A published config (a byte-for-byte copy under tests/data/configs)."""
     return json.loads((FIXTURES / name).read_text())
 
 
 # -- published files and the spec's table -------------------------------------------------------
 
 
-@needs_public
-@pytest.mark.parametrize("path", public_files(), ids=lambda p: p.name)
-def test_every_public_file_parses(path):
+@pytest.mark.parametrize("path", [FIXTURES / n for n in PUBLISHED], ids=lambda p: p.name)
+def test_every_published_file_parses(path):
     cfg = load_config(path)
     assert cfg.source == path.name
     assert cfg.variant in ("dflash", "dflash2")
@@ -57,10 +58,9 @@ def test_every_public_file_parses(path):
     assert parse_config(cfg.to_dict(), K=cfg.K) == cfg
 
 
-@needs_public
 @pytest.mark.parametrize("name", ["SpecForge_qwen3.6-27b-dflash2.config.json", DFLASH2_FILE])
 def test_27b_dflash2_files_have_the_tables_geometry(name):
-    cfg = load_config(PUBLIC / name)
+    cfg = load_config(FIXTURES / name)
     assert cfg.variant == "dflash2"
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size) == (5120, 5, 17408)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 8, 128)
@@ -74,9 +74,8 @@ def test_27b_dflash2_files_have_the_tables_geometry(name):
     assert cfg.is_causal is False and cfg.upstream_causal_layers == ()
 
 
-@needs_public
 def test_specforge_8b_uses_upstream_defaults():
-    cfg = load_config(PUBLIC / DFLASH_FILE)
+    cfg = load_config(FIXTURES / DFLASH_FILE)
     # build_target_layer_ids(36, 5): 1 + i * 32 / 4
     assert cfg.target_layer_ids == (1, 9, 17, 25, 33)
     assert cfg.mask_token_id is None  # no upstream default: the caller supplies it
@@ -85,10 +84,34 @@ def test_specforge_8b_uses_upstream_defaults():
     assert (cfg.K, cfg.rope_theta) == (15, 1e6)
 
 
-@needs_public
-@pytest.mark.parametrize("name", [DFLASH2_FILE, DFLASH_FILE])
-def test_fixture_copies_equal_the_published_files(name):
-    assert fixture(name) == json.loads((PUBLIC / name).read_text())
+def test_fixtures_are_the_published_files():
+    """The copies are exactly the published set; where the originals are at hand (ORIGINALS_ENV),
+    each copy equals its original byte for byte and no original lacks a copy."""
+    assert sorted(p.name for p in FIXTURES.glob("*.json")) == sorted(PUBLISHED)
+    for name in PUBLISHED:  # the published spellings the loader must keep reading
+        raw = fixture(name)
+        assert raw["architectures"] in (["DFlashDraftModel"], ["DFlash2DraftModel"]), name
+        assert raw["model_type"] == "qwen3" and raw["hidden_act"] == "silu", name
+    originals = os.environ.get(ORIGINALS_ENV)
+    if originals:
+        found = sorted(Path(originals).glob("*.json"))
+        assert sorted(p.name for p in found) == sorted(PUBLISHED)
+        for p in found:
+            assert (FIXTURES / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def test_published_spellings_differ_where_upstream_does():
+    """The copies keep the spellings that differ between the releases: RoPE theta nested under
+    rope_parameters (27B DFlash2) or flat (SpecForge 8B); the DFlash fields in dflash_config (27B)
+    or at the top level (8B's block_size), the 8B leaving target_layer_ids and mask_token_id out."""
+    d2, d1 = fixture(DFLASH2_FILE), fixture(DFLASH_FILE)
+    assert d2["rope_parameters"] == {"rope_theta": 10000000, "rope_type": "default"} and "rope_theta" not in d2
+    assert d1["rope_theta"] == 1000000 and "rope_parameters" not in d1 and d1["rope_scaling"] is None
+    assert d2["dflash_config"]["target_layer_ids"] == [5, 19, 33, 47, 61]
+    assert d2["dflash_config"]["mask_token_id"] == 248070 and d2["dflash_config"]["block_size"] == 8
+    assert "dflash_config" not in d1 and d1["block_size"] == 16
+    assert "target_layer_ids" not in d1 and "mask_token_id" not in d1 and d1["num_target_layers"] == 36
+    assert d2["is_causal"] is False and "is_causal" not in d1
 
 
 def test_presets_match_the_spec_table():
@@ -112,9 +135,8 @@ def test_presets_match_the_spec_table():
     assert a.ring_bytes() == 5 * 4 * 8 * 128 * 4096 == 80 * MiB
 
 
-@needs_public
 def test_preset_27b_equals_the_published_geometry():
-    published = load_config(PUBLIC / DFLASH2_FILE)
+    published = load_config(FIXTURES / DFLASH2_FILE)
     assert PRESETS["qwen3.5-27b-dflash2"] == published
 
 

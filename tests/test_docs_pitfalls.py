@@ -1,0 +1,39 @@
+"""docs/pitfalls.md names every mutant of the suite and every case flag of the vectors, so the page
+cannot fall behind the catalog: a new mutant or flag without its row fails here."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from conformance.catalog import MUTANTS
+from tests.mutants.round_mutants import ROUND_MUTANTS
+
+ROOT = Path(__file__).parents[1]
+PAGE = ROOT / "docs" / "pitfalls.md"
+
+
+def _named() -> set[str]:
+    """Every `code span` on the page."""
+    return set(re.findall(r"`([^`\n]+)`", PAGE.read_text()))
+
+
+def test_every_mutant_key_is_on_the_page():
+    named = _named()
+    missing = sorted(m.key for m in [*MUTANTS, *ROUND_MUTANTS] if m.key not in named)
+    assert not missing, f"docs/pitfalls.md lacks the mutant keys {missing}"
+
+
+def test_every_case_flag_is_on_the_page():
+    manifest = json.loads((ROOT / "vectors" / "manifest.json").read_text())
+    flags = {flag for entry in manifest["files"] for flag in entry["flags"]}
+    assert flags, "no case flags in vectors/manifest.json"
+    missing = sorted(flags - _named())
+    assert not missing, f"docs/pitfalls.md lacks the case flags {missing}"
+
+
+def test_the_page_points_nowhere_outside_the_repository():
+    text = PAGE.read_text()
+    for outside in ("../shared", "shared/design", "PITFALLS.md", "CONTRACTS.md"):
+        assert outside not in text, outside
