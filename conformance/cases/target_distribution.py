@@ -90,7 +90,7 @@ def _bites(inputs, params, flags) -> bool:
         elif flag == "min_p_missing":
             kw["min_p"] = np.zeros_like(inputs["min_p"])
         else:
-            from conformance.catalog import for_flag
+            from conformance.mutants import for_flag
 
             for m in for_flag(OP, flag):  # the catalog's mutant for the flag (issue 10: every case bites)
                 if np.abs(np.asarray(m.target_distribution(**inputs, **params)["probs"], np.float64) - ref).max() \

@@ -14,8 +14,8 @@ import pytest
 
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
+from conformance.mutants import MUTANTS
 from conformance.runner import run_suite
-from tests.mutants.mutants import MUTANTS
 
 VECTORS = Path(__file__).parents[2] / "vectors"
 

@@ -11,8 +11,8 @@ import pytest
 
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
+from conformance.mutants import ROUND_MUTANTS
 from conformance.runner import run_suite
-from tests.mutants.round_mutants import ROUND_MUTANTS
 
 VECTORS = Path(__file__).parents[2] / "vectors"
 ROUND_PITFALLS = {"context_role_weights", "layer_id_origin", "capture_before_layer", "draft_temperature",
