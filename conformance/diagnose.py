@@ -1,4 +1,4 @@
-"""Diagnosis of a FAIL (issue 10): which known bug reproduces the implementation's output?
+"""Diagnosis of a FAIL: which known bug reproduces the implementation's output?
 
 For a failing case, every one-bug variant of the reference in the catalog (``conformance.mutants``,
 the mutants, one per PITFALLS.md row or case flag) that belongs to the case's Op is run on the

@@ -9,8 +9,8 @@ ERRORs) lets hypothesis shrink it to a minimal one, which is saved as a vector f
 
 Strategies (``conformance.strategies``: ``STRATEGIES``, one module per Op) draw *parameters*
 (shapes, head counts, positions, seeds, temperatures, filters, layouts and the pitfall designs of
-the case generators), and build each example with the case generators' own building blocks (``conformance/cases/<op>.py``:
-``make``, ``_designed``, ``_planted`` ...). The data inside an example comes from
+the case generators), and build each example with the case generators' own building blocks
+(``conformance/cases/<op>.py``: ``make``, ``_designed``, ``_planted`` ...). The data inside an example comes from
 ``registry.case_rng(case id)``, and the case id is a function of the drawn parameters: the
 same parameters give the same bytes, and the same ``--seed`` the same run.
 

@@ -139,7 +139,7 @@ def case_record(r) -> dict:
     for key in ("trace", "output", "expected_failure", "rerun"):
         if getattr(r, key, None):
             rec["traceback" if key == "trace" else key] = getattr(r, key)
-    if getattr(r, "diagnosis_note", ""):  # diagnose (issue 10): catalog pitfalls reproducing a FAIL, best first
+    if getattr(r, "diagnosis_note", ""):  # diagnose: catalog pitfalls reproducing a FAIL, best first
         rec["diagnosis"] = {"note": r.diagnosis_note, "matches": list(getattr(r, "diagnosis", []) or [])}
     return rec
 

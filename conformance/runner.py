@@ -101,7 +101,7 @@ class RunResult(CaseResult):
     output: str = ""  # what the implementation printed during the case (isolated runs)
     expected_failure: str | None = None  # --expect: the reason this case is known to fail
     rerun: str = ""  # a command that reruns just this case (set by the CLI)
-    # diagnose (issue 10): catalog pitfalls whose one-bug reference reproduces a FAIL, best first
+    # diagnose: catalog pitfalls whose one-bug reference reproduces a FAIL, best first
     diagnosis: list = field(default_factory=list)
     diagnosis_note: str = ""
 

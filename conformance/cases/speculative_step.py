@@ -1,4 +1,4 @@
-"""Cases for speculative_step (issue 11; CONTRACTS C10 one level up): a whole step judged on what
+"""Cases for speculative_step (CONTRACTS C10 one level up): a whole step judged on what
 it commits (reference/speculative_step.py documents every input and output).
 
 Each case is a real mid-stream state: a tiny random draft (the proposal_round geometry: H 32,

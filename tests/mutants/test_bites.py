@@ -1,4 +1,4 @@
-"""Every case bites (issue 10): for every Op-level case carrying a pitfall flag, every mutant of the
+"""Every case bites: for every Op-level case carrying a pitfall flag, every mutant of the
 catalog (conformance.mutants) that answers for that flag FAILs on that very case (a precision-only
 mutant: ACCEPTABLE(precision), never PASS), and every flag of an Op-level case has a mutant.
 

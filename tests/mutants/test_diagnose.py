@@ -1,4 +1,4 @@
-"""diagnose (issue 10): for every mutant of the catalog, on every case where the suite FAILs it, the
+"""diagnose: for every mutant of the catalog, on every case where the suite FAILs it, the
 runner's diagnosis names that mutant first (alone, or tied first with mutants whose outputs are
 the same there), and a FAIL that no catalog bug explains says so and names its first divergence."""
 

@@ -1,4 +1,4 @@
-"""Mutation testing at the round level (issue 11): every round-only mutant FAILs on a
+"""Mutation testing at the round level: every round-only mutant FAILs on a
 proposal_round or speculative_step case (its Op's) whose id names its pitfall, the float32 baseline fails none, and each
 mutant with its bug switched off conforms (so the FAIL is the bug's)."""
 
