@@ -54,7 +54,7 @@ ROUND_LEVEL = ("proposal_round", "speculative_step")  # files that a round's Op 
 
 def _array(x) -> np.ndarray:
     """A host NumPy array from NumPy, torch (bit patterns for bfloat16/float16), DLPack or lists."""
-    from conformance.runner import to_numpy
+    from conformance.invoke import to_numpy
 
     if type(x).__module__.split(".")[0] == "torch" and "torch" not in sys.modules:  # pragma: no cover
         raise TypeError("a torch tensor without torch imported")

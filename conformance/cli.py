@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import shlex
 import signal
 import sys
@@ -608,16 +609,70 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("check-capture", help="judge a folder of capture files (C10) against the reference")
     s.add_argument("folder", help="a folder of capture .safetensors files (conformance.capture)")
     s.set_defaults(func=_cmd_check_capture)
-    from conformance import fuzz  # issue 13 (hypothesis is needed only when the subcommand runs)
-
-    fuzz.add_parser(sub, impl_help, _float).set_defaults(func=_cmd_fuzz)
+    _add_fuzz_parser(sub, impl_help).set_defaults(func=_cmd_fuzz)
     return p
 
 
-def _cmd_fuzz(args) -> int:
-    from conformance import fuzz
+FUZZ_OUT = "fuzz-failures"
 
-    return fuzz.command(args)
+
+def _add_fuzz_parser(sub, impl_help: str):
+    s = sub.add_parser("fuzz", help="property-based conformance: hypothesis strategies over every Op's parameters, "
+                                    "a failure shrunk, saved as a vector and reported with its rerun command")
+    s.add_argument("--impl", metavar="package.module:attribute", help=impl_help)
+    s.add_argument("--ops", metavar="PATTERN", help="comma-separated fnmatch globs over Op names (default: every Op)")
+    s.add_argument("--max-examples", type=int, default=100, metavar="N", help="examples per Op (100)")
+    s.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the search's seed (default: a random one, printed); the same seed gives the same examples")
+    s.add_argument("--deadline", metavar="SECONDS", type=_float, default=60.0,
+                   help="per-example limit for the implementation in seconds (60; inf: none); the worker is killed")
+    s.add_argument("--budget", metavar="MINUTES", type=_float, default=None,
+                   help="overall limit in minutes: no example starts after it (the Ops not reached say so)")
+    s.add_argument("--out", metavar="DIR", default=FUZZ_OUT,
+                   help=f"where shrunk failures are written as vectors with a manifest ({FUZZ_OUT}); "
+                        "`run --vectors DIR` replays them")
+    s.add_argument("--in-process", action="store_true", help="as for run")
+    s.add_argument("--strict", action="store_true", help="also count ACCEPTABLE as a failure (as run --strict)")
+    s.add_argument("--diagnose", action="store_true", default=True, help=argparse.SUPPRESS)
+    s.add_argument("--no-diagnose", dest="diagnose", action="store_false",
+                   help="do not name catalog pitfalls for a shrunk FAIL")
+    return s
+
+
+def _cmd_fuzz(args, log=print) -> int:
+    """``dflash-conformance fuzz``: exit 0 (no failure), 1 (a FAIL or ERROR; --strict: also ACCEPTABLE), 2 bad
+    input (an InputError, as for every command)."""
+    from conformance import fuzz  # hypothesis is needed only when this command runs
+
+    if not fuzz.HAVE_HYPOTHESIS:
+        raise InputError(fuzz.MISSING)
+    specs = args.specs if args.specs is not None else registry.ops()
+    ops = fuzz.select_ops(args.ops, specs)
+    if args.max_examples < 1:
+        raise InputError(f"--max-examples: must be at least 1, got {args.max_examples}")
+    if args.budget is not None and not args.budget > 0:
+        raise InputError(f"--budget: must be a positive number of minutes, got {args.budget}")
+    timeout = _seconds("--deadline", args.deadline)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    out = Path(args.out)
+    handle, _ = _open_impl(args, ops=ops)
+
+    def rerun(f) -> str:
+        parts = ["dflash-conformance", "run"] + (["--impl", args.impl] if args.impl else [])
+        parts += ["--vectors", str(out), "--ops", f.case.id]
+        again = ["dflash-conformance", "fuzz"] + (["--impl", args.impl] if args.impl else [])
+        again += ["--ops", f.op, "--seed", str(seed), "--max-examples", str(args.max_examples)]
+        return f"{shlex.join(parts)}   (or the whole search: {shlex.join(again)})"
+
+    log(f"fuzz: {len(ops)} Op(s), up to {args.max_examples} examples each, seed {seed}"
+        + (f", budget {args.budget:g} min" if args.budget else "") + f"; shrunk failures go to {out}/")
+    try:
+        runs = fuzz.run(handle, ops=ops, max_examples=args.max_examples, seed=seed, timeout=timeout,
+                        budget_s=args.budget * 60 if args.budget else None, specs=specs, out=out, log=log,
+                        diagnose=args.diagnose, rerun=rerun, strict=args.strict)
+    finally:
+        handle.close()
+    return 1 if any(r.found is not None for r in runs) else 0
 
 
 def _cmd_check_capture(args) -> int:

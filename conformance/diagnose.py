@@ -1,6 +1,6 @@
-"""Diagnosis of a FAIL (issue 10): which known bug reproduces the implementation's output?
+"""Diagnosis of a FAIL: which known bug reproduces the implementation's output?
 
-For a failing case, every one-bug variant of the reference in the catalog (``conformance.catalog``,
+For a failing case, every one-bug variant of the reference in the catalog (``conformance.mutants``,
 the mutants, one per PITFALLS.md row or case flag) that belongs to the case's Op is run on the
 case's inputs. A mutant *matches* when the implementation's outputs are inside that mutant's
 outputs' tight bound or accuracy envelope: ``conformance.compare.compare`` with the mutant's
@@ -106,13 +106,13 @@ class Diagnoser:
     def changes_case(self, vec, mutant, out) -> bool:
         """Whether the mutant's bug shows on this case at all (its outputs FAIL against the
         reference): one that changes nothing here (a GQA mapping bug with Hq = Hk) explains no FAIL."""
-        from conformance import registry, runner
+        from conformance import invoke, registry
 
         key = (vec.case, mutant.key, "changes")
         if key not in self._cache:
             try:
                 arrays = {n: np.asarray(out[n]) for n in vec.outputs}
-                checked, bad = runner.check_outputs(vec, arrays, list(arrays))
+                checked, bad = invoke.check_outputs(vec, arrays, list(arrays))
                 if bad:  # values outside the storage format (context V not BF16 values): the runner FAILs it
                     self._cache[key] = True
                     return True
@@ -125,10 +125,10 @@ class Diagnoser:
         return self._cache[key]
 
     def matches(self, vec, impl: Mapping) -> list[Match]:
-        from conformance import catalog
+        from conformance import mutants
 
         found = []
-        for m in catalog.for_op(vec.op):
+        for m in mutants.for_op(vec.op):
             out = self.mutant_outputs(vec, m)
             if out is None or any(n not in out for n in vec.outputs) or not self.changes_case(vec, m, out):
                 continue

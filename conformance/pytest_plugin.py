@@ -176,7 +176,7 @@ def pytest_collection_modifyitems(session, config, items):
     run = _Run(config)
     parent = _Cases.from_parent(session, name="dflash", nodeid="dflash")
     cases = [CaseItem.from_parent(parent, name=e["case"], run=run, entry=e) for e in run.entries]
-    if config.getoption("dflash_fuzz", 0) > 0:  # issue 13: one fuzz item per Op the --dflash-ops globs name
+    if config.getoption("dflash_fuzz", 0) > 0:  # one fuzz item per Op the --dflash-ops globs name
         import fnmatch
 
         from conformance import fuzz, vectors

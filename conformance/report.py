@@ -68,7 +68,7 @@ def _version(dist: str) -> str | None:
 def environment(impl=None, command: str | None = None, extra: dict | None = None) -> dict:
     """The run's environment; ``impl.environment()`` (in-process) or ``extra`` (from a worker)
     adds to it, made JSON-safe (bytes decoded, other values as text)."""
-    from conformance.runner import InProcess, jsonable_env
+    from conformance.invoke import InProcess, jsonable_env
 
     env = {"python": sys.version.split()[0], "platform": platform.platform(), "command": command or " ".join(sys.argv),
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
@@ -139,7 +139,7 @@ def case_record(r) -> dict:
     for key in ("trace", "output", "expected_failure", "rerun"):
         if getattr(r, key, None):
             rec["traceback" if key == "trace" else key] = getattr(r, key)
-    if getattr(r, "diagnosis_note", ""):  # diagnose (issue 10): catalog pitfalls reproducing a FAIL, best first
+    if getattr(r, "diagnosis_note", ""):  # diagnose: catalog pitfalls reproducing a FAIL, best first
         rec["diagnosis"] = {"note": r.diagnosis_note, "matches": list(getattr(r, "diagnosis", []) or [])}
     return rec
 

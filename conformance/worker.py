@@ -40,7 +40,7 @@ TAIL = 4000  # characters of a dead worker's output kept in the case's detail tr
 def default_impl(specs=None):
     """(implementation, why): the CUDA backend where CuPy and a GPU are present, else the baseline."""
     from conformance.baseline import Float32Baseline
-    from conformance.runner import _one_line, load_impl
+    from conformance.invoke import _one_line, load_impl
 
     try:
         import cupy
@@ -86,7 +86,7 @@ def _cause(rc: int | None) -> str:
 
 
 class WorkerImpl:
-    """An implementation running in a worker process; the interface of ``runner.InProcess``."""
+    """An implementation running in a worker process; the interface of ``invoke.InProcess``."""
 
     isolated = True
 
@@ -207,7 +207,7 @@ class WorkerImpl:
 
     # -- the handle interface
     def invoke(self, vec, timeout: float | None):
-        from conformance.runner import Outcome
+        from conformance.invoke import Outcome
         from conformance.vectors import InputError
 
         with self._lock:
@@ -290,7 +290,7 @@ class WorkerImpl:
 # ----------------------------------------------------------------------------- worker side
 
 def _load(spec):
-    from conformance.runner import impl_name, load_impl
+    from conformance.invoke import impl_name, load_impl
 
     sys.path[:] = list(dict.fromkeys(spec["sys_path"] + sys.path))
     why = None
@@ -320,7 +320,7 @@ def _flush():
 
 
 def serve(rfd: int, wfd: int) -> int:
-    from conformance.runner import Outcome, _one_line, call_method, jsonable_env
+    from conformance.invoke import Outcome, _one_line, call_method, jsonable_env
     from conformance.vectors import InputError
 
     recv, send = Connection(rfd, writable=False), Connection(wfd, readable=False)

@@ -7,7 +7,7 @@ mode's cuBLAS GEMM with FP32 accumulation (a legitimate choice, CONTRACTS C2) wa
 sum |h||w| off, against an envelope of 8 u x sum |h||w|: s counted one rounding per term where
 the envelope's own reasoning counts a sum log2(n) times. Here the accumulation is emulated on the
 CPU at H 5120 in the control set's own sequential, pairwise and split-K orders
-(tests/controls/variants.py) and in exact 16-wide tiles rounded between them, and
+(conformance/controls/variants.py) and in exact 16-wide tiles rounded between them, and
 the errors are judged against the envelope with s = sum_j |h_j||w_j| x the roundings term j passes
 through (reference.scales.accumulation_weights: the tile chain of a GEMM main loop plus the split-K
 tree; reference.scales.fp32_logit_magnitude). The control set's truncating tensor-core tiles, whose
@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conformance.controls.variants import VARIANTS
 from conformance.registry import FP32_OUTPUT
 from reference import scales
 from reference.numerics import to_bf16
-from tests.controls.variants import VARIANTS
 
 U = 2.0**-24
 H, ROWS = 5120, 48
@@ -46,7 +46,7 @@ def _tiles(t, width=16):
     return SEQUENTIAL._reduce_last(tiles)
 
 
-# the control set's own accumulation variants (tests/controls/variants.py) where they model an
+# the control set's own accumulation variants (conformance/controls/variants.py) where they model an
 # order, and exact tiles rounded between them
 SEQUENTIAL = next(v for v in VARIANTS if v.opt["accum"] == "sequential")
 ORDERS = {v.key: v._reduce_last for v in VARIANTS if v.opt["accum"] in ("sequential", "pairwise", "split_k")}

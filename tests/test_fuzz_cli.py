@@ -23,7 +23,7 @@ def test_baseline_passes_and_prints_counts(capsys, tmp_path):
 
 def test_mutant_fails_is_saved_and_replays(capsys, tmp_path):
     out_dir = tmp_path / "found"
-    rc = cli.main(["fuzz", "--impl", "tests.mutants.mutants:WindowLeS", "--ops", "draft_attention",
+    rc = cli.main(["fuzz", "--impl", "conformance.mutants:WindowLeS", "--ops", "draft_attention",
                    "--max-examples", "200", "--seed", "0", "--out", str(out_dir)])
     out = capsys.readouterr().out
     assert rc == 1, out
@@ -32,7 +32,7 @@ def test_mutant_fails_is_saved_and_replays(capsys, tmp_path):
     rerun = next(line for line in out.splitlines() if line.strip().startswith("rerun:"))
     assert f"--vectors {out_dir}" in rerun and "--seed 0" in rerun
     case = next(line for line in out.splitlines() if line.strip().startswith("case ")).split()[1].rstrip(":")
-    rc = cli.main(["run", "--impl", "tests.mutants.mutants:WindowLeS", "--vectors", str(out_dir), "--ops", case])
+    rc = cli.main(["run", "--impl", "conformance.mutants:WindowLeS", "--vectors", str(out_dir), "--ops", case])
     assert rc == 1
     assert cli.main(["run", "--vectors", str(out_dir), "--in-process"]) == 0  # the baseline passes it
 

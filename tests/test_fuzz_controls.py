@@ -1,4 +1,4 @@
-"""No legitimate variant (tests/controls/variants.py) FAILs on fuzzed examples (issue 13).
+"""No legitimate variant (conformance/controls/variants.py) FAILs on fuzzed examples.
 
 The default run judges every variant on 5 examples per Op (a smoke test); the full run, 2,000 examples per
 Op, is slow-marked and selected with -m slow (tools/fuzz_report.py writes its figures to docs/reports/fuzz.md):
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("hypothesis")
 
 from conformance import fuzz, registry
-from tests.controls.variants import VARIANTS
+from conformance.controls.variants import VARIANTS
 
 
 def _run(op, n):

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from conformance import catalog, fuzz, registry
+from conformance import fuzz, mutants, registry
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
 from conformance.runner import run_suite
@@ -35,7 +35,7 @@ def specs():
 
 
 def _mutant(key):
-    return next(m for m in catalog.MUTANTS if m.key == key)
+    return next(m for m in mutants.MUTANTS if m.key == key)
 
 
 @pytest.mark.parametrize("key", sorted(SAMPLE))

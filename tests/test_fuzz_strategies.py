@@ -1,4 +1,4 @@
-"""dflash-conformance fuzz (issue 13): every Op has a strategy; its examples are valid cases (the
+"""dflash-conformance fuzz: every Op has a strategy; its examples are valid cases (the
 reference does not raise, every case id is valid), the float32 baseline conforms on them, the same
 seed gives the same examples, and an example stays well under the per-example time budget.
 

@@ -8,7 +8,7 @@ from conformance import geometry
 from conformance.baseline import Float32Baseline
 from conformance.cli import main
 from conformance.compare import Result
-from tests.mutants.mutants import AnchorAsMask
+from conformance.mutants import AnchorAsMask
 
 
 def test_reduced_geometry_runs_every_op_of_both_paths():
@@ -87,7 +87,7 @@ def test_jobs_give_the_single_processes_cases_and_verdicts(tmp_path, capsys):
 
 
 def test_jobs_keep_a_mutants_fail(tmp_path, capsys):
-    argv = ("--geometry", "dflash2-27b", "--ops", "masked_block", "--impl", "conformance.catalog:AnchorAsMask")
+    argv = ("--geometry", "dflash2-27b", "--ops", "masked_block", "--impl", "conformance.mutants:AnchorAsMask")
     rc1, one = _cli_json(tmp_path, "mutant1", *argv)
     rc2, two = _cli_json(tmp_path, "mutant2", *argv, "--jobs", "2")
     capsys.readouterr()

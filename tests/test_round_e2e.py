@@ -1,7 +1,7 @@
-"""tools/round_e2e.py on the CPU: greedy speculative decoding whose proposals come from an
+"""conformance/round_e2e.py on the CPU: greedy speculative decoding whose proposals come from an
 implementation's proposal round (here the float32 baseline's Op methods composed by
 reference.proposal_round.run, the composition kernels_cu/round.py runs over the CUDA kernels)
-publishes exactly plain greedy decoding of the toy target (issue 11 item 4; the H200 run is
+publishes exactly plain greedy decoding of the toy target (the H200 run is
 docs/reports/h200-round-e2e.md). What the tests show:
 
 - the loop equals plain decoding for a few prompts at K = 1, 5 and 15, both drafter kinds, and the
@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from conformance import registry
+from conformance import round_e2e as e2e
 from conformance.baseline import Float32Baseline
 from reference import proposal_round as pr
-from tools import round_e2e as e2e
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 KS = (1, 5, 15)

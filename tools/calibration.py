@@ -3,14 +3,14 @@
     python tools/calibration.py --out docs/reports/calibration.md
     python tools/calibration.py --torch cuda --out /tmp/torch-calibration.md   # needs torch
 
-Every legitimate variant (tests/controls/variants.py) runs over every vector and must give no
-FAIL; every mutant (tests/mutants/mutants.py) runs over its Op's vectors and must FAIL on a case
+Every legitimate variant (conformance/controls/variants.py) runs over every vector and must give no
+FAIL; every mutant (conformance/mutants/) runs over its Op's vectors and must FAIL on a case
 that names its pitfall. The report gives, per Op, the worst legitimate variant's error as a
 fraction of the accuracy envelope (CaseResult.envelope_frac) and the weakest mutant's error as a
 multiple of that: the margin by which the envelope separates engines from bugs. Under verdict v1
 (no envelope_frac) the fractions of the tight bound (worst ulp / bound ulp) stand in, labelled so.
 
-``--torch DEVICE`` adds the PyTorch BF16 engine (tests/controls/torch_engine.py) on cpu or cuda.
+``--torch DEVICE`` adds the PyTorch BF16 engine (examples/torch_engine/engine.py) on cpu or cuda.
 The exit status is 1 when a legitimate variant FAILs or ERRORs or a mutant passes every case
 naming its pitfall, 0 otherwise.
 """
@@ -219,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", help="comma-separated variant names (default: all)")
     args = ap.parse_args(argv)
 
-    from tests.controls.variants import VARIANTS
-    from tests.mutants.mutants import MUTANTS
+    from conformance.controls.variants import VARIANTS
+    from conformance.mutants import MUTANTS
 
     def progress(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown variants {sorted(unknown)}")
         variants = [v for v in variants if v.key in wanted]
     if args.torch:
-        from tests.controls.torch_engine import TorchEngine
+        from examples.torch_engine.engine import TorchEngine
 
         for spec in args.torch:  # DEVICE or DEVICE/eager
             device, _, attention = spec.partition("/")

@@ -1,4 +1,4 @@
-"""One-line reference bugs for tools/reference_mutation.py (issue 14).
+"""One-line reference bugs for tools/reference_mutation.py.
 
 Each bug is a realistic mistake an engineer could make in ``reference/``: ``old`` must occur
 exactly once in ``file`` (a few lines of context are included where the changed line alone is

@@ -89,7 +89,7 @@ def _drawn(case_id, *shape, flags=(), accept=None, **kw) -> Case:
 
 
 def bites(case: Case) -> bool:
-    from conformance.catalog import decisions_differ
+    from conformance.mutants import decisions_differ
 
     return decisions_differ(case)
 

@@ -124,7 +124,7 @@ def generate() -> list[Case]:
         make("draft_attention/local_S4_F0_W8_no_context", ["mask_boundary"], window=4, capacity=4, frontier=[0],
              live=[8], width=8),
         _v_overflow_outside_window(),
-        # catalog v2 (PITFALLS "More bugs that shipped") and the GQA head mapping
+        # the pitfall table "More bugs that shipped" and the GQA head mapping
         make("draft_attention/left_only_window__local_S4_F10_W12", ["left_only_window", "ring_wrap"],
              window=4, capacity=4, frontier=[10], live=[12], width=12),
         # block < window < prefix: rows windowed from the block's last position lose up to W - 1 keys

@@ -16,7 +16,7 @@ winner; DFlash2: a ladder of top-k rows), and the case is redrawn until every co
 lies outside its ambiguity band by a factor of 2 (the band from the float32 baseline's margin error
 and the decision's scale), and until a sampled DFlash2 case differs from its greedy walk.
 
-Round-only pitfalls (tests/mutants/round_mutants.py), each in the id of the cases that catch it:
+Round-only pitfalls (conformance/mutants/proposal_round.py), each in the id of the cases that catch it:
 - context_role_weights: the case gives distinct context-role projections (context_wk,
   context_wv); an engine that projects context K/V with the block's k_proj / v_proj fails.
 - layer_id_origin: target_layer_ids read one block late (ids counted from the embedding
@@ -227,7 +227,7 @@ def generate() -> list[Case]:
               pending=[3, 3], live=[5, 5], K=4, multiplier=2.0, softcap=12.0),
         build(f"{OP}/dflash2_sampled_positions_2p32_B2_K4", ["positions_2p32", "ring_wrap"], variant=d2,
               frontier=[u32 + 2, u32 - 2], pending=[5, 3], live=[3, 3], K=4, temperature=1.5, seed=[3, 3], clear=1.0),
-        # round-only pitfalls (tests/mutants/round_mutants.py)
+        # round-only pitfalls (conformance/mutants/proposal_round.py)
         build(f"{OP}/context_role_weights__dflash_B2_K3", ["context_role_weights"], variant=d1, frontier=[11, 6],
               pending=[4, 6], live=[4, 3], K=3, context_role=True),
         build(f"{OP}/context_role_weights__dflash2_B2_K3", ["context_role_weights", "ring_wrap"], variant=d2,

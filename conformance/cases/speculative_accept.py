@@ -175,8 +175,8 @@ def _designed(
 
 
 def _bites(case: Case) -> bool:
-    """Every mutant of the catalog that the case's flags name changes its tokens (issue 10: every case bites)."""
-    from conformance.catalog import decisions_differ
+    """Every mutant of the catalog that the case's flags name changes its tokens (every case bites)."""
+    from conformance.mutants import decisions_differ
 
     return decisions_differ(case)
 
@@ -475,7 +475,7 @@ def generate() -> list[Case]:
             flags=("residual_no_clamp",),
         ),
         _residual_zero_case(f"{c}dflash2_residual_sum_zero"),
-        # catalog v2 (PITFALLS "More bugs that shipped"): each case changes the named bug's tokens
+        # the pitfall table "More bugs that shipped": each case changes the named bug's tokens
         _designed(f"{c}same_draw_reused__dflash2_mid_reject", K=5, A=2, retained=True, flags=("same_draw_reused",)),
         _designed(f"{c}same_draw_reused__dflash_first_reject", K=3, A=0, flags=("same_draw_reused",)),
         _designed(f"{c}rng_purpose_shared__dflash2_B2_K6", B=2, K=6, A=[2, 4], retained=True,

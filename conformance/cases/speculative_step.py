@@ -1,4 +1,4 @@
-"""Cases for speculative_step (issue 11; CONTRACTS C10 one level up): a whole step judged on what
+"""Cases for speculative_step (CONTRACTS C10 one level up): a whole step judged on what
 it commits (reference/speculative_step.py documents every input and output).
 
 Each case is a real mid-stream state: a tiny random draft (the proposal_round geometry: H 32,
@@ -24,7 +24,7 @@ Draws are also redrawn until the case shows what its id says (a rejected first p
 acceptance, a P = 0 row, a sampled target) and until the step-level mutant the id names changes
 the output.
 
-Step-only pitfalls (tests/mutants/round_mutants.py), each in the id of the cases that catch it:
+Step-only pitfalls (conformance/mutants/speculative_step.py), each in the id of the cases that catch it:
 - first_draft_unverified (PITFALLS "first draft token committed without verification"): a row
   with P >= 1 whose first proposal the target rejects.
 - rng_zero_proposal (PITFALLS "RNG advanced for requests with zero proposals"): a sampled row
@@ -267,7 +267,7 @@ def generate() -> list[Case]:
         build(f"{OP}/dflash_sampled_min_p_B2_K3", ["sampled"], variant=d1, K=3, prompts=[7, 5], budget=[6, 9],
               temperature=[1.0, 0.7], min_p=0.05, penalties=True),
         build(f"{OP}/dflash2_greedy_B1_K15", ["tail_extent"], variant=d2, K=15, prompts=[9], budget=[30]),
-        # step-only pitfalls (tests/mutants/round_mutants.py)
+        # step-only pitfalls (conformance/mutants/speculative_step.py)
         build(f"{OP}/first_draft_unverified__dflash_greedy_B2_K4", ["first_draft_unverified"], variant=d1, K=4,
               prompts=[6, 8], budget=[10, 10], want=("reject_first",), bug="commit_first_unverified"),
         build(f"{OP}/first_draft_unverified__dflash2_sampled_B2_K3", ["first_draft_unverified", "sampled"],

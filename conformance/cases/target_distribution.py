@@ -90,9 +90,9 @@ def _bites(inputs, params, flags) -> bool:
         elif flag == "min_p_missing":
             kw["min_p"] = np.zeros_like(inputs["min_p"])
         else:
-            from conformance.catalog import for_flag
+            from conformance.mutants import for_flag
 
-            for m in for_flag(OP, flag):  # the catalog's mutant for the flag (issue 10: every case bites)
+            for m in for_flag(OP, flag):  # the catalog's mutant for the flag (every case bites)
                 if np.abs(np.asarray(m.target_distribution(**inputs, **params)["probs"], np.float64) - ref).max() \
                         <= 10 * GAP:
                     return False
@@ -141,7 +141,7 @@ def generate() -> list[Case]:
             **pen,
         ),
         _drawn(f"{c}top_k_1_5_20_31", top_k=np.array([1, 5, 20, 31]), temperature=T),
-        # catalog v2: the C5 order (temperature before the filters; min-p on probabilities)
+        # "More bugs that shipped": the C5 order (temperature before the filters; min-p on probabilities)
         _drawn(f"{c}temperature_after_filters__top_p_min_p_T0.3_2.5", scale=1.0,
                top_p=np.array([0.6, 0.9, 1.0, 0.8]), min_p=np.array([0.0, 0.0, 0.2, 0.1]),
                temperature=np.array([0.3, 2.5, 0.4, 3.0], np.float32), flags=("temperature_after_filters",)),

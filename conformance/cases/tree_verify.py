@@ -125,7 +125,7 @@ def _case(
         out = tree_verify(**inputs, **params)
         if (want is None or want(inputs, params, out)) and clear(inputs, params, out):
             case = Case(id=case_id, inputs=inputs, params=params, flags=tuple(flags))
-            from conformance.catalog import decisions_differ
+            from conformance.mutants import decisions_differ
 
             if decisions_differ(case):  # every mutant its flags name changes its tokens
                 return case

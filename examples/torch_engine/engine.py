@@ -22,8 +22,8 @@ The six places where such an engine departs from the spec, fixed here as CONTRAC
 
 Arrays arrive as NumPy (C9) and outputs go back as NumPy in the storage dtypes (BF16 as
 ``ml_dtypes.bfloat16`` through its bit pattern). ``TorchEngine(device="cuda")`` runs on a GPU.
-It is the legitimate-variant control of tools/calibration.py (imported there through
-tests/controls/torch_engine.py) and the kernels of the PyTorch capture example
+It is the legitimate-variant control of tools/calibration.py (imported there directly)
+and the kernels of the PyTorch capture example
 (examples/torch_capture_engine.py: its six round Ops composed into a proposal round that writes a
 capture folder).
 speculative_accept, tree_verify and preview_commit delegate to the float32 baseline (discrete);

@@ -22,10 +22,10 @@ import pytest
 
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
+from conformance.controls.engine import TWO24, Engine, fast_exp, rational_tanh
+from conformance.controls.variants import VARIANTS
 from conformance.runner import load_selection, read_entry, run_suite
 from reference import numerics
-from tests.controls.engine import TWO24, Engine, fast_exp, rational_tanh
-from tests.controls.variants import VARIANTS
 
 VECTORS = Path(__file__).parents[2] / "vectors"
 DISCRETE = {"speculative_accept", "tree_verify", "preview_commit"}
@@ -135,7 +135,7 @@ def test_fp32_angles_only_below_2p24():
 def test_torch_engine_gives_no_fail():
     pytest.importorskip("torch", reason="torch is not installed: the PyTorch engine runs on a host that has it "
                         "(python -m tests.controls.test_controls --torch cuda)")
-    from tests.controls.torch_engine import TorchEngine
+    from examples.torch_engine.engine import TorchEngine
 
     engine = TorchEngine(device="cpu")
     results = run_suite(engine, VECTORS)
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     impls = [] if args.only_torch else list(VARIANTS)
     if args.torch:
-        from tests.controls.torch_engine import TorchEngine
+        from examples.torch_engine.engine import TorchEngine
 
         impls.append(TorchEngine(device=args.torch))
     failed = 0

@@ -49,7 +49,7 @@ def test_round_vectors_have_no_fail_or_error(cuda_round):
 
 
 def test_greedy_loop_equals_plain_decoding(cuda_round):
-    from tools import round_e2e as e2e
+    from conformance import round_e2e as e2e
 
     ks = (1, 4, 15)
     cells, _ = e2e.sweep(cuda_round.proposal_round, prompts=4, ks=ks, check=True)

@@ -1,5 +1,5 @@
-"""Every case bites (issue 10): for every Op-level case carrying a pitfall flag, every mutant of the
-catalog (conformance.catalog) that answers for that flag FAILs on that very case (a precision-only
+"""Every case bites: for every Op-level case carrying a pitfall flag, every mutant of the
+catalog (conformance.mutants) that answers for that flag FAILs on that very case (a precision-only
 mutant: ACCEPTABLE(precision), never PASS), and every flag of an Op-level case has a mutant.
 
 No exceptions are listed. A flagged case that a mutant of its flag passes is a case that cannot
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import catalog
+from conformance import mutants
 from conformance.compare import Result
 from conformance.runner import load_selection, read_entry, run_suite
 
@@ -37,18 +37,18 @@ def _flagged() -> dict:
 
 @cache
 def _results(key: str) -> dict:
-    m = next(m for m in catalog.MUTANTS if m.key == key)
+    m = next(m for m in mutants.MUTANTS if m.key == key)
     return {r.case: r for r in run_suite(m, VECTORS, ops_pattern=m.op)}
 
 
 def test_every_flag_has_a_mutant():
     missing = sorted({(c.split("/")[0], f) for c, flags in _flagged().items() for f in flags
-                      if not catalog.for_flag(c.split("/")[0], f)})
-    assert not missing, f"case flags without a mutant in conformance.catalog: {missing}"
+                      if not mutants.for_flag(c.split("/")[0], f)})
+    assert not missing, f"case flags without a mutant in conformance.mutants: {missing}"
 
 
 def _ops():
-    return sorted({m.op for m in catalog.MUTANTS})
+    return sorted({m.op for m in mutants.MUTANTS})
 
 
 @pytest.mark.parametrize("op", _ops())
@@ -58,7 +58,7 @@ def test_every_flagged_case_fails_its_mutants(op):
         if case.split("/")[0] != op:
             continue
         for f in flags:
-            for m in catalog.for_flag(op, f):
+            for m in mutants.for_flag(op, f):
                 r = _results(m.key)[case]
                 ok = r.result == Result.FAIL if m.expect == "fail" else (
                     r.result == Result.ACCEPTABLE and "precision" in r.acceptable_flags)

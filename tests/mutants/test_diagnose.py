@@ -1,4 +1,4 @@
-"""diagnose (issue 10): for every mutant of the catalog, on every case where the suite FAILs it, the
+"""diagnose: for every mutant of the catalog, on every case where the suite FAILs it, the
 runner's diagnosis names that mutant first (alone, or tied first with mutants whose outputs are
 the same there), and a FAIL that no catalog bug explains says so and names its first divergence."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance import catalog
+from conformance import mutants
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
 from conformance.diagnose import Diagnoser, summary
@@ -19,7 +19,7 @@ VECTORS = Path(__file__).parents[2] / "vectors"
 _SHARED = Diagnoser(max_cases=10**9)  # caches each mutant's outputs per case across the runs below
 
 
-@pytest.mark.parametrize("mutant", [m for m in catalog.MUTANTS if m.expect == "fail"], ids=lambda m: m.key)
+@pytest.mark.parametrize("mutant", [m for m in mutants.MUTANTS if m.expect == "fail"], ids=lambda m: m.key)
 def test_diagnose_names_the_mutant_first(mutant):
     results = run_suite(mutant, VECTORS, ops_pattern=mutant.op, diagnose=_SHARED)
     failing = [r for r in results if r.result == Result.FAIL]

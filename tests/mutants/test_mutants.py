@@ -14,8 +14,8 @@ import pytest
 
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
+from conformance.mutants import MUTANTS, ROUND_MUTANTS
 from conformance.runner import run_suite
-from tests.mutants.mutants import MUTANTS
 
 VECTORS = Path(__file__).parents[2] / "vectors"
 
@@ -37,7 +37,7 @@ PITFALLS = {
     "causal_draft_attention", "anchor_as_mask", "next_token_shift", "last_block_final_norm", "dflash2_all_columns",
     "mask_token_stripped", "selector_predecessor_row", "positions_2p31", "positions_2p32", "bf16_truncation",
     "bf16_logits",
-    # issue 10: catalog v2 and a mutant for every case flag
+    # the second pitfall table and a mutant for every case flag
     "left_only_window", "decode_rows_shared_length", "window_dropped", "mask_boundary", "ring_wrap", "tail_extent",
     "fp16_overflow", "fp16_subnormal", "chunk_longer_than_S", "gqa_head_mapping", "rope_interleaved",
     "rope_bf16_table", "capture_before_layer", "exact_tie", "shortlist_remap", "vocab_padding", "nan_scores",
@@ -46,6 +46,46 @@ PITFALLS = {
     "rng_advanced_p0", "filters_only_on_bonus", "penalties_last_token_only", "temperature_after_filters",
     "min_p_on_logits", "penalties_missing", "min_p_missing",
 }
+
+
+# The catalog's order, as it was when the catalog was one module: diagnosis breaks ties by it and the
+# reports list mutants in it, so the per-Op modules must assemble MUTANTS in exactly this order (a new
+# mutant goes at the end, here and in conformance/mutants/__init__.py).
+ORDER = [
+    "window_le_S", "window_le_S-draft_layer", "window_le_S-masked_block", "causal_draft_attention",
+    "causal_draft_attention-draft_layer", "boundary_index", "last_block_final_norm", "ring_slot",
+    "k_bf16_before_norm", "positions_2p31", "positions_2p32-fp32_positions", "bf16_truncation",
+    "bf16_truncation-feature_capture", "v_fp16_without_bf16", "conv_col0_tap", "conv_delta_per_channel",
+    "conv_separate_rounding", "topk_unstable", "bf16_tie", "rng_batch_row", "selector_predecessor_row",
+    "rng_batch_row-speculative_accept", "accept_p_q_swapped", "history_not_updated", "bonus_from_wrong_row",
+    "residual_no_clamp", "preview_cut_before_eos", "mask_token_stripped", "anchor_as_mask",
+    "dflash2_all_columns", "next_token_shift", "bf16_logits", "left_only_window", "decode_rows_shared_length",
+    "window_dropped", "mask_boundary", "ring_wrap", "tail_extent", "positions_2p31-draft_attention",
+    "fp16_overflow", "gqa_head_mapping", "mask_boundary-draft_layer", "ring_wrap-draft_layer",
+    "tail_extent-draft_layer", "positions_2p31-draft_layer", "rope_interleaved-draft_layer",
+    "gqa_head_mapping-draft_layer", "mask_boundary-masked_block", "ring_wrap-masked_block",
+    "tail_extent-masked_block", "positions_2p32-masked_block", "rope_interleaved-masked_block",
+    "gqa_head_mapping-masked_block", "ring_wrap-context_kv", "chunk_longer_than_S", "fp16_overflow-context_kv",
+    "fp16_subnormal", "rope_interleaved", "rope_bf16_table", "capture_before_layer", "exact_tie",
+    "shortlist_remap", "vocab_padding", "shortlist_remap-candidate_topk", "vocab_padding-candidate_topk",
+    "nan_scores", "rng_key", "engine_wide_seed", "draft_temperature_ignored", "selector_branches_swapped",
+    "positions_2p32", "exact_tie-candidate_selector", "rng_key-speculative_accept",
+    "engine_wide_seed-speculative_accept", "vocab_padding-speculative_accept", "tail_extent-speculative_accept",
+    "positions_2p32-speculative_accept", "residual_sum_zero", "coin_le_ratio", "greedy_ties_last_wins",
+    "same_draw_reused", "rng_purpose_shared", "rng_advanced_p0", "filters_only_on_bonus",
+    "penalties_last_token_only", "rng_key-tree_verify", "rng_batch_row-tree_verify",
+    "positions_2p32-tree_verify", "sibling_residual", "temperature_after_filters", "min_p_on_logits",
+    "penalties_missing", "min_p_missing", "vocab_padding-target_distribution", "exact_tie-target_distribution"
+]
+ROUND_ORDER = [
+    "context_role_weights", "layer_id_origin", "capture_before_layer", "draft_temperature",
+    "first_draft_unverified", "rng_zero_proposal"
+]
+
+
+def test_the_catalog_keeps_its_order():
+    assert [m.key for m in MUTANTS] == ORDER
+    assert [m.key for m in ROUND_MUTANTS] == ROUND_ORDER
 
 
 def test_every_pitfall_has_a_mutant_and_keys_are_unique():

@@ -1,4 +1,4 @@
-"""Mutation testing at the round level (issue 11): every round-only mutant FAILs on a
+"""Mutation testing at the round level: every round-only mutant FAILs on a
 proposal_round or speculative_step case (its Op's) whose id names its pitfall, the float32 baseline fails none, and each
 mutant with its bug switched off conforms (so the FAIL is the bug's)."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from conformance.baseline import Float32Baseline
 from conformance.compare import Result
+from conformance.mutants import ROUND_MUTANTS
 from conformance.runner import run_suite
-from tests.mutants.round_mutants import ROUND_MUTANTS
 
 VECTORS = Path(__file__).parents[2] / "vectors"
 ROUND_PITFALLS = {"context_role_weights", "layer_id_origin", "capture_before_layer", "draft_temperature",

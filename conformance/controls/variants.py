@@ -8,7 +8,7 @@ the variant is fixed, with the reason, never dropped to make the run green.
 
 from __future__ import annotations
 
-from tests.controls.engine import Engine
+from conformance.controls.engine import Engine
 
 # everything an eager Hugging Face BF16 model does at once (the torch engine's NumPy twin)
 HF_EAGER = dict(

@@ -1,8 +1,8 @@
 """Greedy speculative decoding with an implementation's proposals equals plain greedy decoding
-(issue 11 item 4; CONTRACTS C10; spec: the round flowchart).
+(CONTRACTS C10; spec: the round flowchart).
 
 reference/round.py's loop proposes with the reference Ops directly (``propose`` takes no Op
-object), so this tool runs its own loop. Each round, for the batch of unfinished requests:
+object), so this module runs its own loop. Each round, for the batch of unfinished requests:
 
  1. the implementation's proposal round (C10: catch-up of the pending target rows through
     feature_capture and context_kv into each layer's ring, the masked block, proposal_head or
@@ -34,7 +34,7 @@ top-8; target_layer_ids (1, 3) of a 5-block random toy target with 64 head rows,
 Prompts: length 1 .. 12 (1: F = 0), budget 1 .. 32, half with repetition / presence / frequency
 penalties, a quarter with an EOS id that cuts the plain output.
 
-    python -m tools.round_e2e --impl cuda --prompts 200 --json out.json [--deadline 180]
+    python -m conformance.round_e2e --impl cuda --prompts 200 --json out.json [--deadline 180]
 
 The work runs chunk by chunk (``--chunk`` prompts), every (kind, K) per chunk, so a deadline
 leaves every (kind, K) with the same prompts run; the table says exactly how many ran.
@@ -434,7 +434,7 @@ def table(cells: list[Cell], check: bool) -> list[str]:
 
 def main(argv=None) -> int:
     t_start = time.time()
-    ap = argparse.ArgumentParser(prog="python -m tools.round_e2e", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m conformance.round_e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", default="baseline", help="baseline | reference | cuda | module:attr")
     ap.add_argument("--prompts", type=int, default=200)
     ap.add_argument("--ks", default="1-15", help="K values: '1-15' or '1,3,7'")

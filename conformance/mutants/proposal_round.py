@@ -1,23 +1,24 @@
-"""Round-only mutants (issue 11): bugs that no Op-level implementation can carry, because no single
-Op receives what they confuse. Each is the float32 baseline whose ``proposal_round`` runs the round
-with one planted bug (reference.proposal_round.run's ``bug`` switches); ``control()`` is the same
-code with the bug off, which must conform. The case ids that catch each one carry its pitfall.
+"""Round-only mutants of proposal_round: bugs that no Op-level implementation can carry, because no
+single Op receives what they confuse. Each is the float32 baseline whose ``proposal_round`` runs the
+round with one planted bug (reference.proposal_round.run's ``bug`` switches); ``control()`` is the
+same code with the bug off, which must conform. The case ids that catch each one carry its pitfall.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from conformance import registry
 from conformance.baseline import Float32Baseline, storage_outputs
 from reference import precision
 from reference import proposal_round as pr
-from reference import speculative_step as ss
 
 
 class RoundMutant(Float32Baseline):
     op = "proposal_round"
     pitfall = ""
     variant = ""
-    BUG: dict = {}
+    BUG: ClassVar[dict] = {}
     expect = "fail"
 
     def __init__(self, bug: dict | None = None):
@@ -63,32 +64,3 @@ class DraftTemperatureIgnored(RoundMutant):
     """The DFlash2 selector walks greedily whatever the request's temperature."""
 
     pitfall, BUG = "draft_temperature", {"ignore_temperature": True}
-
-
-class StepMutant(RoundMutant):
-    """A float32 baseline whose ``speculative_step`` runs the step with one planted bug
-    (reference.speculative_step.run's ``bug`` switches)."""
-
-    op = "speculative_step"
-
-    def speculative_step(self, **kw):
-        spec = registry.get(self.op)
-        with precision.baseline(spec.bf16_intermediates):
-            return storage_outputs(spec, ss.run(ss.ReferenceOps, bug=self.bug, **kw))
-
-
-class FirstDraftUnverified(StepMutant):
-    """d_1 committed without its accept test; verification starts at d_2 (lattice #243)."""
-
-    pitfall, BUG = "first_draft_unverified", {"commit_first_unverified": True}
-
-
-class RngZeroProposal(StepMutant):
-    """A request with P = 0 draws its target sample one position late, as if a proposal's draw had
-    advanced its generator (vllm-ascend #13608)."""
-
-    pitfall, BUG = "rng_zero_proposal", {"rng_zero_proposal_offset": True}
-
-
-ROUND_MUTANTS = [ContextRoleWeights(), LayerIdOrigin(), CaptureBeforeLayer(), DraftTemperatureIgnored(),
-                 FirstDraftUnverified(), RngZeroProposal()]
