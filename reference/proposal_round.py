@@ -93,7 +93,7 @@ def run(ops, *, config, num_drafts, vocab_size, anchor, frontier, ctx_frontier, 
         head, temperature, seed, context_wk=None, context_wv=None, record: Callable | None = None,
         bug: Mapping | None = None, **ckpt) -> dict:
     """The round (module docstring) over ``ops``. ``bug`` switches a planted round-level bug on
-    (tests/mutants/round_mutants.py): "context_role" (context K/V from k_proj / v_proj),
+    (conformance/mutants/proposal_round.py): "context_role" (context K/V from k_proj / v_proj),
     "layer_shift" (target block ids read shifted by this much), "ignore_temperature"."""
     bug = dict(bug or {})
     extra = sorted(k for k in ckpt if not k.startswith(PREFIX))

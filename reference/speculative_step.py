@@ -47,7 +47,7 @@ i < P), ``accepted`` [B] int32 (A), ``published`` [B, K + 1] int32 (the N output
 
 ``run(ops, ...)`` composes the step over any object with the Op methods (the proposal round's six
 plus speculative_accept and preview_commit); ``bug`` plants a step-level bug for the mutants
-(tests/mutants/round_mutants.py): "commit_first_unverified" (d_1 is committed without its accept
+(conformance/mutants/speculative_step.py): "commit_first_unverified" (d_1 is committed without its accept
 test; verification starts at d_2), "rng_zero_proposal_offset" (a request with P = 0 draws its
 target sample one position late, as if a proposal draw had advanced its generator); the
 proposal round's own bug switches pass through.

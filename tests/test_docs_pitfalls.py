@@ -7,8 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from conformance.catalog import MUTANTS
-from tests.mutants.round_mutants import ROUND_MUTANTS
+from conformance.mutants import MUTANTS, ROUND_MUTANTS
 
 ROOT = Path(__file__).parents[1]
 PAGE = ROOT / "docs" / "pitfalls.md"

@@ -4,10 +4,10 @@ composed from its Op kernels.
 - over the committed proposal_round and speculative_step vectors it gives no FAIL and no ERROR
   (CONTRACTS C10; the step adds the backend's accept and commit kernels after the round);
   ROUND_SUITE_REPORT=<path> writes the per-case results there as JSON;
-- greedy speculative decoding with its proposals (tools/round_e2e.py) publishes exactly plain
+- greedy speculative decoding with its proposals (conformance/round_e2e.py) publishes exactly plain
   greedy decoding of the toy target for a few prompts at K = 1, 4, 15, both drafter kinds, with
   proposals accepted and rarely (near-ties only) different from the float64 round's.
-The full sweep (200 prompts, K 1..15) is `python -m tools.round_e2e --impl cuda`
+The full sweep (200 prompts, K 1..15) is `python -m conformance.round_e2e --impl cuda`
 (docs/reports/h200-round-e2e.md). Marked ``gpu`` by tests/gpu/conftest.py; skipped with the
 reason where no GPU answers.
 """
