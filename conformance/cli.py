@@ -369,7 +369,7 @@ def _cmd_run(args) -> int:
             raise InputError(f"--in-process cannot be combined with {opt}: a gate needs the worker process, where an "
                              "implementation that exits or crashes is an ERROR, not the end of the run")
     root = Path(args.vectors) if args.vectors else vectors.default_dir()
-    manifest, entries = runner.load_selection(root, args.ops)  # bad vectors or selection: exit 2 before anything runs
+    manifest, entries = runner.load_selection(root, args.ops)  # before anything runs: bad selection 2, bad manifest 3
     required = _require(args, manifest)
     expectations = expect.load(args.expect) if args.expect else []
     if shard:
