@@ -10,10 +10,16 @@
     check-capture  judge a folder of an engine's capture files (C10), naming a failing round's first bad Op
     fuzz      property-based conformance: hypothesis strategies over every Op, failures shrunk and saved
 
-Exit status: 0 success; 1 a FAIL or ERROR (run, dump; with --require a required Op
-NOT_IMPLEMENTED; with --strict also an ACCEPTABLE or an expected failure that passes),
-a bad vector file (verify) or a case that cannot be generated (generate); 2 bad usage
-or bad input, reported as one line on stderr naming the field or file; 130 interrupted.
+Exit status:
+  0 success
+  1 a FAIL or ERROR of the implementation (run, dump, fuzz; with --require a required Op
+    NOT_IMPLEMENTED; with --strict also an ACCEPTABLE or an expected failure that passes),
+    or a case that cannot be generated (generate)
+  2 bad usage or bad input, reported as one line on stderr naming the field or file
+  3 the suite's own data is broken: a vector file missing, unreadable or not matching
+    its manifest entry, or a manifest that cannot be read (run, dump, list, verify:
+    every problem verify finds); one line naming the file
+  130 interrupted (the reports say "complete": false and "verdict": "INCOMPLETE")
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from conformance import CONTRACT_VERSION, GENERATOR_VERSION, registry, vectors
 from conformance.vectors import InputError
 
 CUDA_IMPL = "kernels_cu.backend:CudaBackend"
+EXIT_STATUS = __doc__[__doc__.index("Exit status:"):]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,7 +110,9 @@ class _Live:
     def __init__(self, bar: _Bar, total: int):
         self.bar, self.total = bar, total
         self.done = 0
+        # an Op's time runs from the previous result (its first case started then) to its own last result
         self.op, self.op_results, self.op_start = None, [], time.monotonic()
+        self.last = self.op_start
         self.seen = Counter()
         self.plain = not sys.stdout.isatty()
 
@@ -113,8 +122,9 @@ class _Live:
         if self.op is not None and r.op != self.op:
             self.finish_op()
         if self.op is None:
-            self.op, self.op_start = r.op, time.monotonic()
+            self.op, self.op_start = r.op, self.last
         self.op_results.append(r)
+        self.last = time.monotonic()
         self.done += 1
         if r.result.failed:
             key = (r.result, r.detail)
@@ -130,8 +140,13 @@ class _Live:
         if self.op is not None and self.plain:
             parts = [p for p in report.totals_parts(self.op_results) if not p.startswith("0 ")]
             print(f"[{self.done}/{self.total}] {self.op}: {len(self.op_results)} cases: {', '.join(parts)} "
-                  f"({time.monotonic() - self.op_start:.1f} s)", flush=True)
+                  f"({self.last - self.op_start:.1f} s)", flush=True)
         self.op, self.op_results = None, []
+
+    def counted(self) -> list[str]:
+        """For each detail shown PER_DETAIL times: how many more cases had it."""
+        return [f"... and {n - self.PER_DETAIL} more {res.name} with the same detail: {detail}"
+                for (res, detail), n in self.seen.items() if n > self.PER_DETAIL]
 
 
 def _specs(args):
@@ -140,18 +155,23 @@ def _specs(args):
 
 def _cmd_list(args) -> int:
     specs = _specs(args)
-    root = Path(args.vectors) if args.vectors else vectors.default_dir()
-    if args.vectors and not root.is_dir():  # as run and verify: a named directory that is absent is bad input
+    try:
+        root = Path(args.vectors) if args.vectors else vectors.default_dir()
+    except InputError as exc:  # no vectors anywhere (an installed package): the generators still count
+        root, no_vectors = None, str(exc)
+    if root is None:
+        counts = _generated_counts(specs)
+        print(f"case counts from running the generators (no vectors: "
+              f"{no_vectors.split(';')[0].removeprefix('vectors: ')})")
+    elif args.vectors and not root.is_dir():  # as run and verify: a named directory that is absent is bad input
         raise InputError(f"--vectors: no directory {root}")
-    if (root / vectors.MANIFEST).is_file():
+    elif (root / vectors.MANIFEST).is_file():
         counts = Counter(e["op"] for e in vectors.read_manifest(root)["files"])
         print(f"case counts from {root / vectors.MANIFEST}")
     elif args.vectors:
         raise InputError(f"--vectors: no {vectors.MANIFEST} in {root} (run dflash-conformance generate)")
     else:
-        from conformance.generate import cases_of
-
-        counts = Counter({name: len(cases_of(spec)) for name, spec in specs.items()})
+        counts = _generated_counts(specs)
         print(f"case counts from running the generators (no {vectors.MANIFEST} in {root})")
     for name in sorted(set(specs) | set(counts)):
         doc = specs[name].doc.splitlines()[0] if name in specs and specs[name].doc else ""
@@ -159,6 +179,12 @@ def _cmd_list(args) -> int:
             doc = "(in the vectors, not registered)"
         print(f"{name}\t{counts.get(name, 0)}\t{doc}")
     return 0
+
+
+def _generated_counts(specs) -> Counter:
+    from conformance.generate import cases_of
+
+    return Counter({name: len(cases_of(spec)) for name, spec in specs.items()})
 
 
 def _cmd_generate(args) -> int:
@@ -247,7 +273,7 @@ def _cmd_verify(args) -> int:
         print(line)
     if problems:
         print(f"{len(problems)} problem(s) in {root}", file=sys.stderr)
-        return 1
+        return vectors.DATA_ERROR_EXIT
     if notes:
         for line in notes:
             print(line)
@@ -339,8 +365,12 @@ def _cmd_run(args) -> int:
     timeout = _seconds("--timeout", args.timeout)
     deadline = _seconds("--deadline", args.deadline)
     shard = _shard(args.shard)
+    for opt, value in (("--require", args.require), ("--expect", args.expect)):
+        if args.in_process and value is not None:  # os._exit(0) in-process would end a CI gate with exit 0
+            raise InputError(f"--in-process cannot be combined with {opt}: a gate needs the worker process, where an "
+                             "implementation that exits or crashes is an ERROR, not the end of the run")
     root = Path(args.vectors) if args.vectors else vectors.default_dir()
-    manifest, entries = runner.load_selection(root, args.ops)  # bad vectors or selection: exit 2 before anything runs
+    manifest, entries = runner.load_selection(root, args.ops)  # before anything runs: bad selection 2, bad manifest 3
     required = _require(args, manifest)
     expectations = expect.load(args.expect) if args.expect else []
     if shard:
@@ -393,8 +423,11 @@ def _cmd_run(args) -> int:
             sink.close(complete)
         except OSError as exc:
             print(f"error: cannot write a report: {exc.strerror or exc}", file=sys.stderr)
-    notes = _run_notes(results, expectations, manifest, args, deadline)
-    report.print_table(results, name, _console(), strict=args.strict, notes=notes)
+    notes = _run_notes(results, expectations, manifest, args, deadline) + live.counted()
+    report.print_table(results, name, _console(), failures=False, strict=args.strict, notes=notes,
+                       complete=complete)  # the failures were printed as they happened
+    if report.bad_vectors(results):
+        return vectors.DATA_ERROR_EXIT
     return 1 if report.failed(results, args.strict) else 0
 
 
@@ -408,8 +441,8 @@ def _run_notes(results, expectations, manifest, args, deadline) -> list[str]:
         xpass = [r for r in results if r.expected_failure and r.result in (Result.PASS, Result.ACCEPTABLE)]
         notes.append(f"expectations ({args.expect}): {len(xfail)} expected failure(s), {len(xpass)} unexpected "
                      f"pass(es){' (--strict: the run fails)' if xpass and args.strict else ''}")
-        notes += [f"UNEXPECTED PASS {r.case} (listed: {r.expected_failure}): remove it from {args.expect}"
-                  for r in xpass]
+        notes += [f"UNEXPECTED PASS {r.case} (listed: {r.expected_failure}): "
+                  f"{expect.unexpected_pass_advice(expectations, r.case, args.expect)}" for r in xpass]
         notes += [f"stale expectation {args.expect}:{e.line}: {e.pattern!r} matches no case in the vectors"
                   for e in expect.stale(expectations, [e["case"] for e in manifest["files"]])]
     missing = Counter(r.op for r in results if r.detail.startswith("required (--require)"))
@@ -476,9 +509,11 @@ def _cmd_dump(args) -> int:
         res, lines = dump.dump(handle, vec, out, timeout, _specs(args).get(vec.op))
     finally:
         handle.close()
+    from conformance import report
+
     for line in lines:
         print(line)
-    print(f"{res.result.name} {vec.case}: {res.detail}")
+    print(report.failure_line(res))  # as run prints it: the diagnosis of a FAIL included
     print(f"wrote {out}")
     return 1 if res.result.failed else 0
 
@@ -545,21 +580,28 @@ def build_parser() -> argparse.ArgumentParser:
     ops_help = "comma-separated fnmatch globs, each matched against the Op name and the case id"
     impl_help = (f"implementation object, class or factory (default: {CUDA_IMPL} with a GPU, else the float32 "
                  "baseline)")
-    s = sub.add_parser("list", help="list the registered Ops and their case counts")
+    s = sub.add_parser("list", help="list the registered Ops and their case counts",
+                       description="The registered Ops and their case counts: from the vectors' manifest, or, "
+                                   "without vectors, from the case generators. A --vectors directory that is "
+                                   "absent or has no manifest is bad input (exit 2).",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--vectors", help=vec_help)
     s.set_defaults(func=_cmd_list)
     s = sub.add_parser("generate", help="write the golden vectors and manifest")
     s.add_argument("--out", help="output directory (default: as --vectors)")
     s.add_argument("--ops", metavar="PATTERN", help=ops_help + "; other Ops' manifest entries are kept")
     s.set_defaults(func=_cmd_generate)
-    s = sub.add_parser("verify", help="check sha256, missing/extra files and byte-identical regeneration")
+    s = sub.add_parser("verify", help="check sha256, missing/extra files and byte-identical regeneration",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--vectors", help=vec_help)
     s.add_argument("--ops", metavar="PATTERN", help=ops_help)
     s.add_argument("--strict", action="store_true",
-                   help="regeneration must be byte-identical (same platform); default allows platform float noise "
-                        "in derived bounds and float64 margins")
+                   help="regeneration must be byte-identical on any platform (the vectors are built to be: "
+                        "contract C8); the default also accepts a difference in the derived bounds and float64 "
+                        "margins only, listed as platform float noise")
     s.set_defaults(func=_cmd_verify)
-    s = sub.add_parser("run", help="run an implementation over the vectors")
+    s = sub.add_parser("run", help="run an implementation over the vectors", epilog=EXIT_STATUS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--impl", metavar="package.module:attribute", help=impl_help)
     s.add_argument("--vectors", help=vec_help)
     s.add_argument("--ops", metavar="PATTERN", help=ops_help)
@@ -568,10 +610,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", metavar="S", type=_float, default=60.0,
                    help="per-case limit in seconds (60; inf: none); the worker is killed when it passes")
     s.add_argument("--deadline", metavar="S", type=_float, default=None,
-                   help="overall limit in seconds; cases not run by then are ERRORs and the reports incomplete")
+                   help="overall limit in seconds for the whole run (the per-case limit is --timeout; this is not "
+                        "the per-example limit that fuzz --deadline sets): cases not run by then are ERRORs "
+                        "'not run', counted as NOT_RUN, and the reports incomplete")
     s.add_argument("--in-process", action="store_true",
                    help="call the implementation in this process (no worker: faster to start, but a crash or "
-                        "exit ends the run and a hang in C code cannot be stopped)")
+                        "exit ends the run, even with exit status 0, and a hang in C code cannot be stopped; "
+                        "refused with --require and --expect)")
     s.add_argument("--require", metavar="OPS",
                    help="comma-separated globs of Op names that must be implemented (NOT_IMPLEMENTED fails the run)")
     s.add_argument("--expect", metavar="FILE", help="known failures: lines of '<case id or glob> <reason>'")
@@ -582,7 +627,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="name, for every FAIL, the catalog pitfalls whose one-bug reference reproduces it "
                         "(default: on)")
     s.set_defaults(func=_cmd_run)
-    s = sub.add_parser("dump", help="run one case and write inputs, expected, actual and per-element error as .npy")
+    s = sub.add_parser("dump", help="run one case and write inputs, expected, actual and per-element error as .npy",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("case", help="the case id, e.g. draft_attention/window_le_S")
     s.add_argument("--impl", metavar="package.module:attribute", help=impl_help)
     s.add_argument("--vectors", help=vec_help)
@@ -690,6 +736,9 @@ def main(argv=None, specs=None) -> int:
         return args.func(args)
     except _Exit as exc:
         return exc.status
+    except vectors.DataError as exc:
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else 'broken suite data'}", file=sys.stderr)
+        return vectors.DATA_ERROR_EXIT
     except InputError as exc:
         print(f"error: {str(exc).splitlines()[0] if str(exc) else 'bad input'}", file=sys.stderr)
         return 2

@@ -5,10 +5,12 @@ Writes, as .npy (BF16 arrays as float32, which holds every BF16 value exactly):
     inputs/<name>.npy      what the implementation was given
     expected/<name>.npy    the stored float64 reference (and <name>.margin / <name>.scale for decisions)
     actual/<name>.npy      what the implementation returned
-    error/<name>.npy       per element: ULP error in the output's format (represented outputs),
-                           1 where it differs (exact and decision outputs); masked-out elements 0
+    error/<name>.npy       per element: |actual - expected| in ulp of the output's storage format
+                           (its spacing at the expected value; represented outputs), 1 where it
+                           differs (exact and decision outputs); masked-out elements 0
     mask/<name>.npy        the compared elements, where the vector has a mask
-    summary.txt            the case, params, verdict, and per output its worst error and where
+    summary.txt            the case, params, verdict (with the diagnosis of a FAIL, as run prints
+                           it), the unit of each error file, and per output its worst error and where
 """
 
 from __future__ import annotations
@@ -33,9 +35,20 @@ def _save(path: Path, arr) -> None:
     np.save(path, _host(arr), allow_pickle=False)
 
 
+def error_unit(name: str, o) -> str:
+    """The line that says what error/<name>.npy holds."""
+    if o.cls == REPRESENTED:
+        return (f"error/{name}.npy: per element |actual - expected| in ulp of {o.fmt} (the spacing of the "
+                "output's storage format at the expected value); 0 where masked out")
+    return f"error/{name}.npy: per element 1 where actual differs from expected, else 0; 0 where masked out"
+
+
 def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, list[str]]:
+    from conformance.diagnose import Diagnoser
+
     outcome = handle.invoke(vec, timeout)
-    res = runner.judge(vec, outcome, spec.force if spec else None, spec.independent if spec else (), spec)
+    res = runner.judge(vec, outcome, spec.force if spec else None, spec.independent if spec else (), spec,
+                       Diagnoser())
     for name, arr in vec.inputs.items():
         _save(out / "inputs" / f"{name}.npy", arr)
     for name, arr in vec.expected.items():
@@ -45,6 +58,8 @@ def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, 
     lines = [f"case {vec.case} (Op {vec.op})", f"params {json.dumps(vec.params, default=str)}",
              f"flags {', '.join(vec.flags) or '-'}", f"implementation {getattr(handle, 'name', '?')}",
              f"result {res.result.name}: {res.detail}"]
+    if res.diagnosis_note:
+        lines.append(f"diagnosis: {res.diagnosis_note}")
     trace = ["traceback:", res.trace.rstrip()] if res.trace else []
     for name, o in vec.outputs.items():
         ref = vec.expected[name]
@@ -70,6 +85,7 @@ def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, 
             unit = "differs"
         err = np.where(mask, err, 0)
         _save(out / "error" / f"{name}.npy", err)
+        lines.append(error_unit(name, o))
         if err.size and np.any(err):
             at = np.unravel_index(int(np.argmax(err)), err.shape)
             lines.append(f"output {name} ({o.cls}{' ' + o.fmt if o.fmt else ''}): worst {float(err[at]):.4g} {unit} "
@@ -78,5 +94,5 @@ def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, 
         else:
             lines.append(f"output {name} ({o.cls}{' ' + o.fmt if o.fmt else ''}): no error")
     (out / "summary.txt").write_text("\n".join(lines + trace) + "\n")
-    shown = [line for line in lines if not line.startswith(("params", "result"))]
+    shown = [line for line in lines if not line.startswith(("params", "result", "diagnosis"))]
     return res, shown + ([f"the traceback is in {out / 'summary.txt'}"] if trace else [])

@@ -80,3 +80,22 @@ def stale(expectations: list[Expectation], case_ids) -> list[Expectation]:
     """Entries that match no case id at all (in the whole manifest)."""
     ids = list(case_ids)
     return [e for e in expectations if not any(matches(e.pattern, i) for i in ids)]
+
+
+def entry_for(expectations: list[Expectation], case_id: str) -> Expectation | None:
+    """The entry that names ``case_id`` (the first that matches, as ``reason_for``)."""
+    for e in expectations:
+        if matches(e.pattern, case_id):
+            return e
+    return None
+
+
+def unexpected_pass_advice(expectations: list[Expectation], case_id: str, where) -> str:
+    """What to change in the file for a listed case that now passes: the line that names exactly
+    it goes; a glob that matched it (and may match cases that still fail) is narrowed."""
+    e = entry_for(expectations, case_id)
+    if e is None:
+        return f"remove it from {where}"
+    if e.pattern == case_id:
+        return f"remove line {e.line} from {where}"
+    return f"matched by {e.pattern!r} ({where}:{e.line}); narrow that pattern so it no longer matches this case"

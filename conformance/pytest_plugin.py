@@ -5,8 +5,10 @@ pytest run; it does nothing unless ``--dflash-impl`` is given).
 
 adds one test item per selected case, node id ``dflash::<case id>`` (``dflash::grouped_conv/H16_W1_B1``).
 PASS and ACCEPTABLE pass (ACCEPTABLE with a report section saying why),
-NOT_IMPLEMENTED skips, FAIL and ERROR fail with the comparison's detail (and the
-implementation's traceback, and a command that reruns the case).
+NOT_IMPLEMENTED skips, FAIL and ERROR fail with the comparison's detail (a FAIL with
+its diagnosis, as ``dflash-conformance run`` prints it: the catalog pitfall that
+reproduces it, or the first diverging element), the implementation's traceback,
+and a command that reruns the case.
 
 The implementation runs in a worker process (one per pytest process, so one per
 pytest-xdist worker), as ``dflash-conformance run`` does: a crash, an exit or a hang
@@ -61,6 +63,15 @@ class _Run:
             raise pytest.UsageError(msg) from None
         config.add_cleanup(self.impl.close)
         self._specs = None
+        self._diagnoser = None
+
+    def diagnoser(self):
+        """One per session, as one per ``run`` (it caches the mutants' outputs per case)."""
+        if self._diagnoser is None:
+            from conformance.diagnose import Diagnoser
+
+            self._diagnoser = Diagnoser()
+        return self._diagnoser
 
     def spec(self, op):
         from conformance import registry
@@ -100,8 +111,9 @@ class CaseItem(pytest.Item):
         except InputError as exc:
             raise CaseFailed(f"ERROR: bad vector file: {exc}") from None
         spec = self.run.spec(vec.op)
-        res = runner.run_case(self.run.impl, vec, self.run.timeout, spec.force if spec else None,
-                              spec.independent if spec else (), spec=spec)
+        outcome = self.run.impl.invoke(vec, runner.finite_timeout(self.run.timeout))
+        res = runner.judge(vec, outcome, spec.force if spec else None, spec.independent if spec else (), spec,
+                           self.run.diagnoser())
         self.user_properties.append(("result", res.result.name))
         if res.output:
             self.add_report_section("call", "implementation output", res.output)
@@ -109,6 +121,8 @@ class CaseItem(pytest.Item):
             pytest.skip(f"NOT_IMPLEMENTED: {res.detail}")
         if res.result.failed:
             text = f"{res.result.name}: {res.detail}"
+            if res.diagnosis_note:
+                text += f" | {res.diagnosis_note}"
             if res.trace:
                 text += f"\n\n{res.trace.rstrip()}"
             raise CaseFailed(f"{text}\n\nrerun: {self.run.rerun(vec.case)}")

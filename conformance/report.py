@@ -10,6 +10,14 @@ directories) before the first case and rewrites each file atomically as results
 arrive, marked ``"complete": false`` (JSON) and with a ``dflash.run/incomplete``
 error test case (JUnit) until the run ends, so a run cut short (killed, out of
 time, interrupted) leaves valid reports of what it did.
+
+The JSON summary says so beside its counts, where a script that reads only the
+counts cannot miss it: ``complete``, ``verdict`` (``verdict()``: INCOMPLETE,
+BAD_VECTORS, FAILED, NOTHING_IMPLEMENTED, NO_CASES or PASSED; a CI gate passes on
+PASSED only, or also on NOTHING_IMPLEMENTED), ``planned`` (the cases the run
+selected) and ``NOT_RUN`` (those of them it never ran: not reported before the
+run stopped, or reported as an ERROR "not run: ..." when ``--deadline`` passed;
+None where the number planned is not known).
 """
 
 from __future__ import annotations
@@ -35,8 +43,39 @@ COLUMNS = (Result.PASS, Result.ACCEPTABLE, Result.FAIL, Result.ERROR, Result.NOT
 ACCEPTABLE_FLAGS = ("precision", "ambiguous")
 
 
+NOT_RUN_PREFIX = "not run:"  # the detail of a case the run skipped (runner.run_suite, --deadline)
+BAD_VECTOR_PREFIX = "bad vector file:"  # the detail of a case whose vector file is broken (runner.run_suite)
+
+
 def expectation(r) -> str | None:
     return getattr(r, "expected_failure", None)
+
+
+def not_run(results, planned: int | None) -> int | None:
+    """Cases planned but never run: not reported at all, or reported as not run (--deadline)."""
+    if planned is None:
+        return None
+    return max(0, planned - len(results)) + sum(r.detail.startswith(NOT_RUN_PREFIX) for r in results)
+
+
+def bad_vectors(results) -> int:
+    """Cases whose vector file could not be used (broken suite data: exit status 3)."""
+    return sum(r.detail.startswith(BAD_VECTOR_PREFIX) for r in results)
+
+
+def verdict(results, strict: bool = False, complete: bool = True) -> str:
+    """The run's verdict in one word (JSON summary; the console's last line says it too)."""
+    if not complete:
+        return "INCOMPLETE"
+    if bad_vectors(results):
+        return "BAD_VECTORS"
+    if failed(results, strict):
+        return "FAILED"
+    if results and all(r.result == Result.NOT_IMPLEMENTED for r in results):
+        return "NOTHING_IMPLEMENTED"
+    if not results:
+        return "NO_CASES"
+    return "PASSED"
 
 
 def failed(results: list[CaseResult], strict: bool = False) -> bool:
@@ -164,8 +203,11 @@ def record_result(rec: dict) -> CaseResult:
     return r
 
 
-def summary(results) -> dict:
-    body = {res.name: sum(r.result == res for r in results) for res in Result}
+def summary(results, complete: bool = True, planned: int | None = None, strict: bool = False) -> dict:
+    body = {"verdict": verdict(results, strict, complete), "complete": complete, "planned": planned,
+            "reported": len(results), "NOT_RUN": not_run(results, planned)}
+    body.update({res.name: sum(r.result == res for r in results) for res in Result})
+    body["bad_vector_files"] = bad_vectors(results)
     body["acceptable_by_flag"] = acceptable_by_flag(results)
     body["expected_failures"] = sum(bool(expectation(r)) and r.result.failed for r in results)
     body["unexpected_passes"] = sum(bool(expectation(r)) and r.result in (Result.PASS, Result.ACCEPTABLE)
@@ -197,7 +239,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def json_bytes(results, implementation: str, env: dict, vectors_dir, manifest: dict, manifest_sha256: str,
-               complete: bool = True, run: dict | None = None) -> bytes:
+               complete: bool = True, run: dict | None = None, planned: int | None = None,
+               strict: bool = False) -> bytes:
+    """The JSON report. ``planned``: the cases the run selected (None: not known; where the run
+    completed, the cases reported)."""
+    if planned is None and complete:
+        planned = len(results)
     body = {
         "implementation": implementation,
         "complete": complete,
@@ -206,16 +253,17 @@ def json_bytes(results, implementation: str, env: dict, vectors_dir, manifest: d
                     "generator_version": manifest.get("generator_version"),
                     "contract_version": manifest.get("contract_version")},
         "run": run or {},
-        "summary": summary(results),
+        "summary": summary(results, complete, planned, strict),
         "results": [case_record(r) for r in results],
     }
     return (json.dumps(body, indent=1, default=str) + "\n").encode()
 
 
 def write_json(path: Path, results: list[CaseResult], implementation: str, env: dict, vectors_dir: Path,
-               manifest: dict, manifest_sha256: str, complete: bool = True, run: dict | None = None) -> None:
+               manifest: dict, manifest_sha256: str, complete: bool = True, run: dict | None = None,
+               planned: int | None = None, strict: bool = False) -> None:
     _atomic_write(Path(path), json_bytes(results, implementation, env, vectors_dir, manifest, manifest_sha256,
-                                         complete, run))
+                                         complete, run, planned, strict))
 
 
 def _xml_text(s: str) -> str:
@@ -246,7 +294,9 @@ def junit_bytes(results, implementation: str, complete: bool = True, strict: boo
         ET.SubElement(props, "property", name="implementation", value=_xml_text(implementation))
         if op == "run" and not complete:
             case = ET.SubElement(suite, "testcase", classname="dflash.run", name="incomplete", time="0")
-            msg = f"the run did not finish: {len(results)} of {total if total is not None else '?'} cases reported"
+            missing = not_run(results, total)
+            msg = (f"the run did not finish: {missing} of {total} case(s) not run" if missing is not None else
+                   f"the run did not finish: {len(results)} case(s) reported")
             ET.SubElement(case, "error", message=msg, type="INCOMPLETE").text = msg
         for r in rs:
             case = ET.SubElement(suite, "testcase", classname=f"dflash.{op}", name=_xml_text(r.case),
@@ -333,7 +383,7 @@ class Reports:
         self.run["cases_reported"] = len(self.results)
         self.run["cases_selected"] = self.total
         write_json(self.json_path, self.results, self.implementation, self.env, self.vectors_dir, self.manifest,
-                   self.sha, complete, self.run)
+                   self.sha, complete, self.run, self.total, self.strict)
 
     def _junit(self, complete: bool) -> None:
         write_junit(self.junit_path, self.results, self.implementation, complete, self.strict, self.total)
@@ -409,8 +459,9 @@ def grouped_failures(results, per_detail: int = 3, limit: int = 60) -> list[str]
 
 
 def print_table(results: list[CaseResult], implementation: str, console, failures: bool = True,
-                strict: bool = False, notes: list[str] | None = None) -> None:
-    """Failing cases (grouped, one line each), then the per-Op table, then the totals line (last)."""
+                strict: bool = False, notes: list[str] | None = None, complete: bool = True) -> None:
+    """Failing cases (grouped, one line each; ``failures=False`` where they were printed as they
+    happened), then the per-Op table, then the totals line (last), which starts with ``verdict()``."""
     from rich.table import Table
 
     if failures:
@@ -439,15 +490,10 @@ def print_table(results: list[CaseResult], implementation: str, console, failure
     for line in notes or ():
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     total = ", ".join(totals_parts(results))
-    if failed(results, strict):
-        verdict = "[bold red]FAILED[/]"
-    elif results and all(r.result == Result.NOT_IMPLEMENTED for r in results):
-        verdict = "[bold yellow]NOTHING IMPLEMENTED[/]"
-    elif not results:
-        verdict = "[bold yellow]NO CASES[/]"
-    else:
-        verdict = "[bold green]PASSED[/]"
-    console.print(f"{verdict}: {len(results)} cases: {_escape(total)}; implementation: {_escape(implementation)}",
+    word = verdict(results, strict, complete)
+    colour = {"PASSED": "green", "NOTHING_IMPLEMENTED": "yellow", "NO_CASES": "yellow"}.get(word, "red")
+    shown = f"[bold {colour}]{word.replace('_', ' ')}[/]"
+    console.print(f"{shown}: {len(results)} cases: {_escape(total)}; implementation: {_escape(implementation)}",
                   highlight=False, soft_wrap=True)
 
 

@@ -223,17 +223,22 @@ def shard(entries: list[dict], index: int, count: int) -> list[dict]:
 
 
 def read_entry(vectors_dir: Path, entry: dict) -> Vector:
-    """One vector, checked against its manifest sha256 (a changed file is bad input, not a FAIL)."""
+    """One vector, checked against its manifest sha256 (a changed file is broken suite data,
+    ``vectors.DataError``, not a FAIL)."""
     path = Path(vectors_dir) / entry["path"]
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror or exc}") from None
+        raise vectors.DataError(f"{path}: {exc.strerror or exc}") from None
     if vectors.sha256(data) != entry["sha256"]:
-        raise InputError(f"{path}: sha256 differs from {vectors.MANIFEST} (run dflash-conformance verify)")
-    vec = vectors.parse_vector(data, str(path))
+        raise vectors.DataError(f"{path}: sha256 differs from {vectors.MANIFEST} (run dflash-conformance verify)")
+    try:
+        vec = vectors.parse_vector(data, str(path))
+    except InputError as exc:
+        raise vectors.DataError(str(exc)) from None
     if vec.case != entry["case"] or vec.op != entry["op"]:
-        raise InputError(f"{path}: holds case {vec.case!r} of Op {vec.op!r}, the manifest says {entry['case']!r}")
+        raise vectors.DataError(f"{path}: holds case {vec.case!r} of Op {vec.op!r}, "
+                                f"the manifest says {entry['case']!r}")
     return vec
 
 

@@ -58,6 +58,15 @@ class InputError(Exception):
     """Bad input (vectors, selection, --impl): the message is one line naming the file or field."""
 
 
+class DataError(InputError):
+    """The suite's own data is broken: a vector file missing, unreadable or not matching its manifest
+    entry, or a manifest that cannot be read. The CLI exits with ``DATA_ERROR_EXIT`` (not 1, a FAIL,
+    nor 2, bad usage), so CI can tell broken suite data from failing kernels."""
+
+
+DATA_ERROR_EXIT = 3
+
+
 def dumps(obj) -> str:
     """The one JSON spelling used in headers and the manifest (sorted keys: deterministic bytes)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_jsonable)
@@ -248,9 +257,9 @@ def read_manifest(root: Path) -> dict:
         if odd:
             raise ValueError(f"entry {odd[0]['case']!r}: its case id, Op and path do not agree")
     except OSError as exc:
-        raise InputError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        raise DataError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise InputError(f"{path}: not a dflash-conformance manifest ({type(exc).__name__}: {exc})") from None
+        raise DataError(f"{path}: not a dflash-conformance manifest ({type(exc).__name__}: {exc})") from None
     return manifest
 
 

@@ -66,7 +66,8 @@ def candidate_topk(
     forced_ids=None,
 ) -> dict[str, np.ndarray]:
     """hidden [B,K,H], head [Vr,H], shortlist [Vr] -> scores [B,K,k] FP32, ids [B,K,k] int32."""
-    z = inter(P.matmul(work(hidden), work(head).T), "logits")  # [B,K,Vr]
+    with np.errstate(invalid="ignore"):  # inf hidden times a zero head row: a NaN logit, on purpose
+        z = inter(P.matmul(work(hidden), work(head).T), "logits")  # [B,K,Vr]
     gid = _global_ids(z.shape[-1], shortlist)
     eligible = (gid >= 0) & (gid < vocab_size)
     n_eligible = int(eligible.sum())
@@ -79,7 +80,8 @@ def candidate_topk(
     s = np.take_along_axis(z, order, axis=-1).astype(np.float64)
     rows = order[..., :top_k]
 
-    gaps = s[..., :-1] - s[..., 1:]  # gap below each rank that has a successor
+    with np.errstate(invalid="ignore"):  # a NaN score, or two equal infinite ones, has a NaN gap: left NaN
+        gaps = s[..., :-1] - s[..., 1:]  # gap below each rank that has a successor
     inf = np.full(s.shape[:-1] + (1,), np.inf)
     above = np.concatenate([inf, gaps[..., : top_k - 1]], axis=-1)
     below = gaps[..., :top_k] if n_eligible > top_k else np.concatenate([gaps, inf], axis=-1)

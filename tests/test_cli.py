@@ -108,7 +108,7 @@ def test_bad_usage_is_one_line_and_exit_2(capsys, vec, argv, names):
     assert code == 2 and err.count("\n") == 1 and names in err, err
 
 
-def test_missing_or_corrupt_vectors_exit_2_naming_the_file(capsys, vec, tmp_path):
+def test_missing_vectors_exit_2_and_corrupt_ones_3_naming_the_file(capsys, vec, tmp_path):
     code, _, err = cli(capsys, "run", "--vectors", str(tmp_path / "absent"))
     assert code == 2 and err.count("\n") == 1 and "absent" in err
     bad = vec / "toy/basic.safetensors"
@@ -118,18 +118,19 @@ def test_missing_or_corrupt_vectors_exit_2_naming_the_file(capsys, vec, tmp_path
         if e["case"] == "toy/basic":
             e["sha256"] = vectors.sha256(bad.read_bytes())
     (vec / "manifest.json").write_text(json.dumps(manifest))
-    # found mid-run, a bad file is an ERROR of its case; the other cases still run and are reported
+    # found mid-run, a bad file is an ERROR of its case; the other cases still run and are reported;
+    # the exit status says the suite's data is broken (3), not the implementation (1)
     code, out, err = cli(capsys, "run", "--vectors", str(vec), "--impl", "tests.conftest:ToyImpl", "--in-process")
-    assert code == 1 and err == ""
+    assert code == 3 and err == ""
     assert f"ERROR toy/basic: bad vector file: {bad}: not a readable safetensors file" in out
-    assert out.strip().splitlines()[-1].startswith("FAILED: 8 cases: 7 PASS")
+    assert out.strip().splitlines()[-1].startswith("BAD VECTORS: 8 cases: 7 PASS")
 
 
-def test_verify_prints_one_line_per_bad_file_and_exits_1(capsys, vec):
+def test_verify_prints_one_line_per_bad_file_and_exits_3(capsys, vec):
     (vec / "toy/basic.safetensors").write_bytes(b"changed")
     (vec / "toy_noforce/masked.safetensors").unlink()
     code, out, _ = cli(capsys, "verify", "--vectors", str(vec))
-    assert code == 1
+    assert code == 3
     assert out.splitlines() == [f"{vec}/toy/basic.safetensors: sha256 differs from manifest.json",
                                 f"{vec}/toy_noforce/masked.safetensors: missing"]
 

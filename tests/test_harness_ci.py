@@ -39,7 +39,9 @@ class Chatty(ToyImpl):
 
 
 def run(capsys, vec, *extra, impl="tests.conftest:ToyImpl"):
-    return cli(capsys, "run", "--vectors", str(vec), "--impl", impl, "--in-process", *extra)
+    # --require and --expect make a CI gate: the implementation runs in the worker (--in-process is refused)
+    where = [] if "--require" in extra or "--expect" in extra else ["--in-process"]
+    return cli(capsys, "run", "--vectors", str(vec), "--impl", impl, *where, *extra)
 
 
 def test_logs_get_a_line_per_op_and_each_failure_with_its_rerun_command(capsys, vec):
@@ -49,7 +51,7 @@ def test_logs_get_a_line_per_op_and_each_failure_with_its_rerun_command(capsys, 
     assert "[4/8] toy: 4 cases: 2 PASS, 1 ACCEPTABLE (ambiguous 1), 1 FAIL" in out
     assert "[8/8] toy_noforce: 4 cases:" in out
     fail = [line for line in lines if line.startswith("FAIL toy/exact_tie: pick: differs")]
-    assert len(fail) == 2  # as it happens, and again above the table
+    assert len(fail) == 1  # as it happens, not again above the table
     assert fail[0].endswith(f"| rerun: dflash-conformance run --impl tests.test_harness_ci:near_tie --vectors {vec} "
                             "--in-process --ops toy/exact_tie")
     assert lines.index(fail[0]) < lines.index(next(line for line in lines if line.startswith("[4/8] toy:")))
@@ -58,7 +60,7 @@ def test_logs_get_a_line_per_op_and_each_failure_with_its_rerun_command(capsys, 
 def test_one_error_shared_by_every_case_is_printed_three_times_then_counted(capsys, vec):
     code, out, _ = run(capsys, vec, impl="tests.test_harness_ci:SameError")
     assert code == 1
-    assert out.count("ERROR toy") == 6  # three live, three above the table
+    assert out.count("ERROR toy") == 3  # three as they happen, not again above the table
     assert "(more ERROR with this detail are counted, not printed: ImportError: No module named 'cupy')" in out
     assert "... and 5 more ERROR with the same detail: ImportError: No module named 'cupy'" in out
 
@@ -98,7 +100,7 @@ def test_expectations_mark_known_failures_and_report_unexpected_passes(capsys, v
                        impl="tests.test_harness_ci:near_tie")
     assert code == 0, out
     assert f"expectations ({exp}): 2 expected failure(s), 1 unexpected pass(es)" in out
-    assert f"UNEXPECTED PASS toy/basic (listed: fixed since?): remove it from {exp}" in out
+    assert f"UNEXPECTED PASS toy/basic (listed: fixed since?): remove line 3 from {exp}" in out
     assert f"stale expectation {exp}:4: 'nothing/here' matches no case in the vectors" in out
     assert "FAIL (expected: tie rule broken (ENG-1)) toy/exact_tie" in out
     body = json.loads(js.read_text())
@@ -195,7 +197,7 @@ def test_verify_lists_every_problem(capsys, vec):
     (vec / "toy_noforce/masked.safetensors").unlink()
     (vec / "toy/near_tie.safetensors").write_bytes(b"changed")
     code, out, err = cli(capsys, "verify", "--vectors", str(vec))
-    assert code == 1 and "Traceback" not in out + err
+    assert code == 3 and "Traceback" not in out + err
     lines = out.splitlines()
     assert lines == [
         f"{vec}/toy/basic.safetensors: not a readable safetensors file (ValueError: the header is a JSON list, "

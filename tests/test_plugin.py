@@ -77,3 +77,12 @@ def test_bad_options_are_usage_errors(child, tmp_path):
     assert proc.returncode == 4 and "no directory" in proc.stderr
     proc = child("--dflash-impl", "conftest:near_tie", "--dflash-vectors", child.vectors, "--dflash-ops", "nope")
     assert proc.returncode == 4 and "--dflash-ops: 'nope' matches no Op or case id" in proc.stderr
+
+
+def test_a_fail_names_its_diagnosis_as_the_cli_does(child):
+    proc = child("--dflash-impl", "conftest:near_tie", "--dflash-vectors", child.vectors, "--dflash-ops",
+                 "toy/exact_tie")
+    assert proc.returncode == 1
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("FAIL: pick: differs at [1, 0]"))
+    assert line.endswith("| matches no catalog pitfall; first divergence: pick[1, 0] (got 3, expected 1; "
+                         "1 of 8 compared elements differ)"), line
