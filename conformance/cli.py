@@ -671,7 +671,8 @@ def _add_fuzz_parser(sub, impl_help: str):
     s.add_argument("--seed", type=int, default=None, metavar="S",
                    help="the search's seed (default: a random one, printed); the same seed gives the same examples")
     s.add_argument("--deadline", metavar="SECONDS", type=_float, default=60.0,
-                   help="per-example limit for the implementation in seconds (60; inf: none); the worker is killed")
+                   help="per-example limit for the implementation in seconds, as run's --timeout (60; inf: none): the worker "
+                        "is killed; the overall limit is --budget (run --deadline, by contrast, limits the whole run)")
     s.add_argument("--budget", metavar="MINUTES", type=_float, default=None,
                    help="overall limit in minutes: no example starts after it (the Ops not reached say so)")
     s.add_argument("--out", metavar="DIR", default=FUZZ_OUT,

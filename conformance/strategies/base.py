@@ -24,10 +24,11 @@ try:  # hypothesis is in the `test` extra; the CLI says so in one line when it i
 
     HAVE_HYPOTHESIS = True
 except ImportError:  # pragma: no cover - exercised by the CLI test with the import blocked
+    st = None  # the per-Op modules import the name; drawing from it is never reached (_need raises first)
     HAVE_HYPOTHESIS = False
 
 MISSING = ("dflash-conformance fuzz needs hypothesis: pip install hypothesis "
-           "(or the test extra: pip install 'dflash-conformance[test]')")
+           "(or the test extra: pip install 'dflash-conformance[test]'; in a checkout: pip install -e '.[test]')")
 FLAG = "fuzz"
 
 
