@@ -296,7 +296,7 @@ def _decision(o: Output, ref, out, mask, bound) -> _Verdict:
     if bad.any():
         at = tuple(np.argwhere(bad)[0])
         m = margin[at]
-        why = "exact tie, decided by the C4 tie rule" if m == 0 else f"margin {m:.3g} > tol {tol[at]:.3g}"
+        why = f"exact tie, decided by {o.tie_rule}" if m == 0 else f"margin {m:.3g} > tol {tol[at]:.3g}"
         if regret is not None and m > 0:
             why = f"its choice scores {regret[at]:.3g} below the best, tol {tol[at]:.3g}"
         return _Verdict(Result.FAIL, f"{o.name}: differs at {_at(at)} (got {x[at]}, expected {r[at]}; {why})")

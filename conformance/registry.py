@@ -22,6 +22,8 @@ EXACT = "exact"
 REPRESENTED = "represented"
 DECISION = "decision"
 CLASSES = (EXACT, REPRESENTED, DECISION)
+# U q(d) = p(d) exactly: the contract's accept test is strict, so the token is rejected (C3)
+ACCEPT_TIE = "the strict accept test U*q(d) < p(d) (C3: equality rejects)"
 
 _CASE_ID = re.compile(r"^[a-z0-9_]+/[A-Za-z0-9_.+-]+$")
 
@@ -43,6 +45,9 @@ class Output:
     # the format the values must be exact in when it is narrower than the storage format
     # (context V: stored FP16, values FP16_RNE(BF16(v)), i.e. BF16 values; CONTRACTS C1)
     values: str | None = None
+    # what decides a decision whose margin is exactly 0 (named in a FAIL's message): a ranking's
+    # tie rule, or for an accept test its strict comparison
+    tie_rule: str = "the C4 tie rule"
 
     @property
     def value_fmt(self) -> str | None:

@@ -38,6 +38,7 @@ import ml_dtypes
 import numpy as np
 
 from conformance import CONTRACT_VERSION, GENERATOR_VERSION
+from conformance import registry
 from conformance.registry import Output
 
 SUFFIX = ".safetensors"
@@ -180,7 +181,7 @@ def vector_from(tensors: dict[str, np.ndarray], meta: dict[str, str], where: str
             raise TypeError("bounds must map each output to an object")
         if not all(isinstance(f, str) for f in fields["flags"]):
             raise TypeError("flags must be strings")
-        outputs = {n: _output(n, c) for n, c in fields["classes"].items()}
+        outputs = {n: _output(n, c, meta["op"]) for n, c in fields["classes"].items()}
         for k in ("op", "case"):
             if not meta[k] or not meta[k].isprintable():
                 raise ValueError(f"{k} is empty or not printable")
@@ -212,14 +213,19 @@ def vector_from(tensors: dict[str, np.ndarray], meta: dict[str, str], where: str
                   inputs, expected, masks)
 
 
-def _output(name: str, c) -> Output:
+def _output(name: str, c, op: str | None = None) -> Output:
     """An output's class from the header (``values``: the format its values follow, when
-    narrower than the storage format)."""
+    narrower than the storage format); what decides its exact ties is the registered Op's (not
+    stored: it changes no byte and no verdict, only a FAIL's message)."""
     if not isinstance(c, dict) or not isinstance(c.get("cls"), str):
         raise TypeError(f"classes.{name} must be an object with a cls")
     extra = {}
     if c.get("values") is not None and "values" in getattr(Output, "__dataclass_fields__", {}):
         extra["values"] = c["values"]
+    spec = registry.ops().get(op) if op else None
+    rule = next((o.tie_rule for o in spec.outputs if o.name == name), None) if spec else None
+    if rule is not None:
+        extra["tie_rule"] = rule
     return Output(name, c["cls"], c.get("fmt"), **extra)
 
 

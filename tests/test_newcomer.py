@@ -299,3 +299,17 @@ def test_fuzz_without_hypothesis_says_how_to_install_it():
                           timeout=120, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and "pip install 'dflash-conformance[test]'" in proc.stderr
+
+
+def test_an_accept_test_tie_names_the_accept_rule_not_the_ranking_tie_rule():
+    """U q(d) = p(d) exactly is decided by the strict accept test (C3), not by C4's ranking ties: an
+    accept test written ``u*q <= p`` FAILs on the tie case with a message that names the right rule."""
+    from conformance.compare import Result
+    from conformance.mutants import MUTANTS
+    from conformance.runner import run_suite
+
+    bug = next(m for m in MUTANTS if m.key == "coin_le_ratio")
+    res = run_suite(bug, Path(__file__).resolve().parents[1] / "vectors", ops_pattern=bug.op)
+    ties = [r for r in res if r.result == Result.FAIL and "exact tie" in r.detail]
+    assert ties, "coin_le_ratio must FAIL some case on an exact accept tie"
+    assert all("strict accept test" in r.detail and "C4" not in r.detail for r in ties), ties[0].detail

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import DECISION, EXACT, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
+from conformance.registry import ACCEPT_TIE, DECISION, EXACT, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
 from reference.rng import Purpose, exponential_race
 from reference.speculative_accept import speculative_accept
 from reference.target_distribution import add_to_history, row_probs
@@ -541,7 +541,7 @@ register(
             "top_k",
         ),
         params=("vocab_size",),
-        outputs=(Output("accepted", DECISION), Output("tokens", DECISION), Output("num_out", EXACT)),
+        outputs=(Output("accepted", DECISION, tie_rule=ACCEPT_TIE), Output("tokens", DECISION), Output("num_out", EXACT)),
         generate=generate,
         force=force,
         decision_k=FP32_OUTPUT.k,  # accepted/tokens.scale: the envelope of p, logits or race scores

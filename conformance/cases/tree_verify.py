@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.registry import DECISION, EXACT, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
+from conformance.registry import ACCEPT_TIE, DECISION, EXACT, FP32_OUTPUT, Case, OpSpec, Output, case_rng, register
 from reference.tree_verify import build_tree, tree_verify
 
 OP = "tree_verify"
@@ -210,7 +210,7 @@ register(
             Output("node_tokens", EXACT),
             Output("tree_mask", EXACT),
             Output("tokens", DECISION),
-            Output("accepted", DECISION),
+            Output("accepted", DECISION, tie_rule=ACCEPT_TIE),
             Output("num_out", EXACT),
         ),
         independent=("parent", "node_tokens", "tree_mask"),
