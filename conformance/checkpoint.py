@@ -1,4 +1,4 @@
-"""Draft checkpoints in the published layout: loading, checking, writing (CONTRACTS C10; OPS.md
+"""Draft checkpoints in the published layout: loading, checking, writing (CONTRACTS C10; docs/ops.md
 "Published state-dict names"; reference.state_dict for the names and shapes).
 
 A checkpoint directory holds

@@ -1,7 +1,7 @@
 """Diagnosis of a FAIL: which known bug reproduces the implementation's output?
 
 For a failing case, every one-bug variant of the reference in the catalog (``conformance.mutants``,
-the mutants, one per PITFALLS.md row or case flag) that belongs to the case's Op is run on the
+the mutants, one per docs/pitfalls.md row or case flag) that belongs to the case's Op is run on the
 case's inputs. A mutant *matches* when the implementation's outputs are inside that mutant's
 outputs' tight bound or accuracy envelope: ``conformance.compare.compare`` with the mutant's
 outputs as the reference (the vector's bounds, masks, magnitudes and margins), so the verdict
@@ -35,7 +35,7 @@ MAX_CASES = 200
 class Match:
     pitfall: str
     mutant: str  # the catalog key
-    row: str  # the PITFALLS.md row it stands for
+    row: str  # the docs/pitfalls.md row it stands for
     exact: bool  # every compared element equal to the mutant's output
     frac: float  # worst fraction of the mutant's envelope (tight bound where no envelope) used
     result: str  # PASS or ACCEPTABLE against the mutant
@@ -160,7 +160,7 @@ class Diagnoser:
         if found:
             best = found[0]
             return {"matches": [x.record() for x in found],
-                    "note": f"matches pitfall `{best.pitfall}` (see PITFALLS: {best.row})"
+                    "note": f"matches pitfall `{best.pitfall}` (docs/pitfalls.md: {best.row})"
                             + (f"; also {', '.join(f'`{x.pitfall}`' for x in found[1:4])}" if len(found) > 1 else "")}
         return {"matches": [], "note": f"matches no catalog pitfall; first divergence: {first_divergence(vec, impl)}"}
 

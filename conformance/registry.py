@@ -1,4 +1,4 @@
-"""The Op registry: one entry per Op (ARCHITECTURE: reference, inputs, outputs
+"""The Op registry: one entry per Op (docs/architecture.md: reference, inputs, outputs
 with their comparison class, case generator).
 
 Each ``conformance/cases/<op>.py`` module calls ``register(OpSpec(...))`` at

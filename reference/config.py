@@ -1,5 +1,5 @@
 """Draft config.json for DFlashDraftModel / DFlash2DraftModel (spec: "Both draft
-configs use model_type=qwen3"; OPS.md "config"; CONTRACTS C7 for the ring size).
+configs use model_type=qwen3"; docs/ops.md "config"; CONTRACTS C7 for the ring size).
 
 ``parse_config(raw, source)`` turns a decoded config.json into a frozen
 ``DraftConfig``; ``load_config(path)`` reads the file first. Anything the toolkit
@@ -41,7 +41,7 @@ Resolution rules, with their upstream source:
   they are required.
 - ``is_causal`` is recorded as given. The spec's draft attention is non-causal on
   every layer, so ``is_causal: true`` is refused; absent is accepted, but z-lab
-  then runs sliding layers causally (PITFALLS), listed by
+  then runs sliding layers causally (docs/pitfalls.md), listed by
   ``DraftConfig.upstream_causal_layers``.
 
 Refused by name because they change the math the toolkit implements:

@@ -2,7 +2,7 @@
 (spec: the flowchart "Committed target state + unprocessed anchor -> Materialize pending target
 features -> One masked draft block -> Proposal head; DFlash2 conditional selector -> Causal target
 verify -> Target acceptance and correction -> Frontend preview chooses N outputs -> Commit N input
-rows, continuation and pending features -> Publish N outputs -> (repeat)"; OPS.md "one
+rows, continuation and pending features -> Publish N outputs -> (repeat)"; docs/ops.md "one
 end-to-end round"; CONTRACTS C3, C5, C6, C7).
 
 A request starts from its prompt x_0 .. x_(n-1): the target prefills x_0 .. x_(n-2), so F = n-1,

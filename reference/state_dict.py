@@ -1,4 +1,4 @@
-"""The published draft state-dict layout and adapters to the Ops' keyword inputs (OPS.md
+"""The published draft state-dict layout and adapters to the Ops' keyword inputs (docs/ops.md
 "Published state-dict names"; spec: "Source K/V parameters are used for both query-block and
 context projections. Their logical roles and Uses remain separate"; CONTRACTS C1, C9).
 
@@ -20,7 +20,7 @@ L = num_hidden_layers, n = len(target_layer_ids), G = H/16, V = cfg.vocab_size h
     candidate_selector.predecessor_codebook                   [V, R]   (no .weight suffix)
     candidate_selector.successor_codebook                     [V, R]
 
-The two codebook names are not in OPS.md or the spec. They are our assumption, matching the
+The two codebook names are not in docs/ops.md or the spec. They are our assumption, matching the
 spelling used by several independent public DFlash2 loaders found by code search (none of them
 the upstream reference, which we did not find). The draft has no embedding or LM head: those are
 the target's and come in as separate arguments.

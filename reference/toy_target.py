@@ -1,4 +1,4 @@
-"""A tiny causal target LM in float64 for end-to-end rounds (OPS.md "one end-to-end round ... on a
+"""A tiny causal target LM in float64 for end-to-end rounds (docs/ops.md "one end-to-end round ... on a
 tiny model with random weights"; spec: "For each processed position t, let r_t^l be the complete
 residual output of zero-based target block l").
 

@@ -1,4 +1,4 @@
-"""End-to-end speculative rounds on a tiny random model (OPS.md "one end-to-end round (and a loop
+"""End-to-end speculative rounds on a tiny random model (docs/ops.md "one end-to-end round (and a loop
 of rounds)"; spec: the round flowchart; CONTRACTS C3, C5, C6, C7).
 
 A random toy target (reference.toy_target: 3 causal blocks, H = 32, 40 public ids in 48 head

@@ -12,7 +12,7 @@ the errors are judged against the envelope with s = sum_j |h_j||w_j| x the round
 through (reference.scales.accumulation_weights: the tile chain of a GEMM main loop plus the split-K
 tree; reference.scales.fp32_logit_magnitude). The control set's truncating tensor-core tiles, whose
 biased errors add up along the chain, stay inside; BF16-stored logits, the bug the envelope must
-catch (PITFALLS: FP16/BF16 logits), stay far outside.
+catch (docs/pitfalls.md: FP16/BF16 logits), stay far outside.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_the_one_rounding_scale_fails_a_legitimate_order():
 
 @pytest.mark.parametrize("store", ["bf16", "fp16"])
 def test_half_precision_logits_fail_the_envelope(store):
-    """Logits stored in BF16 or FP16 (PITFALLS: FP16/BF16 logits) leave the envelope at H 5120 even
+    """Logits stored in BF16 or FP16 (docs/pitfalls.md: FP16/BF16 logits) leave the envelope at H 5120 even
     with the tile-chain weights: a FAIL, whatever the margin (measured: BF16 224 u*s, FP16 28 u*s,
     against K = 8)."""
     h, w = _terms()

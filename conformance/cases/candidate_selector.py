@@ -1,4 +1,4 @@
-"""Cases for candidate_selector (DFlash2 conditional walk; OPS.md sweep: temperature
+"""Cases for candidate_selector (DFlash2 conditional walk; docs/ops.md sweep: temperature
 <= 0, small, 1, large; seeds 0, 2^32-1, 2^32, 2^64-1; positions crossing 2^32; batch
 rows permuted).
 

@@ -1,4 +1,4 @@
-"""Cases for candidate_topk (stable top-k of the proposal head, CONTRACTS C4; OPS.md
+"""Cases for candidate_topk (stable top-k of the proposal head, CONTRACTS C4; docs/ops.md
 sweep: ties at the k boundary, shortlist head).
 
 Two kinds of input:

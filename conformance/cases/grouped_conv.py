@@ -1,4 +1,4 @@
-"""Cases for grouped_conv (DFlash2 dynamic grouped convolution; OPS.md sweep: H a
+"""Cases for grouped_conv (DFlash2 dynamic grouped convolution; docs/ops.md sweep: H a
 multiple of 16 from 16 up, W = 1 and W = 16, large deltas).
 
 Pitfall cases put the bug far outside the derived bound (C2):

@@ -1,4 +1,4 @@
-"""Cases for preview_commit (CONTRACTS C6; OPS.md sweep: N = 0, N = L, EOS inside
+"""Cases for preview_commit (CONTRACTS C6; docs/ops.md sweep: N = 0, N = L, EOS inside
 the block, budget 1).
 
 Every case carries the param ``mask_token_id`` (an addition to docs/ops.md, which

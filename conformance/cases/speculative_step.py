@@ -25,9 +25,9 @@ acceptance, a P = 0 row, a sampled target) and until the step-level mutant the i
 the output.
 
 Step-only pitfalls (conformance/mutants/speculative_step.py), each in the id of the cases that catch it:
-- first_draft_unverified (PITFALLS "first draft token committed without verification"): a row
+- first_draft_unverified (docs/pitfalls.md "first draft token committed without verification"): a row
   with P >= 1 whose first proposal the target rejects.
-- rng_zero_proposal (PITFALLS "RNG advanced for requests with zero proposals"): a sampled row
+- rng_zero_proposal (docs/pitfalls.md "RNG advanced for requests with zero proposals"): a sampled row
   with P = 0 whose target sample moves when drawn one position late.
 """
 

@@ -1,4 +1,4 @@
-"""Cases for target_distribution (CONTRACTS C5; OPS.md sweep: every filter alone
+"""Cases for target_distribution (CONTRACTS C5; docs/ops.md sweep: every filter alone
 and together, penalties, padded vocabulary).
 
 Rows are redrawn from the case's generator until every filter decision is at
@@ -7,7 +7,7 @@ top-p: the prefix masses around top_p; min-p: the ratios p/p_max around min_p;
 greedy: the argmax lead), so the fp32 baseline cannot flip one; the exact_tie
 cases instead plant exactly equal logits, which the C4 order decides.
 Flags name the pitfall a case guards: vocab_padding (no public-vocabulary mask),
-penalties_missing and min_p_missing (the z-lab omission of PITFALLS.md).
+penalties_missing and min_p_missing (the z-lab omission of docs/pitfalls.md).
 """
 
 from __future__ import annotations

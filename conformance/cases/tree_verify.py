@@ -1,4 +1,4 @@
-"""Cases for tree_verify (DFlash2 --draft-tree-nodes; OPS.md sweep: budget 1 (chain
+"""Cases for tree_verify (DFlash2 --draft-tree-nodes; docs/ops.md sweep: budget 1 (chain
 only) up to 64).
 
 The draft approximates the target: E_i[p, c] = bigram[pred_token(i, p), C_i[c]] + noise,

@@ -24,7 +24,7 @@ from reference import numerics, precision
 class Mutant(Float32Baseline):
     """The float32 baseline with a bug in the method named ``op``.
 
-    ``pitfall`` is the PITFALLS.md name that the suite's case ids carry; ``variant``
+    ``pitfall`` is the docs/pitfalls.md name that the suite's case ids carry; ``variant``
     tells two mutants of one pitfall apart (empty for the main one). A mutant that
     reimplements its Op keeps the bug in ``BUG`` (keyword switches, off when absent),
     so ``control()`` is the same code with the bug switched off: it must conform, or

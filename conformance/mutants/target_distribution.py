@@ -45,7 +45,7 @@ def _min_p_on_logits(logits, prompt_mask, output_counts, vocab_size, temperature
 
 class _TargetMutant(Mutant):
     op = "target_distribution"
-    target_row = None  # the buggy C5 row function (``row`` is the PITFALLS row every mutant names)
+    target_row = None  # the buggy C5 row function (``row`` is the docs/pitfalls.md row every mutant names)
 
     def target_distribution(self, **kw):
         row = type(self).target_row

@@ -7,7 +7,7 @@ the attention (FP32 softmax inside the kernel; ``attention="eager"``: HF's eager
 scores, FP32 softmax cast to BF16, BF16 PV), the SiLU-gated MLP in BF16, the residual stream in
 BF16, and the DFlash2 convolution in eager BF16 with (base + delta) formed first.
 
-The six places where such an engine departs from the spec, fixed here as CONTRACTS requires:
+The six places where such an engine departs from the spec, fixed here as docs/contracts.md requires:
 
 1. raw context K is not cast to BF16 before the head norm: the context projection runs in FP32
    (the head norm, RoPE and its tables then follow in FP32 until K is stored BF16);
