@@ -64,7 +64,6 @@ import json
 
 import numpy as np
 
-from conformance.rounds import ComposedRounds
 from kernels_cu import fast_head, fast_lt, fast_selector, pdl
 from kernels_cu.fast import _TOPK_MAX, FastCudaBackend, head_topk_into, topk_into, topk_plan
 from kernels_cu.fast_block import CaptureGemm, CudaEngine, Dims, Workspace, block_forward, cluster_capable
@@ -73,6 +72,7 @@ from kernels_cu.ops_select import _SEL_THREADS, _rowdot
 from kernels_cu.round import CudaRound
 from reference import proposal_round as pr
 from reference import state_dict as sdm
+from reference.rounds import ComposedRounds
 
 # The captured graph's PDL edges are relaxed to launch order (kernels_cu/pdl.py end_capture) for blocks of at
 # least this many rows (B * W). H200, one process (docs/reports/h200-round-ab-v10-launch-order.json, ms):
