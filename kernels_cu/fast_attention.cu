@@ -48,35 +48,12 @@ using dfl::u16;
 #define FA_NT 64     // keys per tile
 #define FA_WARPS 4   // warps per block
 #define FA_ROWS 64   // query rows (W x G) per block
-#ifndef FA_ALIAS
-#define FA_ALIAS 0  // 1: the aliased shared-memory layout (attn_body's ALIAS)
-#endif
-#ifndef FA_COMBINE_ONE_PASS
-#define FA_COMBINE_ONE_PASS 1  // 0: the combine's two passes even where one batch holds every split (combine_body)
-#endif
 // FA_WG=1 (built for sm_90a only, fast_attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
 // one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
 #if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_WG_ARCH 1
 #else
 #define FA_WG_ARCH 0
-#endif
-
-// Phase timing for benchmarks/attn_phases.py (-DFA_TIMING only): thread 0 of each block stamps the SM
-// clock at each phase (fa_clock) and the global timer at entry (fa_start).
-#ifdef FA_TIMING
-#define FA_TIMING_BLOCKS 4096
-#define FA_BLOCK_ID (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
-__device__ unsigned long long fa_clock[FA_TIMING_BLOCKS * 8];
-__device__ unsigned long long fa_start[FA_TIMING_BLOCKS];
-#define FA_MARK(p)                                                                                   \
-    do {                                                                                             \
-        if (threadIdx.x == 0 && FA_BLOCK_ID < FA_TIMING_BLOCKS) fa_clock[FA_BLOCK_ID * 8 + (p)] = clock64(); \
-    } while (0)
-#else
-#define FA_MARK(p) \
-    do {           \
-    } while (0)
 #endif
 
 namespace fa {
@@ -378,7 +355,7 @@ __device__ __forceinline__ int tile_el(int row, int col) {
               : row * ST + col;
 }
 
-template <int DP, int MT, int NS, bool F32, bool ALIAS, bool WG>
+template <int DP, int MT, int NS, bool F32, bool WG>
 __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const void* __restrict__ kp,
                                           const void* __restrict__ vp, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, const long long* __restrict__ frontier,
@@ -396,8 +373,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     constexpr int QL = F32 ? KS : 1;
 
     static_assert(NS >= 2 && NS <= 4, "2 to 4 stages (cp_wait_n)");
-    static_assert(!WG || (DP == 128 && MT == 4 && FA_WARPS == 4 && !F32 && !ALIAS),
-                  "wgmma: one warpgroup over 64 rows, D 128, BF16 bits, the default layout");
+    static_assert(!WG || (DP == 128 && MT == 4 && FA_WARPS == 4 && !F32),
+                  "wgmma: one warpgroup over 64 rows, D 128, BF16 bits");
     // a K / V tile: [FA_NT][ST] rows padded 16 bytes (ldmatrix without conflicts), or (WG) two swizzled halves of
     // [FA_NT][64] (wg_desc's layout, no padding, 1024-byte aligned: the launcher takes D == DP and gives 1 KiB slack)
     constexpr int TILE = WG ? FA_NT * DP : FA_NT * ST;
@@ -408,24 +385,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // q's rows [16 MT][ST] (BF16 bits, read into registers before the loop) share their region with the
     // per-warp P scratch [FA_WARPS][16][NKW] fp32 (the non-finite V path, inside the loop only): the region
     // is the larger of the two (fast_attention.py smem_bytes), so q costs no occupancy.
-    // ALIAS (-DFA_ALIAS=1) drops that region, so that 3 stages leave room for two blocks a multiprocessor at
-    // D 128: q's rows sit in the last stage's K tile (its context tile is issued once every warp holds its q
-    // fragments) and the scratch in the K tile of the tile computed (once every warp is done with its QK)
     constexpr int QROWS = 16 * MT;
-    static_assert(!ALIAS || (QROWS <= FA_NT && FA_WARPS * 16 * NKW * 4 <= FA_NT * ST * 2),
-                  "aliased: a K tile holds q's rows and the P scratch");
-    u16* sQ = ALIAS ? sK + (NS - 1) * FA_NT * ST : sV + NS * TILE;
-    float* ps = reinterpret_cast<float*>(ALIAS ? sK : sQ);  // aliased: stage st's K tile is ps + st * KTF
-    constexpr int KTF = FA_NT * ST / 2;                      // a K tile in floats
+    u16* sQ = sV + NS * TILE;
+    float* ps = reinterpret_cast<float*>(sQ);
 
-#ifdef FA_TIMING
-    {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (threadIdx.x == 0 && FA_BLOCK_ID < FA_TIMING_BLOCKS) fa_start[FA_BLOCK_ID] = t;
-    }
-#endif
-    FA_MARK(0);
     const int split = blockIdx.x;
     const int b = blockIdx.y / Hk, hk = blockIdx.y - (blockIdx.y / Hk) * Hk;
     const int G = Hq / Hk, M = W * G;
@@ -475,8 +438,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             *reinterpret_cast<uint4*>(base + row * ST + D + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    // every stage row and sQ's, once; sK's stages, sV's and sQ's rows are contiguous (aliased: sQ is in a stage)
-    if (!WG && D < DP) zero_pads(sK, 2 * NS * FA_NT + (ALIAS ? 0 : QROWS));
+    // every stage row and sQ's, once; sK's stages, sV's and sQ's rows are contiguous
+    if (!WG && D < DP) zero_pads(sK, 2 * NS * FA_NT + QROWS);
 
     float m[2] = {dfl::neg_inf(), dfl::neg_inf()}, l[2] = {0.f, 0.f};
     float o[ND][4];
@@ -518,14 +481,10 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     // The first NS context tiles are issued before the wait: under PDL (kernels_cu/pdl.py) they load while
     // the kernels ahead (fb_qkv_post and, since each of the block's kernels triggers at its top, those
     // before it) still run. The rings, frontier and live are written by none of the block's kernels.
-    // Aliased, the BF16-bits path issues NS - 1 here: the last stage holds sQ until q is in registers.
-    constexpr int NPRE = ALIAS && !F32 ? NS - 1 : NS;
 #pragma unroll
-    for (int j = 0; j < NPRE; ++j)
+    for (int j = 0; j < NS; ++j)
         if (t_lo + j < t_hi) load_ctx(t_lo + j, j);
-    FA_MARK(1);  // context tiles issued, pad zeroed
     dfl::pdl_wait_for(qp, kp, vp);  // q / k / v (the kernel ahead's outputs) are read after this
-    FA_MARK(7);                     // the wait returned (benchmarks/attn_phases.py)
     dfl::pdl_trigger();             // the combine may be launched; it waits for this grid's completion
 
     // Q A-fragments: a0 (row g, d 2tq..), a1 (row g+8), a2 (row g, d 2tq+8..), a3 (row g+8, d 2tq+8..).
@@ -571,12 +530,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         for (int ks = 0; ks < KS; ++ks)
             ldsm_x4(sQ + (mt * 16 + (lane & 15)) * ST + ks * 16 + ((lane >> 4) << 3), qa[ks][0], qa[ks][1], qa[ks][2],
                     qa[ks][3]);
-        if constexpr (ALIAS) {
-            // every warp holds its q fragments: sQ's stage takes its tile, committed after tiles t_lo .. t_lo +
-            // NS - 2 and before any other group (the loop's accounting sees the default order)
-            __syncthreads();
-            if (t_lo + NS - 1 < t_hi) load_ctx(t_lo + NS - 1, NS - 1);
-        }
     }
 
     // FP32 q holding BF16 values (masked_block's: fb_qkv_post rounds them) has Q_lo = 0, and its pass would
@@ -611,7 +564,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         cp_wait_n((t_hi - 1 - t < NS - 1 ? t_hi - 1 - t : NS - 1) + (blk_issued ? 1 : 0));
         if constexpr (WG) wg_proxy_fence();
         __syncthreads();
-        if (t == t_lo) FA_MARK(6);  // the first context tile in shared memory
         const int kb0 = t * FA_NT;
         const u16* kt = sK + st * TILE;
         const u16* vt = sV + st * TILE;
@@ -676,15 +628,8 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
                 pv_tile<NJ, ND, ST, true>(o, pa, vt, key0, lane);
             }
         } else {
-            // aliased: the scratch goes in this tile's K once every warp is done with its QK, over K's pad columns,
-            // which only load_ctx writes again: zeroed for a block tile that may come into this stage
-            if constexpr (ALIAS) __syncthreads();
-            pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + st * KTF : pw, key0, lane,
+            pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane,
                                    [&](int key, int d) { return dfl::f16_to_f32(vt[el(key, d)]); });
-            if (ALIAS && D < DP) {
-                __syncthreads();
-                zero_pads(sK + st * FA_NT * ST, FA_NT);
-            }
         }
         __syncthreads();  // stage st is refilled now
         if (t + NS < t_hi) {
@@ -694,7 +639,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
 
-    FA_MARK(2);  // context tiles done
     // the block tile: rows j < live of k / v (BF16 bits in stage bst, or FP32 split into hi in stage 0, lo in
     // stage 1)
     if (has_blk) {
@@ -783,8 +727,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
             if (F32 && vlo) pv_tile<NJ, ND, ST, false>(o, ph, sV + FA_NT * ST, key0, lane);
         } else {
-            if constexpr (ALIAS) __syncthreads();  // every QK pass is done: the scratch goes in the block tile's K
-            pv_scalar<NJ, ND, NKW>(o, s, ALIAS ? pw + bst * KTF : pw, key0, lane, [&](int key, int d) {
+            pv_scalar<NJ, ND, NKW>(o, s, pw, key0, lane, [&](int key, int d) {
                 float x = dfl::bf16_to_f32(bV[WG ? el(key, d) : key * ST + d]);
                 if (F32) x += dfl::bf16_to_f32(sV[(FA_NT + key) * ST + d]);
                 return x;
@@ -792,7 +735,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
         }
     }
 
-    FA_MARK(3);  // block tile done
     // full row sums (the quad of a row), then merge the key slices of each m-tile
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -852,7 +794,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             }
         }
     }
-    FA_MARK(4);  // key slices merged
     if (kg != 0) return;
 
 #pragma unroll
@@ -883,7 +824,6 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
             if (tq == 0) part_ml[pr] = make_float2(m[h], l[h]);
         }
     }
-    FA_MARK(5);  // outputs written
 }
 
 // One warp per query row (b, hk, R): merge the ns partial (m, l, o) of the splits. The loads go in
@@ -951,7 +891,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
             }
         }
     };
-    if (FA_COMBINE_ONE_PASS && i < lve && ns <= CB) {  // one batch: the largest m from the (m, l) loaded with o
+    if (i < lve && ns <= CB) {  // one batch: the largest m from the (m, l) loaded with o
         float2 ml[CB], x[CB][NP];
         load(0, ml, x);
 #pragma unroll
@@ -991,7 +931,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_s{NS}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
 // fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8, 16). kernels_cu/fast_attention.py compiles one variant per module
-// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=, and -DFA_ALIAS=1 for the aliased layout at DP 128); without
+// (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=); without
 // FA_SINGLE every variant is built (CI's nvcc): 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a
 // forced STAGES; 3 builds with -DFA_NS=3).
 #define FA_KERNEL(DPV, MTV, NSV, F32V, SUF)                                                                      \
@@ -1002,8 +942,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
         long long C, long long window, float sl2, int ns, float* __restrict__ part_o,                            \
         float2* __restrict__ part_ml, float* __restrict__ out_f32, unsigned short* __restrict__ out_bf16) {      \
         extern __shared__ __align__(16) unsigned char fa_smem[];                                                 \
-        fa::attn_body<DPV, MTV, NSV, F32V, FA_ALIAS != 0,                                                        \
-                      FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V && !FA_ALIAS>(                             \
+        fa::attn_body<DPV, MTV, NSV, F32V, FA_WG_ARCH && DPV == 128 && MTV == 4 && !F32V>(                     \
             q, k, v, kc, vc, frontier, live, B, W, Hq, Hk, D, C,                                               \
                                                        window, sl2, ns, part_o, part_ml, out_f32, out_bf16,     \
                                                        fa_smem);                                                \

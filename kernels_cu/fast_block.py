@@ -16,9 +16,7 @@ baseline's, so rounding there is inside the tight bound):
                   gives prepared = BF16(Conv_0(n)) and the BF16 finish delta
     qkv = gemm(n or prepared, [W_q; W_k; W_v])       one GEMM, weights concatenated once, resident
          (each layer GEMM: cuBLAS, or at <= 16 rows kernels_cu/fast_gemv.cu where its grid fits
-         the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait; at 17..128
-         rows kernels_cu/fast_wgemm.cu's wgmma kernel where fast_wgemm.applies: off by default,
-         measured slower than cuBLAS in session v16)
+         the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait)
     q, k = RoPE(head RMSNorm), v, each rounded once to BF16 and kept as BF16 bits (fb_qkv_post; named
          q, k, v_proj; QKV_BITS False keeps their fp32 values, same numbers)
     a  = attention (kernels_cu.fast_attention.attention_fast when that module exists, else the
@@ -48,7 +46,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kernels_cu import fast_gemv, fast_wgemm
+from kernels_cu import fast_gemv
 from kernels_cu.fast_gemm import _key, gemm_bf16, loaded_library
 from kernels_cu.loader import load_module
 from kernels_cu.ops_attention import attention as _exact_attention
@@ -240,9 +238,6 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
 # grid's 40 measured 1.9 -> 2.8 us a call in the 27B B1 trace); "always": wherever aligned; False:
 # one column per thread. The same bits either way (tests/gpu/test_fast_block.py).
 CONV_PREPARE_VEC = True
-# fb_resid_norm's block size: None sizes it to the row (resid_norm_threads); an int (a multiple of
-# 32 up to 1024) forces it (benchmarks/glue_probe.py --cold sweeps it).
-RESID_NORM_THREADS = None
 
 
 def resid_norm_threads(H: int) -> int:
@@ -250,8 +245,6 @@ def resid_norm_threads(H: int) -> int:
     H / 4 <= 1024, else about two (a multiple of 32, at most 1024). H200, 128 rows of 5120 after a
     GEMM (DRAM): the 256-thread block held 8 warps an SM, each stalled on its loads, ~10 us a call in
     the round (benchmarks/glue_probe.py, ncu)."""
-    if RESID_NORM_THREADS is not None:
-        return int(RESID_NORM_THREADS)
     groups = max(1, -(-H // 4))
     per = -(-groups // 1024)  # groups per thread
     threads = -(-groups // per)
@@ -305,35 +298,10 @@ def split_k(M: int, N: int, K: int) -> int:
 # starts beside the cuBLAS GEMM (launch-order edges). benchmarks/round_ab.py early_table_all forces it.
 EARLY_TABLE_MAX_ROWS = 16
 
-# The glue kernels under programmatic dependent launch (kernels_cu/pdl.py; each waits for the kernel ahead
-# before it reads anything). Read at every launch; benchmarks/round_ab.py's nopdl_glue turns it off.
-PDL_GLUE = True
-
-# Timing probes only (benchmarks/round_ab.py's probe_no_* configurations; the results are WRONG): glue kernels
-# left out of the block, so that a round's replay shows what a fusion that removed them could save at most.
-# Names: "qkv_post" (the attention then reads q / k / v as zeros), "silu_mul" (the down GEMM reads zeros),
-# "post_norm" (the residual update + norm after the attention's o GEMM). An eager call zero-fills what the
-# skipped kernel would write, so that no stale non-finite value sends a kernel down a slow path.
-PROBE_SKIP: frozenset = frozenset()
-
-
-def _probe_skip(name: str, *outs) -> bool:
-    """Whether PROBE_SKIP names the kernel; then outs are zero-filled, except while a CUDA graph is captured."""
-    if name not in PROBE_SKIP:
-        return False
-    try:
-        capturing = cp().cuda.get_current_stream().is_capturing()
-    except ImportError:  # the NumPy engine of the CPU tests
-        capturing = False
-    if not capturing:
-        for a in outs:
-            a.fill(0)
-    return True
-
-
 def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
-    """A fast_block.cu kernel, under PDL while PDL_GLUE (read at the call)."""
-    launch(_fn(name), grid, block, args, shared_mem, pdl=PDL_GLUE)
+    """A fast_block.cu kernel, under programmatic dependent launch (kernels_cu/pdl.py; each waits for the
+    kernel ahead before it reads anything)."""
+    launch(_fn(name), grid, block, args, shared_mem, pdl=True)
 
 
 def attention_impl():
@@ -392,20 +360,12 @@ class CudaEngine:
         """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
         return fast_gemv.chooses(M, N, K)
 
-    @staticmethod
-    def wgemm_takes(M: int, N: int, K: int) -> bool:
-        """A layer GEMM of this shape runs on kernels_cu/fast_wgemm.cu (whole: no K-split partials)."""
-        return fast_wgemm.applies(M, N, K)
-
     def layer_gemm(self, x_bits, w_bits, out):
         """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
-        its weights before the kernel ahead finishes), fast_wgemm.cu where wgemm_takes it (up to 128 rows, the
-        weight streamed by every multiprocessor alike), else ``gemm``."""
+        its weights before the kernel ahead finishes), else ``gemm``."""
         if out.ndim == 2:
             M, N, K = out.shape[0], out.shape[1], x_bits.shape[1]
             if self.gemv_takes(M, N, K) and fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):
-                return
-            if self.wgemm_takes(M, N, K) and fast_wgemm.gemm_into(cp().ascontiguousarray(x_bits), w_bits, out):
                 return
         self.gemm(x_bits, w_bits, out)
 
@@ -444,8 +404,6 @@ class CudaEngine:
 
     @staticmethod
     def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
-        if _probe_skip("qkv_post", q, k, v):
-            return
         _glue("fb_qkv_post", (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
               (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
                frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0),
@@ -463,7 +421,7 @@ class CudaEngine:
 
     @staticmethod
     def silu_mul(gu, M, inter, act):
-        if M == 0 or _probe_skip("silu_mul", act):
+        if M == 0:
             return
         if inter % 4 == 0 and (gu.data.ptr % 16 or act.data.ptr % 8):  # the kernel's 16-byte path
             raise ValueError("fb_silu_mul: gu must be 16-byte and act 8-byte aligned when I % 4 == 0 "
@@ -528,8 +486,8 @@ class Workspace:
 
 def _split_out(eng, M: int, N: int, K: int):
     """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N] (never for a shape the
-    engine's gemv_takes or wgemm_takes: those kernels write the whole sum)."""
-    s = 1 if eng.gemv_takes(M, N, K) or eng.wgemm_takes(M, N, K) else split_k(M, N, K)
+    engine's gemv_takes: that kernel writes the whole sum)."""
+    s = 1 if eng.gemv_takes(M, N, K) else split_k(M, N, K)
     return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
@@ -575,9 +533,8 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
         a = eng.attention(ws.Q, ws.K, ws.V, kc, vc, frontier, live, window)
         eng.layer_gemm(a.reshape(M, dm.Hq * dm.D), wts["wo"][l], ws.O)
         conv_a = {"conv_base": wts["attn_base"][l][1], "fd": ws.FDA} if dm.conv else {}
-        if not _probe_skip("post_norm", *_norm_targets(ws, dm).values()):
-            eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X,
-                           norm_w=wts["post_norm"][l], eps=eps, **_norm_targets(ws, dm))
+        eng.resid_norm(M, H, W, resid_in=ws.X, branch=ws.O, **conv_a, resid_out=ws.X,
+                       norm_w=wts["post_norm"][l], eps=eps, **_norm_targets(ws, dm))
         eng.mlp_act(_gemm_input(eng, ws, dm, wts, l, "mlp"), wts["wgu"][l], ws.GU, ws.ACT, M, dm.I)
         eng.layer_gemm(ws.ACT, wts["wdown"][l], ws.Z)
         tail = {"resid_in": ws.X, "branch": ws.Z}
@@ -642,8 +599,8 @@ class FastBlockMixin:
         cache = getattr(self, "_fb_ws", None)
         if cache is None:
             cache = self._fb_ws = OrderedDict()
-        # the shape, and the switches that make a GEMM output whole (fast_gemv, fast_wgemm) or K-split (_split_out)
-        key = (dm.key(), fast_gemv.config_key(), fast_wgemm.config_key())
+        # the shape, and the switches that make a GEMM output whole (fast_gemv) or K-split (_split_out)
+        key = (dm.key(), fast_gemv.config_key())
         ws = cache.get(key)
         if ws is None:
             ws = cache[key] = Workspace(self._fb_engine(), dm)
@@ -698,12 +655,10 @@ class FastBlockMixin:
                              "[Wgate;Wup], fast_block.cu glue kernels, attention: " + self._fb_engine().attention_name)
         rec["fast_block_paths"] = (f"QKV_BITS={QKV_BITS} (read when a workspace is made), RESID_NORM_PATH="
                                    f"{RESID_NORM_PATH}, RESID_NORM_CLUSTER_MAX_ROWS={RESID_NORM_CLUSTER_MAX_ROWS}, "
-                                   f"RESID_NORM_THREADS={RESID_NORM_THREADS} (None: resid_norm_threads(H)), "
                                    f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "
                                    f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
                                    f"{cluster_capable()}")
         rec["fast_block_gemv"] = fast_gemv.environment()
-        rec["fast_block_wgemm"] = fast_wgemm.environment()
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

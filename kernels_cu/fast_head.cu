@@ -60,32 +60,20 @@ typedef unsigned short u16;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-#include "tma_wgmma.cuh"  // ht_smem_u32, ht_desc, ht_bar_wait, ht_tma (shared with fast_wgemm.cu)
-
-// HT_PROBE_NO_EPILOGUE's use of a tile's accumulators: their sum, stored where it can do no harm only if it equals a
-// value no test data gives. Without a use ptxas drops the whole wgmma chain (the inline-asm ties that order the chain
-// emit no instruction), and the build sessions v13-v15 timed as "the GEMM without the selection" had no HGMMA left.
-#define HT_PROBE_SINK(acc, slot)                                            \
-    do {                                                                    \
-        float s_ = 0.f;                                                     \
-        _Pragma("unroll") for (int mb_ = 0; mb_ < 2; ++mb_)                \
-            _Pragma("unroll") for (int j_ = 0; j_ < HT_NACC; ++j_) s_ += acc[mb_][j_]; \
-        if (s_ == -1.5e-38f) slot = __float_as_uint(s_);                    \
-    } while (0)
+#include "tma_wgmma.cuh"  // ht_smem_u32, ht_desc, ht_bar_wait, ht_tma
 
 // Issued by one thread: the stage of VT head rows from row0 and K from k0 into the buffer at sw. The head rows come
 // as boxes of 64 rows (those starting at or past r1 are skipped: their rows are never selected), then the hidden
 // rows as one box of HT_N rows (rows >= M read as zeros: out of the map's bounds). The barrier expects every box's
 // full bytes.
-// (with_x false: the probe's HP_PROBE_X_EVERY, the hidden rows' box left out.)
 template <int VT>
 __device__ __forceinline__ void ht_issue(unsigned sw, unsigned bar, const u64* wmap, const u64* xmap, int row0, int r1,
-                                         int k0, bool with_x = true) {
+                                         int k0) {
     const int boxes = min(VT / 64, (r1 - row0 + 63) / 64);
-    const unsigned bytes = boxes * 64 * HT_KC * 2 + (with_x ? HT_X_BYTES : 0);
+    const unsigned bytes = boxes * 64 * HT_KC * 2 + HT_X_BYTES;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
     for (int j = 0; j < boxes; ++j) ht_tma(sw + j * 64 * HT_KC * 2, wmap, k0, row0 + 64 * j, bar);
-    if (with_x) ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
+    ht_tma(sw + VT * HT_KC * 2, xmap, k0, 0, bar);
 }
 
 // Block b's head rows [r0, r1) of Vr, the G blocks' ranges cut on 64-row boxes.
@@ -177,13 +165,6 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     }
     __syncthreads();
     float acc[2][HT_NACC];
-#ifdef HT_PROBE_CLOCKS  // probe switch: thread 0's cycle counts a block into dump (as 8 u64: total, epilogue, seed,
-                        // passes, values past the pre-filter, the scans' cycles, tiles, compaction's cycles)
-    unsigned long long pc_t0 = clock64(), pc_epi = 0, pc_seed = 0, pc_passes = 0, pc_slow = 0, pc_tiles = 0;
-    unsigned long long pc_scan = 0, pc_comp = 0;
-    float* const pc_out = dump;  // the counts' buffer; no logits dump in this build
-    dump = nullptr;
-#endif
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -205,7 +186,6 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #pragma unroll
             for (int j = 0; j < HT_NACC; ++j) asm volatile("" : "+f"(acc[mb][j])::"memory");
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#ifndef HT_PROBE_NO_MMA  // probe switch (benchmarks/fast_head_probe.py): the stream without the tensor cores
 #pragma unroll
         for (int s = 0; s < HT_KC / 16; ++s) {
             const u64 db = ht_desc(sx + 32 * s);
@@ -213,14 +193,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             for (int mb = 0; mb < 2; ++mb)
                 ht_wgmma(acc[mb], ht_desc(sw + (128 * wg + 64 * mb) * 128 + 32 * s), db, (kc | s) != 0);
         }
-#endif
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (kc != KC - 1) continue;
-#ifdef HT_PROBE_CLOCKS
-        const unsigned long long pc_e0 = clock64();
-        ++pc_tiles;
-#endif
 
         // ---- epilogue of the tile: value (mb, 4 i + e) is head row rowb + 64 mb + 8 (e / 2), hidden row
         // 8 i + 2 t + e % 2 (the m64nN accumulator layout)
@@ -240,14 +215,6 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                 if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
 #endif
             }
-#ifdef HT_PROBE_NO_EPILOGUE  // probe switch: the tile's GEMM without the selection
-        HT_PROBE_SINK(acc, thr[0]);
-        continue;
-#endif
-#ifndef HT_NO_SEED
-#ifdef HT_PROBE_CLOCKS
-        const unsigned long long pc_s0 = clock64();
-#endif
         if (it < KC) {
             // The block's first tile, thresholds still 0 (every logit would pass and the buffers overflow pass after
             // pass). Seed them: per hidden row, the largest logit of each of the 16 groups (warp, m64 block) of 16
@@ -279,15 +246,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             }
             __syncthreads();
         }
-#endif
-#ifdef HT_PROBE_CLOCKS
-        pc_seed += clock64() - pc_s0;
-#endif
         for (;;) {
-#ifdef HT_PROBE_CLOCKS
-            ++pc_passes;
-            const unsigned long long pc_p0 = clock64();
-#endif
 #pragma unroll
             for (int i = 0; i < HT_N / 8; ++i) {
                 const int n0 = 8 * i + 2 * t;
@@ -308,9 +267,6 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                         pass |= (u32)(!(acc[mb][4 * i + e] < ((e & 1) ? f1 : f0))) << (4 * mb + e);
                 pass &= mine;
                 u32 done = mine & ~pass;  // below the threshold's value: dropped (k kept keys beat them)
-#ifdef HT_PROBE_CLOCKS
-                pc_slow += __popc(pass);
-#endif
                 if (pass) {
 #pragma unroll
                     for (int mb = 0; mb < 2; ++mb)
@@ -334,40 +290,15 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
             u32 left = 0u;
 #pragma unroll
             for (int w = 0; w < HT_PEND; ++w) left |= pend[w];
-#ifdef HT_PROBE_CLOCKS
-            pc_scan += clock64() - pc_p0;
-#endif
             const int again = __syncthreads_or(left != 0u);
-#ifdef HT_PROBE_CLOCKS
-            const unsigned long long pc_c0 = clock64();
-#endif
             // compact rows near full only (a sort a row and tile otherwise); a row that overflowed is above this
             ht_compact(buf, thr, cnt, M, k, HT_CAP - 8, warp, lane);
             __syncthreads();
-#ifdef HT_PROBE_CLOCKS
-            pc_comp += clock64() - pc_c0;
-#endif
             if (!again) break;
         }
-#ifdef HT_PROBE_CLOCKS
-        pc_epi += clock64() - pc_e0;
-#endif
     }
     __syncthreads();
     ht_compact(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k
-#ifdef HT_PROBE_CLOCKS
-    if (tid == 0) {
-        unsigned long long* pc = reinterpret_cast<unsigned long long*>(pc_out) + 8 * b;
-        pc[0] = clock64() - pc_t0;
-        pc[1] = pc_epi;
-        pc[2] = pc_seed;
-        pc[3] = pc_passes;
-        pc[4] = pc_slow;
-        pc[5] = pc_scan;
-        pc[6] = pc_tiles;
-        pc[7] = pc_comp;
-    }
-#endif
     __syncthreads();
     ht_write_lists(partial, buf, cnt, M, k, G, b, tid, HT_THREADS);
 }
@@ -403,7 +334,6 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 #endif
 #define HP_W_BYTES (HP_VT * HT_KC * 2)
 #define HP_STAGE_BYTES (HP_W_BYTES + HT_X_BYTES)
-#define HP_PC 40  // the probe's u64 a consumer warpgroup (HT_PROBE_CLOCKS)
 #define HP_LS 132  // floats a hidden row of the staged logits: 128, + 4 (2 t HP_LS is 8 t banks apart)
 #define HP_BS (HT_CAP + 1)  // u64 a hidden row's buffer: HT_CAP slots + 1, so the lanes' stores to their rows' slot c
                             // fall on 16 bank pairs, not one (33 u64 = 66 words: row n at bank 2 n + 2 c mod 32)
@@ -421,9 +351,6 @@ __device__ __forceinline__ void hp_bar_wg(int wg) { asm volatile("bar.sync %0, 1
 __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __restrict__ buf, u64* __restrict__ thr,
                                           int* __restrict__ cnt, int M, int k, int tile0, int nv, int w, int ws,
                                           int lane
-#ifdef HT_PROBE_CLOCKS
-                                          , unsigned long long& comps
-#endif
 ) {
     const unsigned full = 0xffffffffu;
     const int v0 = 4 * lane;
@@ -453,25 +380,11 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
         if (t == 0ull && c == 0) {
             // The row's list is empty (its first tile): a threshold from the tile itself, row word 0 (below every
             // real key of its value), so a key below it is beaten k times.
-#ifdef HP_SEED_BISECT  // probe switch: the k-th largest ordered word of the row's keys (a 32-step bisection, the
-                       // warp's counts by one reduction a step): about k keys pass
-            u32 ans = 0u;
-#pragma unroll 1
-            for (int bit = 31; bit >= 0; --bit) {
-                const u32 cand = ans | (1u << bit);
-                u32 m = 0u;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) m += (u32)(key[e] >> 32) >= cand;
-                if (__reduce_add_sync(full, m) >= (u32)k) ans = cand;
-            }
-            t = (u64)ans << 32;
-#else  // the k-th largest of the 32 lanes' largest ordered words: k lanes hold a key at least that (one sort of 32
        // words; for Gaussian logits about 20 of 128 keys pass at k 16)
             u32 mx = 0u;
 #pragma unroll
             for (int e = 0; e < 4; ++e) mx = max(mx, (u32)(key[e] >> 32));
             t = (u64)__shfl_sync(full, warp_sort_desc(mx, lane), k - 1) << 32;
-#endif
         }
         u32 bits = 0u;
 #pragma unroll
@@ -496,9 +409,6 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
                 break;
             }
             // full with keys left: compact (sorted, the best k kept), raise the threshold, filter the rest again
-#ifdef HT_PROBE_CLOCKS
-            ++comps;
-#endif
             __syncwarp();
             t = ht_keep_best(buf + n * HP_BS, HT_CAP, k, lane);
             c = k;
@@ -525,19 +435,13 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 // only) are the candidates: one a lane a step, picked from the registers, its key compared with the threshold and
 // the key appended to the row's buffer. A lane whose buffer is full holds its candidate while the whole warp
 // compacts the full rows, one at a time (sorted, the best k kept, the threshold raised). At the tile's end every
-// row holding more than k keys is compacted by its own lane (HP_TILE_COMPACT, below). While a row's list is empty
+// row holding more than k keys is compacted by its own lane (below). While a row's list is empty
 // its threshold is seeded: the k-th largest (k <= 16) of its 32 groups' largest ordered words (groups of 4 head
 // rows, the warp form's lanes, so the same seed), kept by insertion into k registers, row word 0: k groups hold a
 // key of at least that word, so a key below it is beaten k times. (docs/PERFORMANCE.md "Session v15" has the
 // measurements; tests/test_fast_head_model.py checks the set test, the seed and the compactions.)
 #ifndef HP_SET
 #define HP_SET 4  // float4 a set (16 head rows): one vote a set
-#endif
-#ifndef HP_TILE_COMPACT
-#define HP_TILE_COMPACT 1  // 0: no tile-end compaction (v15's first form)
-#endif
-#ifndef HP_PAIR
-#define HP_PAIR 0  // 1: two candidates a lane a step (v15-c: no faster than one)
 #endif
 #ifndef HP_AHEAD
 #define HP_AHEAD 2  // sets whose loads are issued ahead of the one tested
@@ -608,9 +512,6 @@ __device__ __forceinline__ u64 hp_shared_thr(const u64* gthr, int n, int M) {
 __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u64* __restrict__ buf,
                                                 u64* __restrict__ thr, int* __restrict__ cnt, int M, int k, int tile0,
                                                 int nv, int n, int lane, u64* __restrict__ gthr, u64 g
-#ifdef HT_PROBE_CLOCKS
-                                                , unsigned long long& comps
-#endif
 ) {
     const unsigned full = 0xffffffffu;
     if (n - lane >= M) return;  // a warp without a live row (few hidden rows): nothing to do
@@ -661,16 +562,12 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
         const int v0 = 4 * HP_SET * gi;
         // the set's candidates: values at or above f (every one while the float test cannot decide), eligible rows
         u32 left = 0u;
-#ifdef HP_PROBE_NO_CAND  // probe switch (wrong lists): the sets' test without the candidates' keys, to time the scan
-        if (false) {
-#else
         if (live && (every || m >= f)) {
-#endif
 #pragma unroll
             for (int e = 0; e < 4 * HP_SET; ++e)
                 left |= (u32)((every || hp_pick(z, e) >= f) && v0 + e < nv) << e;
         }
-        // one candidate a lane a step (HP_PAIR: two, picked and keyed independently, offered in order), picked from
+        // one candidate a lane a step, picked from
         // the set's registers (a shared-memory read would wait behind the other warpgroup's wgmma operand reads): a key
         // above the threshold goes to the buffer; a lane whose buffer is full keeps its candidate until the warp has
         // compacted its row
@@ -678,18 +575,8 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             bool stuck = false;
             if (left) {
                 const int e1 = __ffs(left) - 1;
-#if HP_PAIR
-                const u32 rest = left & (left - 1u);
-                const int e2 = rest ? __ffs(rest) - 1 : e1;
-#endif
                 const u64 key1 = fk_key(hp_pick(z, e1), tile0 + v0 + e1);
-#if HP_PAIR
-                const u64 key2 = fk_key(hp_pick(z, e2), tile0 + v0 + e2);
-#endif
                 hp_offer(key1, e1, t, buf + n * HP_BS, c, left, stuck);
-#if HP_PAIR
-                if (!stuck && rest) hp_offer(key2, e2, t, buf + n * HP_BS, c, left, stuck);
-#endif
             }
             // a full row is compacted at once, one at a time (v15-d made full rows wait until no lane could go on and
             // sorted two at once: slower, 0.688 against 0.666 ms at 120 rows, 0.366 against 0.320 at the 35B head)
@@ -699,9 +586,6 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                 const int L = __ffs(fullrows) - 1;
                 fullrows &= fullrows - 1u;
                 const int nl = n - lane + L;
-#ifdef HT_PROBE_CLOCKS
-                ++comps;
-#endif
                 const u64 kth = ht_keep_best(buf + nl * HP_BS, HT_CAP, k, lane);
                 if (lane == L) {
                     t = max(t, kth);  // the buffer may hold keys of earlier tiles below a shared threshold
@@ -713,7 +597,6 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             }
         }
     }
-#if HP_TILE_COMPACT
     // Tile-end compaction, each lane its own row, all of the warp's rows at once: a row holding more than k keys keeps
     // its best k in slots 0..k-1, the threshold the k-th, so the next tile starts from the exact k-th best key so far
     // and with HT_CAP - k free slots (mid-tile compactions, a warp sort each, become rare), and the block's last tile
@@ -753,7 +636,6 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
             c = k;
         }
     }
-#endif
     if (live) {
         thr[n] = t;
         cnt[n] = c;
@@ -803,14 +685,8 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             for (int q = 0; q < total; ++q) {
                 const int st = q % HP_STAGES, use = q / HP_STAGES;
                 if (use > 0) ht_bar_wait(empty0 + 8 * st, (use - 1) & 1);  // its last consumer retired
-#ifdef HP_PROBE_X_EVERY  // probe switch (wrong logits): the hidden rows loaded at every stage's first use and then at
-                         // every HP_PROBE_X_EVERY-th stage only, the L2 traffic of x that a multicast would save
-                const bool with_x = use == 0 || q % HP_PROBE_X_EVERY == 0;
-#else
-                const bool with_x = true;
-#endif
                 ht_issue<HP_VT>(s0 + st * HP_STAGE_BYTES, full0 + 8 * st, wmap, xmap, r0 + q / KC * HP_VT, r1,
-                                q % KC * HT_KC, with_x);
+                                q % KC * HT_KC);
             }
         }
         __syncwarp();
@@ -820,38 +696,13 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int g = lane >> 2, t4 = lane & 3, w4 = warp & 3;
     float acc[2][HT_NACC];
-#ifdef HT_PROBE_CLOCKS  // probe switch: each consumer warpgroup's first thread's cycles into dump, HP_PC u64 at
-                        // (block, warpgroup): total, main-turn waits, main loops, selection-turn waits, staging,
-                        // selections, tiles, compactions; then for its first 8 tiles the cycles (from the block's
-                        // consumers' start, one SM clock) at which its main loop starts and ends and its selection starts and ends
-    unsigned long long pc_t0 = clock64(), pc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pc_x;
-    unsigned long long* const pc_out = reinterpret_cast<unsigned long long*>(dump) + HP_PC * (2 * b + wg);
-
-    dump = nullptr;
-#define HP_CLOCK(i, ev)                                                                  \
-    do {                                                                                 \
-        const auto now = clock64();                                                      \
-        pc[i] += now - pc_x;                                                             \
-        pc_x = now;                                                                      \
-        if ((ev) >= 0 && pc[6] <= 8 && (tid & 127) == 0) pc_out[4 + 4 * pc[6] + max((ev), 0)] = now - pc_t0; \
-    } while (0)
-#else
-#define HP_CLOCK(i, ev) \
-    do {                \
-    } while (0)
-#endif
 #pragma unroll 1
     for (int j = wg; j < tiles; j += 2) {
-#ifdef HT_PROBE_CLOCKS
-        pc_x = clock64();
-        ++pc[6];
-#endif
         if (w4 == 0) {  // the warpgroup's first warp, all its lanes, waits for the main-loop turn
             while (*mturn != j) __nanosleep(32);
         }
         __syncwarp();
         hp_bar_wg(wg);
-        HP_CLOCK(1, 0);
         // the accumulators anew (no read: the first wgmma of the tile overwrites them), so the last tile's values
         // are dead once staged and the selection has their registers
 #pragma unroll
@@ -869,7 +720,6 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #pragma unroll
                 for (int jj = 0; jj < HT_NACC; ++jj) asm volatile("" : "+f"(acc[mb][jj])::"memory");
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#ifndef HT_PROBE_NO_MMA
 #pragma unroll
             for (int s = 0; s < HT_KC / 16; ++s) {
                 const u64 db = ht_desc(sx + 32 * s);
@@ -877,12 +727,10 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
                 for (int mb = 0; mb < 2; ++mb)
                     ht_wgmma(acc[mb], ht_desc(sw + 64 * mb * 128 + 32 * s), db, (kc | s) != 0);
             }
-#endif
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
         }
-        HP_CLOCK(2, 1);
         // this lane's row's shared threshold, read before the waits and the staging hide its latency
         const u64 shared_t = hp_shared_thr(gthr, 32 * w4 + lane, M);
         if (w4 == 0) {  // this tile's selection after tile j - 1's (the other warpgroup's)
@@ -890,12 +738,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
         }
         __syncwarp();
         hp_bar_wg(wg);
-        HP_CLOCK(3, 2);
         const int tile0 = r0 + j * HP_VT;
-#ifdef HT_PROBE_NO_EPILOGUE
-        HT_PROBE_SINK(acc, cnt[0]);
-#endif
-#ifndef HT_PROBE_NO_EPILOGUE
         // stage the logits: value (mb, 4 i + e) is head row 64 mb + 16 w4 + g + 8 (e / 2) of the tile, hidden row
         // 8 i + 2 t4 + e % 2 (the m64nN accumulator layout)
 #pragma unroll
@@ -910,55 +753,32 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             }
         if (j == tiles - 1) break;  // the block's last tile: selected after the loop
         hp_bar_wg(wg);
-        HP_CLOCK(4, -1);
 #ifdef HP_WARP_ROWS
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), w4, 4, lane
 #else
         hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * w4 + lane, lane, gthr, shared_t
 #endif
-#ifdef HT_PROBE_CLOCKS
-                  , pc[7]
-#endif
         );
         hp_bar_wg(wg);  // the warpgroup's selection is done (its writes before the token)
-        HP_CLOCK(5, 3);
-#endif
         if ((tid & 127) == 0) {
             __threadfence_block();
             *turn = j + 1;
         }
     }
-#ifdef HT_PROBE_CLOCKS
-    if ((tid & 127) == 0) {
-        pc[0] = clock64() - pc_t0;
-        for (int i = 0; i < 8; ++i) pc_out[i] = pc[i];
-    }
-#endif
     __syncthreads();  // the last tile's logits are staged (its owner left the loop after staging them)
-#ifndef HT_PROBE_NO_EPILOGUE
     if (tiles > 0) {
         const int tile0 = r0 + (tiles - 1) * HP_VT;
-#ifdef HT_PROBE_CLOCKS
-        unsigned long long last_comps = 0;
-#endif
 #ifdef HP_WARP_ROWS
         hp_select(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), warp, 8, lane
-#ifdef HT_PROBE_CLOCKS
-                  , last_comps
-#endif
         );
 #else
         if (warp < 4)  // a lane a hidden row: the first warpgroup's 128 lanes
             hp_select_lanes(lg, buf, thr, cnt, M, k, tile0, min(HP_VT, elig - tile0), 32 * warp + lane, lane, gthr,
                             hp_shared_thr(gthr, 32 * warp + lane, M)
-#ifdef HT_PROBE_CLOCKS
-                            , last_comps
-#endif
             );
 #endif
         asm volatile("bar.sync 3, 256;\n" ::: "memory");
     }
-#endif
     ht_compact<HP_BS>(buf, thr, cnt, M, k, k, warp, lane);  // every row down to its best k (the consumers' 8 warps)
     asm volatile("bar.sync 3, 256;\n" ::: "memory");
     ht_write_lists<HP_BS>(partial, buf, cnt, M, k, G, b, tid, 256);
@@ -979,7 +799,6 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
     }
 #endif
 }
-#undef HP_CLOCK
 
 #else  // not sm_90a: no wgmma; fast_head.py launches this module only when built for sm_90a
 

@@ -229,7 +229,6 @@ class _Eng:
     empty = staticmethod(lambda shape, dtype: np.zeros(shape, dtype))
     full = staticmethod(lambda shape, value, dtype: np.full(shape, value, dtype))
     gemv_takes = staticmethod(lambda M, N, K: False)  # the workspace's whole-or-split choice: split_k's
-    wgemm_takes = staticmethod(lambda M, N, K: False)
 
     def __init__(self, fake):
         self.fake, self.fail_capture = fake, False

@@ -99,21 +99,6 @@ def test_cluster_sources_still_build_below_sm90(tmp_path, source):
     assert proc.returncode == 0, f"nvcc failed on {source} for sm_80:\n$ {' '.join(cmd)}\n{proc.stderr}"
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
-def test_wgmma_probe_builds_for_sm_90a(tmp_path):
-    """benchmarks/wgmma_probe.py's source (NVRTC on the GPU machine, sm_90a: wgmma is not in plain sm_90, hence
-    not in kernels_cu/) builds with nvcc, and ptxas does not serialize its wgmma chain (warning C7515, which
-    would make the probe time the latency instead of the rate)."""
-    from benchmarks.wgmma_probe import SRC
-
-    src = tmp_path / "wgmma_probe.cu"
-    src.write_text(SRC)
-    cmd = [NVCC, "-std=c++17", "-arch=sm_90a", "-cubin", str(src), "-o", str(tmp_path / "wgmma_probe.cubin")]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
-    assert "C7515" not in proc.stderr, proc.stderr
-
-
 def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
     """Build ``text`` (a module's NVRTC source) with nvcc for sm_90a and the loader's options (and ``extra``); assert
     it compiles, with no unused variable, and ptxas names no C7515 serialization of a wgmma chain; return ptxas's
@@ -145,18 +130,6 @@ def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
 
     frames = _sm_90a_frames(tmp_path, f"fast_head_n{n}", fast_head.source(n))
     assert len(frames) == 2 and all(v == "0" for f in frames for v in f), frames  # one line a kernel
-
-
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
-@pytest.mark.parametrize("n", [24, 128])
-def test_fast_wgemm_builds_for_sm_90a_without_local_memory(tmp_path, n):
-    """kernels_cu/fast_wgemm.cu as fast_wgemm.py hands it to NVRTC (the m64nNk16 wrapper, sm_90a, the loader's
-    options, the default stage count): it compiles, ptxas names no C7515 serialization of the wgmma chain, and
-    reports no spill and no stack frame (the N / 2 accumulators and a cut tile's sum stay in registers)."""
-    from kernels_cu import fast_wgemm
-
-    frames = _sm_90a_frames(tmp_path, f"fast_wgemm_n{n}", fast_wgemm.source(n, (("WG_STAGES", fast_wgemm.STAGES),)))
-    assert len(frames) == 1 and all(v == "0" for v in frames[0]), frames
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")

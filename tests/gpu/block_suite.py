@@ -1,5 +1,5 @@
 """The masked_block and draft_layer vectors through a fresh fast backend, shared by the GPU tests that force one
-kernel of the block wherever it takes a shape (fast_gemv, fast_wgemm)."""
+kernel of the block wherever it takes a shape (fast_gemv)."""
 
 from __future__ import annotations
 

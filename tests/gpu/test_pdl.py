@@ -262,25 +262,3 @@ def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form,
     # NaN patterns as the late junk in the output
     junk = cp.full(out.shape, np.nan, np.float32) if form == "plain" else cp.full(out.shape, 0x7fc0, np.uint16)
     _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, junk, form)
-
-
-@pytest.mark.parametrize("M,N,K,blocks", [(128, 2048, 4096, None), (24, 384, 640, 7)])
-def test_wgemm_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, M, N, K, blocks):
-    """fast_wgemm (session v16) asks for its first weight stages before the wait (constants); x must be read, and
-    the output and its cut tiles' scratch written, only after it. A producer that triggers at once writes x (or
-    garbage into the output) 20 ms later."""
-    from kernels_cu import fast_wgemm
-
-    if not fast_wgemm._device_ok():
-        pytest.skip("fast_wgemm needs a compute-capability 9.0 GPU")
-    assert fast_wgemm.PDL, "fast_wgemm launched without PDL: this race check would be vacuous"
-    cp = cupy
-    rng = np.random.default_rng(13)
-    w, x, xb = (cp.asarray(gauss_bits(rng, shape)) for shape in ((N, K), (M, K), (M, K)))
-    out = cp.empty((M, N), np.float32)
-
-    def run(x_, w_, out_):
-        return fast_wgemm.gemm_into(x_, w_, out_, blocks=blocks)
-
-    _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, cp.full(out.shape, np.nan, np.float32),
-                                              "wgemm")
