@@ -91,7 +91,7 @@ def config(grid, block, shared_mem: int, stream_ptr: int, pdl: bool):
 
 @functools.cache
 def _driver():
-    from kernels_cu.fast_gemm import loaded_library
+    from kernels_cu.fast.gemm import loaded_library
 
     lib = loaded_library("libcuda")
     fn = lib.cuLaunchKernelEx
@@ -168,7 +168,7 @@ class _EdgeData(ctypes.Structure):  # cuda.h CUgraphEdgeData
 
 @functools.cache
 def _graph_api():
-    from kernels_cu.fast_gemm import loaded_library
+    from kernels_cu.fast.gemm import loaded_library
 
     lib = loaded_library("libcuda")
     p, sz = ctypes.c_void_p, ctypes.c_size_t

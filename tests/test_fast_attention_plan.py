@@ -263,14 +263,13 @@ def test_plan_without_the_flag_gives_nan():
 
 
 def test_split_count_fills_one_wave_and_no_more(monkeypatch):
-    """kernels_cu.fast_attention.splits_for (no GPU: the SM count is given): the grid b x hk x chunks x
+    """kernels_cu.fast.attention.splits_for (no GPU: the SM count is given): the grid b x hk x chunks x
     splits never exceeds one wave of `resident` blocks per SM when it splits at all, each split keeps at
     least MIN_TILES_PER_SPLIT context tiles, and with room it splits (the v5 rule's partial second wave,
     3 splits of 64 (b, KV head) pairs on 132 SMs x 2, was the H200 sweep's slower choice)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
-
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     class _Dev:
         id = 0
@@ -311,8 +310,7 @@ def test_combine_batch_holds_the_splits_and_matches_the_source():
     once (the smallest such, so no more registers than needed), the largest where none does; and the
     instances it names are the ones fast_attention.cu builds (FA_COMBINE)."""
     import re
-
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
     built = re.search(r"#define FA_COMBINE\(DPV\) (.*)", src).group(1)

@@ -9,7 +9,7 @@ RESERVED_PER_BLOCK = 1024
 
 
 def test_smem_bytes_by_hand():
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     stage = 2 * 64 * 136 * 2  # K and V tiles [64][128 + 8] u16
     assert stage == 34816
@@ -27,7 +27,7 @@ def test_smem_bytes_by_hand():
 
 
 def test_alias_only_at_d128(monkeypatch):
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     monkeypatch.setattr(fa, "ALIAS", False)
     assert not any(fa.alias_for(dp) for dp in (16, 32, 64, 128))
@@ -40,7 +40,7 @@ def test_wgmma_form_smem_and_its_shapes(monkeypatch):
     after 1 KiB of alignment slack, plus the q / P-scratch region: two blocks a multiprocessor of 228 KB (1 KB
     reserved each) at 2 stages, one at 3 (the slack tips it). It takes only D 128 (no padded columns), 4 m-tiles,
     BF16 bits and the default layout; WGMMA False turns it off, True asks for it wherever the shape takes it."""
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     stage = 2 * 64 * 128 * 2
     assert fa.smem_bytes(128, 4, 2, wg=True) == 1024 + 2 * stage + 17408 == 83968

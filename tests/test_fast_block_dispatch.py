@@ -1,4 +1,4 @@
-"""Which fb_resid_norm kernel kernels_cu.fast_block.resid_norm_path picks (CPU: the choice reads
+"""Which fb_resid_norm kernel kernels_cu.fast.block.resid_norm_path picks (CPU: the choice reads
 only shapes and pointer alignments; the kernels themselves are compared on the GPU in
 tests/gpu/test_fast_block.py)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import kernels_cu.fast_block as fb
+from kernels_cu.fast import block as fb
 
 
 class _Ptr:

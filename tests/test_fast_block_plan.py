@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels_cu.fast_block import FastBlockMixin
+from kernels_cu.fast.block import FastBlockMixin
 from reference.draft_attention import attend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,7 +288,7 @@ def test_plan_larger_random_layer_inside_the_derived_bound(variant):
 def test_plan_qkv_as_bits_or_fp32_values_gives_the_same_hidden(monkeypatch, variant):
     """fast_block.QKV_BITS: q, k, v handed to the attention as BF16 bits or as fp32 arrays of the same
     BF16 values; the block's output must not change by a bit (the twin: one rounding either way)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     case = larger_case(variant, seed=3)
     outs = []
@@ -306,7 +306,7 @@ _SPLITS = {(256, 256): 4, (256, 768): 2, (64, 256): 4}
 
 def _split_shapes(monkeypatch):
     """Run with _SPLITS and record the shapes of the split GEMM outputs."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     monkeypatch.setattr(fb, "GEMM_SPLITS", _SPLITS)
     seen = []
@@ -344,7 +344,7 @@ def test_plan_split_gemms_a_consumer_reading_one_part_fails(monkeypatch):
 
 
 def test_split_k_table_and_alignment(monkeypatch):
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     assert fb.split_k(256, 1280, 5120) == 4 and fb.split_k(8, 5120, 17408) == 2
     assert fb.split_k(512, 1280, 5120) == 1  # more rows than measured: one GEMM
@@ -356,7 +356,7 @@ def test_split_k_table_and_alignment(monkeypatch):
 
 @given(st.integers(1, 16384))
 def test_resid_norm_threads_cover_the_row_in_at_most_four_groups(h):
-    from kernels_cu.fast_block import resid_norm_threads
+    from kernels_cu.fast.block import resid_norm_threads
 
     t = resid_norm_threads(h)
     groups = -(-h // 4)
@@ -424,8 +424,8 @@ def test_plan_gemv_act_routing(monkeypatch, variant):
 
 def test_block_workspace_follows_the_gemv_switches(monkeypatch):
     """A changed fast_gemv switch gets a new workspace (its GEMM outputs may change between whole and split)."""
-    import kernels_cu.fast_block as fb
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import block as fb
+    from kernels_cu.fast import gemv as fast_gemv
 
     block = NumpyBlock()
     dm = fb.Dims(1, 8, 256, 4, 2, 64, 768, False)

@@ -51,7 +51,7 @@ def test_chunk_permutation_pairs_every_k_with_its_own_x():
 
 
 def test_staged_steps_by_hand():
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     assert fast_gemv.STEP_BYTES == 8 * 1024  # 8 warps x 32 threads x two 16-byte slots
     # the 35B layers: K 2048 / 4096 / 6144 are 64 / 128 / 192 chunks, 8 / 16 / 24 steps a warp, all staged
@@ -65,7 +65,7 @@ def test_staged_steps_by_hand():
 
 
 def test_takes_states_the_contract(monkeypatch):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     monkeypatch.setattr(fast_gemv, "GEMV", True)
     assert fast_gemv.takes(8, 6144, 2048) and fast_gemv.takes(16, 1280, 5120) and fast_gemv.takes(1, 16, 32)
@@ -79,7 +79,7 @@ def test_takes_states_the_contract(monkeypatch):
 
 
 def test_kernel_by_rows():
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     assert [fast_gemv.kernel_name(m) for m in (1, 8, 9, 16)] == ["fast_gemv_n1"] * 2 + ["fast_gemv_n2"] * 2
     assert [fast_gemv.kernel_name(m, act=True) for m in (8, 9)] == ["fast_gemv_act_n1", "fast_gemv_act_n2"]
@@ -104,8 +104,8 @@ class _Spy:
 def test_engine_mlp_act_routing(monkeypatch, takes, act_ok, expected):
     """CudaEngine.mlp_act itself (the twins in test_fast_block_plan.py copy its rule): the fused kernel where
     gemv_takes the [gate; up] shape (M, 2I, K) and act_into launches; else layer_gemm into gu, then silu_mul."""
-    import kernels_cu.fast_block as fb
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import block as fb
+    from kernels_cu.fast import gemv as fast_gemv
 
     spy = _Spy(takes, act_ok)
     monkeypatch.setattr(fb, "cp", lambda: np)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernels_cu import fast_head
+from kernels_cu.fast import head as fast_head
 
 # An H200 (and H100) block may opt in to 227 KiB of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin 232448).
 H200_SMEM_OPTIN = 232448
@@ -23,7 +23,7 @@ def _cu_value(n: int, name: str = "HT_SMEM_BYTES") -> int:
     """A constant of fast_head.cu (HT_SMEM_BYTES, the ping-pong kernel's HP_SMEM_BYTES, ...) for HT_N = n: its
     #defines read from the source and evaluated."""
     defines = {"HT_N": str(n)}
-    for line in (fast_head.KERNEL_DIR / "fast_head.cu").read_text().splitlines():
+    for line in (fast_head.KERNEL_DIR / "fast" / "head.cu").read_text().splitlines():
         m = re.match(r"#define (H[TP]_\w+) (.+?)\s*(//.*)?$", line)
         if m and m.group(1) not in defines:
             defines[m.group(1)] = m.group(2)
@@ -57,10 +57,10 @@ def test_probe_and_round_switches_are_the_kernels():
     time it under another name."""
     from benchmarks import fast_head_probe, round_ab
 
-    src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
+    src = (fast_head.KERNEL_DIR / "fast" / "head.cu").read_text()
     switches = set(re.findall(r"^#\s*(?:ifdef|ifndef|if)\s+(\w+)", src, re.MULTILINE))
     names = {name for _, _, defines in fast_head_probe.VARIANTS for name, _ in defines}
-    names |= {name for name, _ in round_ab.CONFIGS["head_warp_rows"]["kernels_cu.fast_head.SELECT_DEFINES"]}
+    names |= {name for name, _ in round_ab.CONFIGS["head_warp_rows"]["kernels_cu.fast.head.SELECT_DEFINES"]}
     names |= {name for name, _ in fast_head.WARP_FORM}
     assert {"HP_WARP_ROWS", "HP_TILE_COMPACT", "HP_PAIR", "HP_SET", "HP_AHEAD"} <= names
     assert names <= switches, sorted(names - switches)
@@ -112,7 +112,7 @@ def test_fast_round_routes_its_head_as_the_ops_do(monkeypatch):
     decides per workspace by the same rule (fast_head.applies with the Op's name: kernels_cu/fast_round.py
     RoundWorkspace), so both run the same kernels (tests/gpu/test_fast_round.py compares them bit for bit)."""
     from kernels_cu.fast import FastCudaBackend
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     monkeypatch.setattr(fast_head, "_device_ok", lambda: True)
     for be in (FastCudaBackend(), FastRound()):
@@ -141,7 +141,7 @@ def test_shared_threshold_words_are_the_kernels(monkeypatch):
     the count of blocks done with them at gthr[HP_GTHR_ROWS] (HP_CLEAN), so MAPS_WORDS = MAP_WORDS + NMAX + 1; and
     the zeroing switch reaches the build (CLEAN False adds HP_CLEAN 0) and the launch (a memset exactly where CLEAN is
     off, so no launch runs with neither)."""
-    src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
+    src = (fast_head.KERNEL_DIR / "fast" / "head.cu").read_text()
     assert _cu_value(8, "HP_GTHR_ROWS") == fast_head.NMAX
     assert fast_head.MAPS_WORDS == fast_head.MAP_WORDS + fast_head.NMAX + 1
     assert "gthr + HP_GTHR_ROWS" in src and re.search(r"^#if HP_SHARED_THR && HP_CLEAN\b", src, re.MULTILINE)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels_cu.fast_round as fr
-import kernels_cu.ops_select as sel
-from kernels_cu import fast, fast_selector
+from kernels_cu.exact import select as sel
+from kernels_cu.fast import backend as fast
+from kernels_cu.fast import round as fr
+from kernels_cu.fast import selector as fast_selector
 
 
 def _desc(a):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels_cu import fast_selector as fs
+from kernels_cu.fast import selector as fs
 
 SRC = (Path(fs.__file__).resolve().parent / "fast_selector.cu").read_text()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_cu import fast
+from kernels_cu.fast import backend as fast
 
 SRC = (Path(fast.__file__).resolve().parent / "fast_target.cu").read_text()
 

@@ -1,4 +1,5 @@
-"""Every kernels_cu/*.cu compiles with nvcc for sm_90 with the NVRTC options (kernels_cu.loader).
+"""Every kernel source under kernels_cu/ (exact/*.cu, fast/*.cu) compiles with nvcc for sm_90 with the NVRTC
+options (kernels_cu.loader).
 
 Runs in CI where nvcc exists (no GPU needed) and skips with a reason elsewhere. Each source is
 built twice: as NVRTC will see it on a machine with the CUDA headers, and with
@@ -29,15 +30,15 @@ SOURCES = loader.sources()
 # the fallback macro only changes sources that include common.cuh; building the others twice
 # would only double the CI time
 JOBS = [(src, v) for src in SOURCES for v in VARIANTS if v == "headers" or '"common.cuh"' in src.read_text()]
-# fast_attention.cu's aliased layout (fast_attention.ALIAS, off by default) at 3 stages, BF16 and FP32 inputs: the
-# instances the default build (every variant, FA_ALIAS 0) does not contain
-_ALIAS = ("-DFA_SINGLE", "-DFA_DP=128", "-DFA_MT=4", "-DFA_NS=3", "-DFA_ALIAS=1")
-VARIANTS.update({"alias_bits": (*_ALIAS, "-DFA_F32=0"), "alias_f32": (*_ALIAS, "-DFA_F32=1")})
-JOBS += [(src, v) for src in SOURCES if src.name == "fast_attention.cu" for v in ("alias_bits", "alias_f32")]
+
+
+def _name(src: Path) -> str:
+    """A source's path under kernels_cu/ (exact/attention.cu and fast/attention.cu are two sources)."""
+    return src.relative_to(loader.KERNEL_DIR).as_posix()
 
 
 def _build(src: Path, variant: str, out_dir: Path):
-    cmd = [*loader.nvcc_command(src, out_dir / f"{src.stem}.{variant}.cubin"), *VARIANTS[variant]]
+    cmd = [*loader.nvcc_command(src, out_dir / f"{_name(src).replace('/', '_')}.{variant}.cubin"), *VARIANTS[variant]]
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired as exc:
@@ -52,14 +53,26 @@ def builds(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("cubin")
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         results = pool.map(lambda job: _build(*job, out_dir), JOBS)
-        return {(src.name, v): r for (src, v), r in zip(JOBS, results)}
+        return {(_name(src), v): r for (src, v), r in zip(JOBS, results)}
 
 
 def test_kernel_sources_exist():
+    """sources() lists every .cu of every folder (both modes), so the compile test below builds them all."""
     assert SOURCES, f"no .cu files under {loader.KERNEL_DIR}"
+    assert SOURCES == sorted(loader.KERNEL_DIR.rglob("*.cu"))
+    folders = {src.parent.name for src in SOURCES}
+    assert {"exact", "fast"} <= folders, folders
+    assert len({_name(src) for src in SOURCES}) == len(SOURCES)
 
 
-@pytest.mark.parametrize(("source", "variant"), [(src.name, v) for src, v in JOBS])
+def test_every_include_resolves_in_the_device_folder():
+    """Every #include "x.cuh" of a kernel source names a header of kernels_cu/device/ (the one include path)."""
+    for src in SOURCES + sorted(loader.DEVICE_DIR.glob("*.cuh")):
+        for inc in re.findall(r'#include "([^"]+)"', src.read_text()):
+            assert (loader.DEVICE_DIR / inc).is_file(), f"{_name(src)} includes {inc}, not in {loader.DEVICE_DIR}"
+
+
+@pytest.mark.parametrize(("source", "variant"), [(_name(src), v) for src, v in JOBS])
 def test_kernel_compiles(builds, source, variant):
     cmd, rc, stderr = builds[(source, variant)]
     assert rc == 0, f"nvcc failed ({rc}) on {source}:\n$ {' '.join(cmd)}\n{stderr}"
@@ -82,7 +95,7 @@ def test_a_compile_error_is_reported(tmp_path):
     assert rc != 0 and "no_such" in stderr
 
 
-CLUSTER_SOURCES = ("fast_block.cu", "fast_selector.cu")  # thread-block clusters (sm_90+), guarded
+CLUSTER_SOURCES = ("fast/block.cu", "fast/selector.cu")  # thread-block clusters (sm_90+), guarded
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
@@ -107,7 +120,7 @@ def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) 
     src.write_text(text)
     opts = [o for o in loader.NVRTC_OPTIONS if o != "-std=c++17"] + list(extra)
     cmd = [NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", *opts, "-Xptxas", "-v", "-I",
-           str(loader.KERNEL_DIR), "-o", str(tmp_path / f"{name}.cubin"), str(src)]
+           str(loader.DEVICE_DIR), "-o", str(tmp_path / f"{name}.cubin"), str(src)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
     assert "C7515" not in proc.stderr, proc.stderr
@@ -126,7 +139,7 @@ def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
     prepended, sm_90a, the loader's options), built by nvcc: it compiles, ptxas names no C7515 serialization of the
     wgmma chains, and for both kernels (fast_head_topk, fast_head_topk_pp; 2 x N / 2 accumulators a thread and the
     selection) ptxas reports no spill and no stack frame, which would put accumulators in local memory."""
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
 
     frames = _sm_90a_frames(tmp_path, f"fast_head_n{n}", fast_head.source(n))
     assert len(frames) == 2 and all(v == "0" for f in frames for v in f), frames  # one line a kernel
@@ -141,9 +154,9 @@ def test_fast_attention_wgmma_form_builds_for_sm_90a_without_local_memory(tmp_pa
     registers), and (where nvdisasm is here) the main
     kernel's SASS holds the warpgroup MMAs: 8 k16 steps of QK and 4 of PV a context tile, 8 + 8 for the block tile's
     QK and its two PV passes = 28 HGMMA. The same options without -DFA_WG=1 build the mma.sync kernel (no HGMMA)."""
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
-    text = (loader.KERNEL_DIR / "fast_attention.cu").read_text()
+    text = (loader.KERNEL_DIR / "fast" / "attention.cu").read_text()
     counts = {}
     for wg in (True, False):
         opts = tuple(o for o in fa.module_options(128, 4, False, (), stages, False, wg)

@@ -14,8 +14,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from kernels_cu import ops_attention as ops
-from kernels_cu.backend import CudaBackend
+from kernels_cu.exact import attention as ops
+from kernels_cu.exact.backend import CudaBackend
 from reference import numerics, precision
 from reference.draft_attention import draft_attention as ref_attention
 from reference.draft_layer import BF16_INTERMEDIATES as LAYER_BF16

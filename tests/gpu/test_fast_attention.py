@@ -48,7 +48,7 @@ U = 2.0**-24  # FP32 unit roundoff
 def fa(cupy):
     """The module with the wgmma form off (WGMMA False): the tests below that name no form check the mma.sync
     kernels; the wgmma form's tests (the last section) turn it on."""
-    from kernels_cu import fast_attention
+    from kernels_cu.fast import attention as fast_attention
 
     wgmma = fast_attention.WGMMA
     fast_attention.WGMMA = False
@@ -70,7 +70,7 @@ def composed(fa):
         """The Op with q/k/v converted to FP32 first: attention_fast's FP32 (split BF16) path."""
 
         def draft_attention(self, *, q, k, v, k_cache, v_cache, frontier, live, window=0):
-            from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32
+            from kernels_cu.exact.attention import bf16_bits, device, f16_bits, f32
 
             _, out = fa.attention_fast(f32(q), f32(k), f32(v), bf16_bits(k_cache), f16_bits(v_cache),
                                        device(frontier), device(live), int(window), f32_out=False, bf16_out=True)
@@ -109,8 +109,8 @@ def test_drop_in_for_the_layer_ops(fa, monkeypatch):
     masked_block (FP32 q/k/v from the layer, the caches as bits): the suite gives no FAIL, no ERROR."""
     from conformance.compare import Result
     from conformance.runner import run_suite
-    from kernels_cu import ops_attention
-    from kernels_cu.backend import CudaBackend
+    from kernels_cu.exact import attention as ops_attention
+    from kernels_cu.exact.backend import CudaBackend
 
     paths = Counter()
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def fast(cupy):
     from kernels_cu.fast import FastCudaBackend
-    from kernels_cu.fast_block import FastBlockMixin
+    from kernels_cu.fast.block import FastBlockMixin
 
     if issubclass(FastCudaBackend, FastBlockMixin):  # already composed by the fast backend
         return FastCudaBackend()
@@ -116,7 +116,7 @@ def test_fast_block_suite_with_every_block_gemm_split(cupy, monkeypatch):
     shapes are not in GEMM_SPLITS): the consumers sum the partials, and the suite still gives no FAIL
     or ERROR, the same verdicts as the unsplit run (also a fresh backend, so no workspace made
     without the splits is reused)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
     from conformance.compare import Result
     from conformance.runner import run_suite
     from kernels_cu.fast import FastCudaBackend
@@ -204,7 +204,7 @@ def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode
     at the 35B and 27B widths, 1, 2, 3 and 4 groups per thread, and one width past the register
     limit (both runs take the strided loop there, so that width only checks that the fallback runs,
     not a difference between paths)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M = 24
     src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
@@ -228,7 +228,7 @@ def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, monkeypatch, mode
     gamma_H / 2 + 4u, so |y_a - y_b| <= (gamma_H + 8u) |y|, with gamma_H^2 added for the second-order
     terms and |y| <= |y_b| / (1 - gamma_H / 2 - 4u) (4.9e-4 relative at H 8192). BF16 hi: one BF16
     step (<= 2^-7 |y|) at most; rows skipped by skip_first stay untouched in both."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M = 24
     src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
@@ -256,7 +256,7 @@ def test_qkv_as_bits_gives_the_fp32_paths_bits(cupy, monkeypatch, variant):
     attention reads them on its BF16 path; with the flag off they travel as fp32 arrays holding the
     same BF16 values through its FP32 path. h200-attention-v5.md measured the two attention paths
     bit-equal on such inputs; the whole block must be too (masked_block and draft_layer)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
     from kernels_cu.fast import FastCudaBackend
 
     if issubclass(FastCudaBackend, fb.FastBlockMixin):  # composed by the fast backend (as the fixture)
@@ -284,7 +284,7 @@ def test_resid_norm_branch_partials_equal_their_sum(cupy, monkeypatch, path, mod
     """A branch given as K-slice partials [S, M, H] (a split GEMM, fast_block.split_k) is read as
     their fp32 sum in part order: every output bitwise the kernel's on the pre-summed branch (for the
     conv finish the preceding row's partials too)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M, h = 32, 5120
     src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
@@ -305,7 +305,7 @@ def test_conv_prepare_delta_partials_equal_their_sum(cupy, monkeypatch, h):
     order, the lo rows' likewise, then hi + lo; bitwise the kernel's on the pre-summed delta; and its
     4-columns-per-thread path (CONV_PREPARE_VEC) bitwise its one-column path, both ways (2064: a
     width whose last slice is partial)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M, W, S = 32, 16, 4
     rng = cupy.random.default_rng(11)
@@ -334,7 +334,7 @@ def test_split_gemm_partials_are_the_k_slices(cupy, shape, engine):
     partial is a sum of K / S exact BF16 products accumulated in fp32; any order of that sum is within
     gamma_{K/S} sum |x w| (u = 2^-24, recursive summation; blocked or tensor-core orders are shorter
     chains), checked against float64 per slice, plus one fp32 rounding of the output."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M, N, K, S = shape
     rng = cupy.random.default_rng(3)
@@ -347,7 +347,7 @@ def test_split_gemm_partials_are_the_k_slices(cupy, shape, engine):
     if engine == "block":
         eng = fb.CudaEngine(attention=(None, "none"))
     else:  # FastRound's engine: every GEMM, eager too, through CaptureGemm
-        from kernels_cu.fast_round import RoundEngine
+        from kernels_cu.fast.round import RoundEngine
 
         eng = RoundEngine()
     eng.gemm(x, w, out)

@@ -42,7 +42,7 @@ def _case(M, N, K):
 @pytest.mark.parametrize("M,N,K", [(1, 16, 32), (8, 2048, 4096), (8, 6144, 2048), (7, 48, 96), (9, 32, 2048),
                                    (16, 1280, 5120), (16, 64, 6144), (3, 5120, 17408), (8, 16, 1056)])
 def test_gemv_within_the_fp32_bound_and_repeatable(cupy, M, N, K):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     xh, wh = _case(M, N, K)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
@@ -64,7 +64,7 @@ def test_gemv_within_the_fp32_bound_and_repeatable(cupy, M, N, K):
 
 @pytest.mark.parametrize("M,N,K", [(8, 2048, 6144), (16, 1280, 5120), (5, 64, 17408), (8, 32, 96)])
 def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     xh, wh = _case(M, N, K)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
@@ -85,7 +85,7 @@ def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
 
 
 def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     x, w = cupy.asarray(_bits(1, (8, 2048))), cupy.asarray(_bits(2, (12288, 2048)))
     out = cupy.empty((8, 12288), np.float32)
@@ -111,7 +111,8 @@ def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, 
     depend on where the row sits in the block's tile, and the activation is the same device function. A wrong
     gate/up row pairing, a column index off by one or a skipped SiLU differs in most elements. At every staging
     budget (K 17408 leaves steps past the budget) and PDL on and off."""
-    from kernels_cu import fast_block, fast_gemv
+    from kernels_cu.fast import block as fast_block
+    from kernels_cu.fast import gemv as fast_gemv
 
     xh, wh = _silu_case(M, inter, K, M + inter)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
@@ -135,7 +136,7 @@ def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, 
 
 
 def test_act_form_in_a_graph_and_its_refusals(cupy, monkeypatch):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     x, w = cupy.asarray(_bits(3, (8, 2048))), cupy.asarray(_bits(4, (12288, 2048)))
     act = cupy.empty((8, 6144), np.uint16)
@@ -153,7 +154,8 @@ def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
     """CudaEngine sends a layer GEMM here only when its grid fits MAX_WAVES at the staged footprint: the 35B
     qkv (384 blocks of 64 KiB, three a multiprocessor on the H200's 132) and o (128 blocks) do; the 27B
     qkv (384 blocks of 160 KiB, one a multiprocessor) does not."""
-    from kernels_cu import fast_block, fast_gemv
+    from kernels_cu.fast import block as fast_block
+    from kernels_cu.fast import gemv as fast_gemv
 
     monkeypatch.setattr(fast_gemv, "MAX_WAVES", 1.0)  # the 35B gate/up (1.9 waves) then stays out
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -167,7 +169,7 @@ def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
 
 
 def test_gemv_refuses_what_it_cannot_run(cupy):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     def call(M, N, K, off=0):
         x = cupy.zeros(M * K + off, np.uint16)[off:].reshape(M, K)
@@ -186,7 +188,7 @@ def test_block_suite_on_fast_gemv_wherever_it_takes_the_shape(cupy, monkeypatch)
     through the masked_block and draft_layer vectors: no FAIL or ERROR, as on cuBLAS, and the kernel ran.
     A fresh backend, so no workspace made under other switches is reused (added after the session v11
     review: until then only the full geometry's B1 cases ran the block on fast_gemv)."""
-    import kernels_cu.fast_gemv as fg
+    from kernels_cu.fast import gemv as fg
 
     monkeypatch.setattr(fg, "MIN_FILL", 0.0)
     monkeypatch.setattr(fg, "MAX_WAVES", float("inf"))

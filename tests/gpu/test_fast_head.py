@@ -31,7 +31,7 @@ from tests.gpu.test_fast_topk import c4_topk
 
 @pytest.fixture(scope="module")
 def fh(cupy):
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
 
     if not fast_head._device_ok():
         pytest.skip("fast_head needs a compute-capability 9.0 GPU with 226 KiB of shared memory a block (wgmma)")
@@ -77,7 +77,7 @@ def _inputs(kind: str, m: int, vr: int, h: int, seed: int):
 
 def _merged(cp, partial, vr, k, multiplier=0.0, softcap=0.0):
     """The blocks' lists merged (fast.py's merge_into): (ids, scores) on the host."""
-    from kernels_cu.fast import merge_into
+    from kernels_cu.fast.backend import merge_into
 
     m = partial.shape[0]
     scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
@@ -168,7 +168,7 @@ def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, mon
     """The Ops take the fused kernel where it applies (a spy counts the launches; MAX_ROWS opened to both Ops here,
     fast_head.py's defaults route by measured speed) and return what its logits give under C4, the multiplier and
     softcap applied to the selected logits in double as the merge does."""
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
     from kernels_cu.fast import FastCudaBackend
 
     cp = cupy
@@ -198,7 +198,7 @@ def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, mon
 
 
 def test_shortlist_large_k_and_many_rows_keep_the_gemm_path(cupy, fh, monkeypatch):
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
     from kernels_cu.fast import FastCudaBackend
 
     cp = cupy

@@ -32,9 +32,9 @@ U = 2.0**-24
 
 @pytest.fixture(scope="module", params=[(7, 65536, 2048), (120, 32768, 5120)], ids=["M7", "M120"])
 def case(cupy, request):
-    from kernels_cu.fast_block import CaptureGemm
-    from kernels_cu.fast_gemm import gemm_bf16
-    from kernels_cu.fast_lt import LtGemm
+    from kernels_cu.fast.block import CaptureGemm
+    from kernels_cu.fast.gemm import gemm_bf16
+    from kernels_cu.fast.lt import LtGemm
 
     M, N, K = request.param
     gemm_bf16(cupy.zeros((2, 8), np.uint16), cupy.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
@@ -110,7 +110,7 @@ def test_tuned_call_gives_the_chosen_paths_bits_eager_and_replayed(cupy, case):
 
 
 def test_round_environment_names_the_head_policy(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     rec = FastRound().environment()
     assert "HEAD_LT=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
@@ -121,7 +121,8 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
     tuning forced onto a cuBLASLt algorithm (margin -1: any algorithm under twice gemmEx's time is kept),
     tunes the shape once and returns the float64 argmax on every row whose top-2 margin exceeds twice the
     FP32 summation bound; the second call reuses the tuning and gives the same ids."""
-    from kernels_cu import fast_head, fast_lt
+    from kernels_cu.fast import head as fast_head
+    from kernels_cu.fast import lt as fast_lt
     from kernels_cu.fast import FastCudaBackend
 
     monkeypatch.setattr(fast_lt, "MARGIN", -1.0)
@@ -149,9 +150,10 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
 def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatch):
     """A cuBLASLt failure (here: the tuning raises) leaves the shape on gemmEx: the ids are gemmEx's, the
     error is recorded, and the next call does not try again."""
-    from kernels_cu import fast_head, fast_lt
+    from kernels_cu.fast import head as fast_head
+    from kernels_cu.fast import lt as fast_lt
     from kernels_cu.fast import FastCudaBackend
-    from kernels_cu.fast_gemm import gemm_bf16
+    from kernels_cu.fast.gemm import gemm_bf16
 
     calls = []
 

@@ -67,21 +67,21 @@ def _same_bits(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def rnd(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     return FastRound()
 
 
 @pytest.fixture(scope="module")
 def per_op(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     return FastRound(graph=False)
 
 
 @pytest.fixture(scope="module")
 def exact(cupy):
-    from kernels_cu.round import CudaRound
+    from kernels_cu.exact.round import CudaRound
 
     return CudaRound()
 
@@ -146,8 +146,9 @@ def _equal(a, b):
 def test_replay_equals_eager_and_follows_new_inputs(cupy, monkeypatch, variant, launch_order_rows):
     """launch_order_always: the graph's PDL edges relaxed to launch order at these small shapes too
     (fast_round.LAUNCH_ORDER_MIN_ROWS 0; by default only blocks of 64+ rows get it)."""
-    from kernels_cu import fast_round, pdl
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu import pdl
+    from kernels_cu.fast import round as fast_round
+    from kernels_cu.fast.round import FastRound
 
     if launch_order_rows is not None:
         monkeypatch.setattr(fast_round, "LAUNCH_ORDER_MIN_ROWS", launch_order_rows)
@@ -176,7 +177,7 @@ def test_replay_equals_eager_and_follows_new_inputs(cupy, monkeypatch, variant, 
 
 
 def test_new_batch_shape_captures_its_own_graph(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     cp = cupy
     rnd = FastRound()
@@ -216,7 +217,7 @@ def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch
     torch = pytest.importorskip("torch", reason="the round's random full-width weights are built with torch")
     from benchmarks.gpu_bench import round_drafter, round_inputs
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
     from reference.config import PRESETS
 
     cp = cupy

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels_cu import fast_round as fr
-from kernels_cu import fast_selector as fs
+from kernels_cu.fast import round as fr
+from kernels_cu.fast import selector as fs
 
 EDGE_SEEDS = [0, 2**32 - 1, 2**32, 2**64 - 1]
 
@@ -53,7 +53,7 @@ def exact_bits(values) -> np.ndarray:
 
 def _rowdots(cupy, x, w, *, bits_out=True, kernel=None):
     """(fast, exact) outputs of x @ w.T for device BF16 bits."""
-    from kernels_cu.ops_select import _rowdot
+    from kernels_cu.exact.select import _rowdot
 
     M, N = x.shape[0], w.shape[0]
     dtype = np.uint16 if bits_out else np.float32

@@ -114,7 +114,7 @@ def test_one_row_every_config(cupy, fast, backend, vr, ties):
 
 
 def test_split_plan_fills_the_gpu_at_few_rows():
-    from kernels_cu.fast import _ftd_split_plan
+    from kernels_cu.fast.backend import _ftd_split_plan
 
     p = _ftd_split_plan(8, 248320)
     assert 8 * p["C"] >= 132 and 8 * p["HC"] >= 132

@@ -63,7 +63,7 @@ def kernels(request, monkeypatch):
     fast_topk_partial_vec where it applies, and fast_topk_merge_warp: what the Ops and FastRound run),
     "vec" (the same without the bound) and "warp" (fast_topk_partial_warp and fast_topk_merge, the
     v5 kernels)."""
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     on = request.param != "warp"
     monkeypatch.setattr(fast, "TOPK_VEC", on)
@@ -79,7 +79,7 @@ def _bound(cp, kernels, m):
 @pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (32, 248320), (33, 50001), (120, 248320)])
 @pytest.mark.parametrize("k", [1, 16, 32, 40])
 def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     if k > 32 and kernels != "bound":
@@ -105,7 +105,7 @@ def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
 
 @pytest.mark.parametrize("k", [1, 16])
 def test_topk_into_with_a_shortlist(cupy, kernels, k):
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     rng = np.random.default_rng(5)
@@ -126,7 +126,7 @@ def test_topk_into_with_a_shortlist(cupy, kernels, k):
 def test_topk_into_on_a_misaligned_array(cupy, kernels, k):
     """Logits 4 bytes off a 16-byte boundary (a view into a larger buffer): the vector kernel's
     16-byte loads do not apply, the warp kernel runs, and the result is still the C4 order."""
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     rng = np.random.default_rng(11)
@@ -161,13 +161,13 @@ def test_topk_bound_is_at_most_the_rows_kth_key(cupy, kind, vr, vocab, k):
     """fast_topk_bound's per-row bound is a key at or below the row's k-th best (the column it names
     ranks k-th or later in the C4 order: the filter `key >= bound` keeps every key of the top k), or 0
     (no bound) where fewer than k columns exist; on Gaussian rows it is selective (the case it is for)."""
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     m = 5
     z = _rows(np.random.default_rng(vr + k), kind, m, vr)
     bound = cp.empty(m, dtype=np.uint64)
-    fast._fn("fast_select", "fast_topk_bound")((m,), (fast._FT_THREADS,), (cp.asarray(z), np.int32(m), np.int32(vr),
+    fast._fn("fast/topk", "fast_topk_bound")((m,), (fast._FT_THREADS,), (cp.asarray(z), np.int32(m), np.int32(vr),
                                                                            np.int32(vocab), np.int32(k), bound))
     for r, b in enumerate(bound.get().tolist()):
         order = _c4_rank_keys(z[r], vocab)

@@ -43,11 +43,11 @@ _RESULTS: list = []
 
 
 def _impl():
-    from kernels_cu.ops_select import SelectionOps
+    from kernels_cu.exact.select import SelectionOps
 
     class SelectImpl(SelectionOps):
         array_module = "cupy"
-        name = "kernels_cu.ops_select.SelectionOps"
+        name = "kernels_cu.exact.select.SelectionOps"
 
     return SelectImpl()
 

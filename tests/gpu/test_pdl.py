@@ -156,7 +156,7 @@ def _attention_case(cp, b, w, window, seed):
 @pytest.mark.parametrize("shape", [(1, 8, 4096), (8, 16, 0)], ids=["B1W8_local", "B8W16_full"])
 def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape, splits, inputs, stages):
     """BF16-bit q/k/v (the Op's) and FP32 ones holding BF16 values (the FP32 path), 2 and 4 K/V stages."""
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     cp = cupy
     monkeypatch.setattr(fa, "SPLITS", splits)
@@ -177,7 +177,7 @@ def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape
 
 
 def test_glue_kernels_read_only_after_the_wait(cupy, mod):
-    from kernels_cu import fast_block as fb
+    from kernels_cu.fast import block as fb
 
     cp = cupy
     rng = np.random.default_rng(5)
@@ -252,7 +252,7 @@ def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form,
     """fast_gemv stages its weight rows before the wait (constants); x must be read, and the output (out, or act
     for the SiLU-mul form of session v12 at the 35B [gate; up] shape) written, only after it. A producer that
     triggers at once writes x (or garbage into the output) 20 ms later."""
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     cp = cupy
     rng = np.random.default_rng(11 if form == "plain" else 12)

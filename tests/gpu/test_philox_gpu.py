@@ -38,7 +38,7 @@ EDGE_POSITIONS = np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1, 2**32, 
 
 
 def _ops():
-    from kernels_cu import ops_select
+    from kernels_cu.exact import select as ops_select
 
     return ops_select
 

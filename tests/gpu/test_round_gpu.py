@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cuda_round(cupy):
-    from kernels_cu.round import CudaRound
+    from kernels_cu.exact.round import CudaRound
 
     return CudaRound()
 

@@ -37,19 +37,9 @@ import functools
 
 import numpy as np
 
-from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, nvrtc_arch_module
+from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
+from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, include_options, nvrtc_arch_module
 
-ENABLED = True  # fast.py routes candidate_topk / proposal_head here where ``applies``; False: the cuBLAS path
-# Hidden rows up to which each Op takes the kernel: where the H200 measured it faster than the cuBLAS path
-# (benchmarks/head_topk_ab.py, docs/PERFORMANCE.md "Session v14", kernel alone against the cuBLAS path's Op at 1 /
-# 7 / 15 / 56 / 120 / 128 rows; 27B candidate_topk k 16: 0.605 / 0.606 / 0.608 / 0.618 / 0.680 / 0.731 ms against
-# 0.653 / 0.668 / 0.673 / 0.688 / 0.751 / 0.756; 35B proposal_head k 1: 0.253 / 0.253 / 0.254 / 0.261 / 0.293 / 0.320
-# against its tuned cuBLASLt GEMM's 0.256 / 0.261 / 0.271 / 0.291 / 0.332 / 0.338). v13's single-tile kernel took
-# candidate_topk up to 16 rows only. Session v15's selection (v15-f, the same rows, Op against Op): 27B 0.615 / 0.619 /
-# 0.622 / 0.628 / 0.661 / 0.713 against 0.627 / 0.641 / 0.647 / 0.662 / 0.725 / 0.730; 35B 0.255 / 0.257 / 0.257 /
-# 0.260 / 0.271 / 0.336 against 0.250 / 0.258 / 0.264 / 0.286 / 0.332 / 0.339 (at 1 row 5 us slower, as in v14: no
-# official shape has 1 row).
-MAX_ROWS = {"candidate_topk": 128, "proposal_head": 128}
 ARCH = "sm_90a"
 THREADS = 256
 VT = 256  # head rows a tile (fast_head.cu HT_VT)
@@ -71,39 +61,14 @@ def smem_bytes(n: int, stages: int = STAGES) -> int:
     return 1024 + stages * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4) + stages * 8
 
 
-PINGPONG = True  # candidate_topk / proposal_head launch fast_head_topk_pp (the warpgroups take turns over 128-row
-# tiles, the selection of one under the other's stream, from logits staged in shared memory) instead of fast_head_topk
-# Extra defines of the Ops' build of fast_head.cu at every row count; () leaves the choice to select_defines (the
-# lane-a-row selection, hp_select_lanes, above WARP_FORM_MAX_ROWS rows); (("HP_WARP_ROWS", 1),) is the v14 warp-a-row
-# form everywhere (benchmarks/round_ab.py's config head_warp_rows)
-SELECT_DEFINES: tuple[tuple[str, int], ...] = ()
-WARP_FORM = (("HP_WARP_ROWS", 1),)
-# Hidden rows up to which the Ops' build takes v14's warp form while SELECT_DEFINES is empty: the lane form's seed and
-# first scan cost the same at any row count, and at 7 rows every round A/B of session v15 measured it 2-7 us slower
-# (v15-f, ms: 35B B1 W8 0.646 against 0.653, 27B B1 W8 1.716 against 1.720; docs/reports/h200-round-ab-v15-f.json).
-# 0: the lane form at every row count (round_ab's config head_lanes_all).
-WARP_FORM_MAX_ROWS = 8
+WARP_FORM = (("HP_WARP_ROWS", 1),)  # the warp-a-hidden-row selection (hp_select); without it a lane a row
 
 
-# The lane form's thresholds shared between the blocks (fast_head.cu HP_SHARED_THR); False: each block's own only
-# (sessions v15-v17; round_ab's config head_own_thr)
-SHARED_THRESHOLDS = True
-
-# The shared thresholds' zeroing between launches through the same maps (session v19). True: the kernel's last block
-# zeroes them at its end (fast_head.cu HP_CLEAN). False: the kernel built with HP_CLEAN 0 and a memset before every
-# launch (v18's way; in FastRound's graph a memset node between the final norm and the head). A launch never runs
-# with neither; the tests' mutant replaces the memset (_zero_shared_thresholds) to get one.
-CLEAN = True
-
-
-def select_defines(M: int) -> tuple[tuple[str, int], ...]:
-    """The selection's defines for M hidden rows: SELECT_DEFINES where set, else the warp form up to
-    WARP_FORM_MAX_ROWS rows and the lane form above; HP_SHARED_THR 0 added where SHARED_THRESHOLDS is off, HP_CLEAN 0
-    where CLEAN is off."""
-    own = (() if SHARED_THRESHOLDS else (("HP_SHARED_THR", 0),)) + (() if CLEAN else (("HP_CLEAN", 0),))
-    if SELECT_DEFINES:
-        return SELECT_DEFINES + own
-    return (WARP_FORM if M <= WARP_FORM_MAX_ROWS else ()) + own
+def select_defines(M: int, options: FastOptions = DEFAULT_OPTIONS) -> tuple[tuple[str, int], ...]:
+    """The selection's defines for M hidden rows: the warp form up to options.head_warp_form_max_rows rows (the lane
+    form's seed and first scan cost the same at any row count, so at few rows the warp form is faster), the lane form
+    above."""
+    return WARP_FORM if M <= options.head_warp_form_max_rows else ()
 
 
 PP_THREADS = 384  # fast_head.cu HP_THREADS
@@ -145,7 +110,7 @@ def wgmma_wrapper(n: int) -> str:
 def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
     """The module's full source for N = n: HT_N (and any further defines: the probe's), the wrapper (inside the
     sm_90a guard's reach), fast_head.cu."""
-    body = (KERNEL_DIR / "fast_head.cu").read_text()
+    body = (KERNEL_DIR / "fast" / "head.cu").read_text()
     head, sep, rest = body.partition("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n")
     if not sep:
         raise RuntimeError("fast_head.cu: the sm_90a guard is missing")
@@ -154,7 +119,7 @@ def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
 
 
 def compile_options() -> list[str]:
-    return [f"--gpu-architecture={ARCH}", *NVRTC_OPTIONS, f"-I{KERNEL_DIR}"]
+    return [f"--gpu-architecture={ARCH}", *NVRTC_OPTIONS, *include_options()]
 
 
 @functools.cache
@@ -221,11 +186,14 @@ def tensor_map(a, box_rows: int) -> np.ndarray:
     return out
 
 
-def applies(M: int, Vr: int, H: int, k: int, shortlist=None, op: str | None = None) -> bool:
+def applies(M: int, Vr: int, H: int, k: int, shortlist=None, op: str | None = None,
+            options: FastOptions = DEFAULT_OPTIONS) -> bool:
     """Whether the kernel takes this head: enabled, an sm_90 GPU, no shortlist, 1 <= k <= KMAX, 1 <= M <= NMAX
-    (and, for an Op, M <= MAX_ROWS[op]), H a positive multiple of KC, at least one head row."""
-    rows = NMAX if op is None else min(NMAX, MAX_ROWS.get(op, 0))
-    return (ENABLED and shortlist is None and 1 <= k <= KMAX and 1 <= M <= rows and H > 0 and H % KC == 0
+    (and, for an Op, M <= its options.fused_head_max_rows_*), H a positive multiple of KC, at least one head row."""
+    op_rows = {"candidate_topk": options.fused_head_max_rows_topk,
+               "proposal_head": options.fused_head_max_rows_proposal}
+    rows = NMAX if op is None else min(NMAX, op_rows.get(op, 0))
+    return (options.fused_head and shortlist is None and 1 <= k <= KMAX and 1 <= M <= rows and H > 0 and H % KC == 0
             and Vr > 0 and _device_ok())
 
 
@@ -247,7 +215,7 @@ def device_maps(x, w):
     """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
     must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
     and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast_head.cu HP_SHARED_THR) and a
-    count, all zero: each launch leaves them zero for the next (CLEAN; without it a memset precedes each launch), so
+    count, all zero: each launch leaves them zero for the next (the kernel's last block zeroes them), so
     only the kernel may write them, one launch at a time (two launches in flight through the same maps would count
     into one word), and the maps should not move between builds with and without CLEAN (a launch without it leaves
     them set). The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
@@ -257,7 +225,8 @@ def device_maps(x, w):
                                       np.zeros(NMAX + 1, np.uint64)]))
 
 
-def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) -> None:
+def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None,
+                      options: FastOptions = DEFAULT_OPTIONS) -> None:
     """The fused kernel: x [M, H] and w [Vr, H] BF16 bits (uint16, C-contiguous, on the device) -> partial
     [M, G, k] uint64 (each block's best k keys of each hidden row among head rows < n_elig, descending, 0 past
     them; G = grid(Vr)). dump: None, or fp32 [M, Vr] that receives the logits (tests: a build with the stores,
@@ -270,42 +239,31 @@ def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None) 
         raise ValueError(f"fast_head: x {x.shape} {x.dtype} and w {w.shape} {w.dtype}: BF16 bits, one H")
     if not (x.flags.c_contiguous and w.flags.c_contiguous):
         raise ValueError("fast_head: x and w must be C-contiguous")
-    if not applies(M, Vr, H, k):
+    if not applies(M, Vr, H, k, options=options):
         raise ValueError(f"fast_head: M {M}, Vr {Vr}, H {H}, k {k} outside what the kernel takes")
     if tuple(partial.shape) != (M, G, k) or partial.dtype != np.uint64:
         raise ValueError(f"fast_head: partial {partial.shape} {partial.dtype}, needs {(M, G, k)} uint64")
     if dump is not None and (tuple(dump.shape) != (M, Vr) or dump.dtype != np.float32):
         raise ValueError(f"fast_head: dump {dump.shape} {dump.dtype}, needs {(M, Vr)} float32")
     n = n_for(M)
-    defines = (select_defines(M) if PINGPONG else ()) + (() if dump is None else (("HT_DUMP", 1),))  # dump: tests
+    pingpong = options.head_pingpong
+    defines = (select_defines(M, options) if pingpong else ()) + (() if dump is None else (("HT_DUMP", 1),))
     if maps is not None and (maps.shape != (MAPS_WORDS,) or maps.dtype != np.uint64):
         raise ValueError(f"fast_head: maps {maps.shape} {maps.dtype}, needs device_maps(x, w)'s ({MAPS_WORDS},) uint64")
-    _, fn = _kernel(n, defines, None, PINGPONG)
-    launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if PINGPONG else smem_bytes(n),
-           PP_THREADS if PINGPONG else THREADS, maps)
-
-
-def _zero_shared_thresholds(gthr) -> None:
-    """The shared thresholds zeroed on the current stream before a launch (CLEAN off; a memset: a node of a captured
-    graph). A launch that read a previous launch's thresholds would drop keys of its own top k
-    (tests/gpu/test_fast_head.py shows the result changes with neither this nor CLEAN)."""
-    import cupy as cp
-
-    cp.cuda.runtime.memsetAsync(gthr.data.ptr, 0, gthr.nbytes, cp.cuda.get_current_stream().ptr)
+    _, fn = _kernel(n, defines, None, pingpong)
+    launch(fn, n, x, w, n_elig, k, partial, dump, smem_bytes_pp(n) if pingpong else smem_bytes(n),
+           PP_THREADS if pingpong else THREADS, maps)
 
 
 def launch(fn, n: int, x, w, n_elig: int, k: int, partial, dump, smem: int, threads: int = THREADS,
            maps=None) -> None:
-    """One launch of a built kernel (the probe passes its own builds): the two tensor maps to the device (ordered on
-    the stream before the kernel) unless given there, the shared thresholds zeroed where CLEAN is off (a
-    memset on the stream: a node of a captured graph), then the grid."""
+    """One launch of a built kernel: the two tensor maps to the device (ordered on the stream before the kernel)
+    unless given there, then the grid."""
     M, H = x.shape
     Vr = w.shape[0]
     if maps is None:
         maps = device_maps(x, w)
     gthr = maps[MAP_WORDS:]
-    if not CLEAN:
-        _zero_shared_thresholds(gthr)
     fn((grid(Vr),), (threads,), (maps, np.int32(M), np.int32(Vr), np.int32(max(0, min(n_elig, Vr))), np.int32(H),
                                  np.int32(k), partial, dump if dump is not None else np.uint64(0), gthr),
        shared_mem=smem)

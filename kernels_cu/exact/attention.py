@@ -52,7 +52,7 @@ def f32(a):
     a = device(a)
     if a.dtype == np.uint16:
         out = cp().empty(a.shape, dtype=np.float32)
-        _fn("norm_rope", "bf16_to_f32_kernel")(_grid(a.size), (_THREADS,), (a, out, np.int64(a.size)))
+        _fn("exact/norm_rope", "bf16_to_f32_kernel")(_grid(a.size), (_THREADS,), (a, out, np.int64(a.size)))
         return out
     return a.astype(np.float32, copy=False)
 
@@ -70,7 +70,7 @@ def f16_bits(a):
         return a.view(np.uint16)
     x = f32(a)
     out = cp().empty(x.shape, dtype=np.uint16)
-    _fn("norm_rope", "f32_to_f16_kernel")(_grid(x.size), (_THREADS,), (x, out, np.int64(x.size)))
+    _fn("exact/norm_rope", "f32_to_f16_kernel")(_grid(x.size), (_THREADS,), (x, out, np.int64(x.size)))
     return out
 
 
@@ -78,7 +78,7 @@ def round_bf16(x):
     """The represented BF16 point of an fp32 CuPy array, as uint16 bits (RNE, once)."""
     x = cp().ascontiguousarray(x, dtype=np.float32)
     out = cp().empty(x.shape, dtype=np.uint16)
-    _fn("norm_rope", "f32_to_bf16_kernel")(_grid(x.size), (_THREADS,), (x, out, np.int64(x.size)))
+    _fn("exact/norm_rope", "f32_to_bf16_kernel")(_grid(x.size), (_THREADS,), (x, out, np.int64(x.size)))
     return out
 
 
@@ -110,7 +110,7 @@ def rmsnorm(x, w, eps: float, *, f32_out=True, bf16_out=False):
     rows = x.size // h
     of = cp().empty(x.shape, dtype=np.float32) if f32_out else None
     ob = cp().empty(x.shape, dtype=np.uint16) if bf16_out else None
-    _fn("norm_rope", "rmsnorm_rows")(
+    _fn("exact/norm_rope", "rmsnorm_rows")(
         (rows,), (_THREADS,),
         (x, w, np.int32(rows), np.int32(h), np.float32(eps), _NULL if of is None else of, _NULL if ob is None else ob),
     )
@@ -124,7 +124,7 @@ def head_norm_rope(x, w, eps: float, positions, freqs, head_dim: int, *, rope=Tr
     heads = x.shape[1] // head_dim
     out = cp().empty(x.shape, dtype=np.float32)
     block = 32 * math.ceil(head_dim / 32)
-    _fn("norm_rope", "head_norm_rope_rows")(
+    _fn("exact/norm_rope", "head_norm_rope_rows")(
         (rows * heads,), (block,),
         (x, w, freqs, cp().ascontiguousarray(positions, dtype=np.int64), np.int32(rows), np.int32(heads),
          np.int32(head_dim), np.float32(eps), np.int32(1 if rope else 0), out, _NULL),
@@ -135,7 +135,7 @@ def head_norm_rope(x, w, eps: float, positions, freqs, head_dim: int, *, rope=Tr
 
 def silu_mul(gate, up):
     out = cp().empty(gate.shape, dtype=np.float32)
-    _fn("norm_rope", "silu_mul")(_grid(gate.size), (_THREADS,), (gate, up, out, np.int64(gate.size)))
+    _fn("exact/norm_rope", "silu_mul")(_grid(gate.size), (_THREADS,), (gate, up, out, np.int64(gate.size)))
     return out
 
 
@@ -177,7 +177,7 @@ def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out
             np.int64(c), np.int64(window), np.float32(1.0 / math.sqrt(d)), _NULL if of is None else of,
             _NULL if ob is None else ob)
     if kernel == "draft_attention_fwd":
-        _fn("attention", kernel)((b * w * hq,), (256,), args)
+        _fn("exact/attention", kernel)((b * w * hq,), (256,), args)
     elif kernel == "draft_attention_gqa":
         g = hq // hk
         if attention_kernel(hq, hk, d) != kernel:
@@ -185,7 +185,7 @@ def attention(q, k, v, kc_bits, vc_bits, frontier, live, window: int, *, f32_out
         # exact-group specialisations (compile-time G, D <= 128) where one exists, else the generic one
         name = f"draft_attention_gqa_g{g}_c4" if g in (1, 2, 4, 8) and d <= 128 else kernel
         floats = g * d + _GQA_WARPS * g * 32 + 2 * _GQA_WARPS * 32 + 2 * _GQA_WARPS * g + _GQA_WARPS * g * d
-        _fn("attention", name)((b * w * hk,), (32 * _GQA_WARPS,), args, shared_mem=4 * floats)
+        _fn("exact/attention", name)((b * w * hk,), (32 * _GQA_WARPS,), args, shared_mem=4 * floats)
     else:
         raise ValueError(f"unknown attention kernel {kernel!r}")
     return of, ob
@@ -201,7 +201,7 @@ def conv_prepare(x, base, proj):
     pf = cp().empty(x.shape, dtype=np.float32)
     fd = cp().empty((b, w, 2, h // 16), dtype=np.uint16)
     x = cp().ascontiguousarray(x, dtype=np.float32)
-    _fn("grouped_conv", "conv_prepare")(
+    _fn("exact/grouped_conv", "conv_prepare")(
         _grid(x.size), (_THREADS,), (x, delta, base, np.int32(w), np.int64(b * w), np.int32(h), pb, pf, fd)
     )
     return pb, pf, fd
@@ -212,7 +212,7 @@ def conv_finish(z, base, finish_delta, residual=None, *, bf16_out=True):
     b, w, h = z.shape
     of = cp().empty(z.shape, dtype=np.float32)
     ob = cp().empty(z.shape, dtype=np.uint16) if bf16_out else None
-    _fn("grouped_conv", "conv_finish")(
+    _fn("exact/grouped_conv", "conv_finish")(
         _grid(z.size), (_THREADS,),
         (cp().ascontiguousarray(z, dtype=np.float32), finish_delta, base, np.int32(w), np.int64(b * w), np.int32(h),
          _NULL if residual is None else cp().ascontiguousarray(residual, dtype=np.float32), of,
@@ -279,7 +279,7 @@ class AttentionOps:
         _, t, ht = blocks.shape
         ids = capture_ids(blocks, target_layer_ids)
         s = cp().empty((t, len(ids) * ht), dtype=np.float32)
-        _fn("norm_rope", "gather_concat_bf16")(
+        _fn("exact/norm_rope", "gather_concat_bf16")(
             _grid(s.size), (_THREADS,),
             (blocks, cp().asarray(ids, dtype=np.int32), np.int32(len(ids)), np.int64(t), np.int32(ht), s),
         )
@@ -321,7 +321,7 @@ class AttentionOps:
                                            dtype=np.float32)
             v_raw = cp().ascontiguousarray(linear(c[first:], f32(wv)))
             # rows before `first` are not projected; the kernel's row index is offset back
-            _fn("context_kv", "context_kv_write")(
+            _fn("exact/context_kv", "context_kv_write")(
                 ((t - first) * hk,), (32 * math.ceil(head_dim / 32),),
                 (k_raw, v_raw, f32(k_norm), inv_freq(head_dim, theta), np.float32(eps), np.int64(start + first),
                  np.int32(0), np.int32(hk), np.int32(head_dim), np.int32(paged), np.int64(capacity),
@@ -365,23 +365,6 @@ class AttentionOps:
                               int(window), variant)
         _, hidden = rmsnorm(cp().ascontiguousarray(x[:, 1:]), f32(final_norm), eps, f32_out=False, bf16_out=True)
         return {"hidden": hidden}
-
-    def proposal_head(self, *, hidden, head, vocab_size, shortlist=None):
-        h = f32(hidden)
-        hw = f32(head)
-        vr = hw.shape[0]
-        sl = None if shortlist is None else device(shortlist).astype(np.int32)
-        ids = cp().arange(vr) if sl is None else sl
-        if not bool((ids < int(vocab_size)).any()):
-            raise ValueError("proposal_head: no head row has a global id below vocab_size")
-        logits = cp().ascontiguousarray(linear(h.reshape(-1, h.shape[-1]), hw))
-        rows = logits.shape[0]
-        tokens = cp().empty(rows, dtype=np.int32)
-        _fn("head", "argmax_rows")(
-            (rows,), (256,),
-            (logits, np.int32(rows), np.int32(vr), _NULL if sl is None else sl, np.int64(vocab_size), tokens),
-        )
-        return {"tokens": tokens.reshape(h.shape[:-1])}
 
     def grouped_conv(self, *, x, z, base, proj):
         bw = f32(base)

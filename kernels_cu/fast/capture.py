@@ -1,6 +1,6 @@
-"""feature_capture and grouped_conv in the fast mode.
+"""feature_capture in the fast mode (grouped_conv's fast path: kernels_cu/fast/grouped_conv.py).
 
-feature_capture: the chosen target blocks concatenated as BF16 bits (fast_capture.cu
+feature_capture: the chosen target blocks concatenated as BF16 bits (fast/feature_capture.cu
 ``fc_gather_bits``, a copy: the inputs are BF16), one BF16 tensor-core GEMM with FP32 accumulation
 through the resident fc weight, then the exact mode's RMSNorm kernel (plain_rmsnorm, BF16 out).
 The exact mode converts the blocks and the fc weight to FP32 and runs an SGEMM on every call (at
@@ -8,20 +8,15 @@ the 27B width the fc weight is 5120 x 25600: 262 MB of BF16). The products are t
 BF16 is exact in FP32); only the order of the FP32 accumulation differs, which CONTRACTS C2 admits
 (the output is BF16 after the norm: its BF16-chain envelope counts the GEMM's FP32 accumulation,
 reference.magnitude.linear, far below one BF16 rounding).
-
-grouped_conv: the delta projection W_delta x as one BF16 GEMM on the resident projection (x is
-BF16, so its products are the exact mode's), then the exact mode's conv_prepare / conv_finish
-kernels (coefficient formed first, multiplied once; BF16 at the reference's points). The exact
-mode converts the projection to FP32 on every call.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kernels_cu.fast_gemm import cp, gemm_bf16
+from kernels_cu.exact.attention import _THREADS, _grid, bf16_bits, capture_ids, rmsnorm
+from kernels_cu.fast.gemm import cp, gemm_bf16
 from kernels_cu.loader import load_module
-from kernels_cu.ops_attention import _NULL, _THREADS, _fn, _grid, bf16_bits, capture_ids, f32, rmsnorm
 
 _IDS: dict = {}  # (device, ids) -> the device int32 array of the block ids, kept across calls
 
@@ -40,15 +35,15 @@ def gather_blocks(blocks, ids) -> object:
     if out.size:
         blocks = cp().ascontiguousarray(blocks)
         vec = ht % 8 == 0 and blocks.data.ptr % 16 == 0  # out is a fresh (aligned) allocation
-        load_module("fast_capture").get_function("fc_gather_bits")(
+        load_module("fast/feature_capture").get_function("fc_gather_bits")(
             _grid(out.size // 8 if vec else out.size), (_THREADS,),
             (blocks, _ids_on_device(tuple(ids)), np.int32(len(ids)), np.int64(t), np.int32(ht), np.int32(vec), out))
     return out
 
 
 class FastCaptureMixin:
-    """feature_capture and grouped_conv over resident BF16 weights (needs ``self._bits`` and
-    ``self._f32`` of FastSelectBackend)."""
+    """feature_capture over the resident BF16 fc weight (needs ``self._bits`` and ``self._f32`` of
+    FastSelectBackend)."""
 
     def feature_capture(self, *, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
         blocks = bf16_bits(block_outputs)
@@ -60,28 +55,3 @@ class FastCaptureMixin:
         projected = gemm_bf16(gather_blocks(blocks, ids), fc)
         _, context = rmsnorm(projected, self._f32(hidden_norm), eps, f32_out=False, bf16_out=True)
         return {"context": context}
-
-    def grouped_conv(self, *, x, z, base, proj):
-        xb, zb = bf16_bits(x), bf16_bits(z)
-        b, w, h = xb.shape
-        if h % 16:
-            raise ValueError(f"grouped_conv: hidden width {h} is not a multiple of 16")
-        pw = self._bits(proj)
-        if pw.shape != (4 * (h // 16), h):
-            raise ValueError(f"grouped_conv: proj {tuple(pw.shape)}, expected {(4 * (h // 16), h)}")
-        if zb.shape != xb.shape:
-            raise ValueError(f"grouped_conv: z {tuple(zb.shape)} and x {tuple(xb.shape)} differ")
-        bw = self._f32(base)
-        rows = b * w
-        delta = gemm_bf16(xb.reshape(rows, h), pw)  # [B*W, 4G] fp32
-        prepared = cp().empty(xb.shape, dtype=np.uint16)
-        fd = cp().empty((b, w, 2, h // 16), dtype=np.uint16)
-        finished = cp().empty(xb.shape, dtype=np.uint16)
-        if rows:
-            _fn("grouped_conv", "conv_prepare")(
-                _grid(rows * h), (_THREADS,),
-                (f32(xb), delta, bw, np.int32(w), np.int64(rows), np.int32(h), prepared, _NULL, fd))
-            _fn("grouped_conv", "conv_finish")(
-                _grid(rows * h), (_THREADS,),
-                (f32(zb), fd, bw, np.int32(w), np.int64(rows), np.int32(h), _NULL, _NULL, finished))
-        return {"prepared": prepared, "finish_delta": fd, "finished": finished}

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels_cu.fast_gemm import data_ptr
+from kernels_cu.fast.gemm import data_ptr
 from kernels_cu.loader import load_module
 
-MODULE = "fast_selector"
+MODULE = "fast/selector"
 CLUSTER = 8  # fast_selector.cu FS_CLUSTER: blocks per cluster of the walk (grid x)
 _NULL = np.uint64(0)
 # fast_selector.cu's FS_ROWDOT instances: name -> (TMW, TNW, WN, WK, UB, CS, KS); a block computes

@@ -83,7 +83,7 @@ def _rowdot(x, w, *, bits_out: bool, out=None):
         raise ValueError(f"inner dimensions differ: {x.shape} and {w.shape}")
     if out is None:
         out = cp().empty((M, N), dtype=np.uint16 if bits_out else np.float32)
-    fn = _fn("select", "bf16_rowdot")
+    fn = _fn("exact/select", "bf16_rowdot")
     blocks_x = (N + _DOT_WARPS - 1) // _DOT_WARPS
     for m0 in range(0, M, _MAX_GRID_Y):
         m1 = min(M, m0 + _MAX_GRID_Y)
@@ -134,7 +134,7 @@ class SelectionOps:
         scores = cp().empty((M, k), dtype=np.float32)
         ids = cp().empty((M, k), dtype=np.int32)
         if M:
-            _fn("select", "topk_select")(
+            _fn("exact/select", "topk_select")(
                 (M,), (_TOPK_THREADS,),
                 (logits, sl, np.int32(shortlist is not None), np.int32(M), np.int32(Vr), np.int32(vocab_size),
                  np.int32(k), np.float32(output_multiplier), np.float32(softcap), scores, ids),
@@ -165,7 +165,7 @@ class SelectionOps:
         tokens = cp().empty((B, K), dtype=np.int32)
         q = cp().empty((B, K, k), dtype=np.float32)
         if B and K:
-            _fn("select", "selector_walk")(
+            _fn("exact/select", "selector_walk")(
                 (B,), (_SEL_THREADS,),
                 (g, scores, ids, _per_row(anchor, B, np.int32, "anchor"), w_pred, w_succ,
                  _per_row(temperature, B, np.float32, "temperature"), _per_row(seed, B, np.uint64, "seed"),
@@ -189,7 +189,7 @@ class SelectionOps:
         probs = cp().empty((N, Vr), dtype=np.float32)
         if N and Vr:
             scratch = cp().empty((N, Vr), dtype=np.float32)
-            _fn("accept", "target_distribution_rows")(
+            _fn("exact/accept", "target_distribution_rows")(
                 (N,), (_ROW_THREADS,),
                 (logits, prompt, counts, *_sampling_args(N, kw), np.int32(N), np.int32(Vr), np.int32(vocab_size),
                  scratch, probs),
@@ -232,7 +232,7 @@ class SelectionOps:
         if B:
             zs = cp().empty((B, Vr), dtype=np.float32)
             ps = cp().empty((B, Vr), dtype=np.float32)
-            _fn("accept", "speculative_accept_rows")(
+            _fn("exact/accept", "speculative_accept_rows")(
                 (B,), (_ROW_THREADS,),
                 (logits, proposals, live, qd, qi, np.int32(q is not None), np.int32(kq),
                  _per_row(frontier, B, np.int64, "frontier"), _per_row(seed, B, np.uint64, "seed"), prompt, counts,
@@ -265,7 +265,7 @@ class SelectionOps:
         accepted = cp().zeros(B, dtype=np.int32)
         num_out = cp().zeros(B, dtype=np.int32)
         if B:
-            _fn("accept", "tree_verify_rows")(
+            _fn("exact/accept", "tree_verify_rows")(
                 (B,), (_ROW_THREADS,),
                 (_per_row(anchor, B, np.int32, "anchor"), ids, energies,
                  _per_row(temperature, B, np.float32, "temperature"), _per_row(seed, B, np.uint64, "seed"),
@@ -339,7 +339,7 @@ def philox_words(counter, key):
         raise ValueError(f"philox_words: {n} counters and {k.shape[0]} keys")
     out = cp().empty((n, 4), dtype=np.uint32)
     if n:
-        _fn("accept", "philox_words")(((n + 255) // 256,), (256,), (c, k, np.int32(n), out))
+        _fn("exact/accept", "philox_words")(((n + 255) // 256,), (256,), (c, k, np.int32(n), out))
     return out
 
 
@@ -354,7 +354,7 @@ def keyed_uniforms(seed, position, purpose, index):
         raise ValueError("keyed_uniforms: inputs must have one length")
     out = cp().empty(n, dtype=np.float32)
     if n:
-        _fn("accept", "philox_uniforms")(((n + 255) // 256,), (256,), (s, p, u, i, np.int32(n), out))
+        _fn("exact/accept", "philox_uniforms")(((n + 255) // 256,), (256,), (s, p, u, i, np.int32(n), out))
     return out
 
 
@@ -364,7 +364,7 @@ def race_winners(weights, seed, position, purpose):
     rows, V = w.shape
     out = cp().empty(rows, dtype=np.int32)
     if rows:
-        _fn("accept", "race_rows")(
+        _fn("exact/accept", "race_rows")(
             (rows,), (_ROW_THREADS,),
             (w, np.int32(rows), np.int32(V), _per_row(seed, rows, np.uint64, "seed"),
              _per_row(position, rows, np.int64, "position"), _per_row(purpose, rows, np.uint32, "purpose"), out),

@@ -18,9 +18,9 @@ baseline's, so rounding there is inside the tight bound):
          (each layer GEMM: cuBLAS, or at <= 16 rows kernels_cu/fast_gemv.cu where its grid fits
          the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait)
     q, k = RoPE(head RMSNorm), v, each rounded once to BF16 and kept as BF16 bits (fb_qkv_post; named
-         q, k, v_proj; QKV_BITS False keeps their fp32 values, same numbers)
-    a  = attention (kernels_cu.fast_attention.attention_fast when that module exists, else the
-         exact kernel of kernels_cu.ops_attention), BF16 out (named "attn")
+         q, k, v_proj)
+    a  = attention (kernels_cu.fast.attention.attention_fast when that module exists, else the
+         exact kernel of kernels_cu.exact.attention), BF16 out (named "attn")
     o  = gemm(a, W_o)
     y  = X + o (DFlash2: + BF16(Conv_1(o)), as the exact mode), m = RMSNorm(y): fb_resid_norm
     gu = gemm(BF16(m) or prepared_m, [W_gate; W_up]);  act = BF16(SiLU(gate) * up) (named "act"; one
@@ -46,11 +46,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kernels_cu import fast_gemv
-from kernels_cu.fast_gemm import _key, gemm_bf16, loaded_library
+from kernels_cu.exact.attention import bf16_bits, device, f16_bits
+from kernels_cu.fast import gemv as fast_gemv
+from kernels_cu.fast.gemm import _key, gemm_bf16, loaded_library
+from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
 from kernels_cu.loader import load_module
-from kernels_cu.ops_attention import attention as _exact_attention
-from kernels_cu.ops_attention import bf16_bits, device, f16_bits
 from kernels_cu.pdl import launch
 
 _NULL = np.uint64(0)
@@ -90,7 +90,7 @@ _FUNCS: dict = {}
 def _fn(name: str):
     f = _FUNCS.get(name)
     if f is None:
-        f = _FUNCS[name] = load_module("fast_block").get_function(name)
+        f = _FUNCS[name] = load_module("fast/block").get_function(name)
     return f
 
 
@@ -175,24 +175,14 @@ def _row_grid(n: int, rows: int) -> tuple[int, int]:
     return (max(1, min((n + _THREADS - 1) // _THREADS, _MAX_GRID)), max(1, rows))
 
 
-# fb_resid_norm: "auto" takes the cluster kernel (fb_resid_norm_cluster, a row over 8 CTAs) where
-# it applies, else the single-CTA one (rows up to 8192 wide in registers); "cluster", "block" and
-# "strided" (the single-CTA kernel's loop, any width, the register path's bits) force one
-# (tests/gpu/test_fast_block.py compares them).
-RESID_NORM_PATH = "auto"
-# q, k, v between fb_qkv_post and the attention as BF16 bits (the fast attention's BF16 path) or as
-# fp32 arrays holding the same BF16 values (its FP32 path): the same bits out (h200-attention-v5.md,
-# tests/gpu/test_fast_block.py), the bits 4-5 us a layer faster. Read when a workspace is made.
-QKV_BITS = True
+# fb_resid_norm (options.resid_norm_path): "auto" takes the cluster kernel (fb_resid_norm_cluster, a row over
+# 8 CTAs) where it applies, else the single-CTA one (rows up to 8192 wide in registers); "cluster", "block" and
+# "strided" (the single-CTA kernel's loop, any width, the register path's bits) force one (tests/gpu/test_fast_block.py
+# compares them). "auto" takes the cluster kernel up to options.resid_norm_cluster_max_rows rows: at 8 rows it halved
+# the norm's time at H 5120 (9.7 -> 5.0 us); at 128 rows of H 2048 its 8 CTAs of 128 threads a row outnumber the SMs
+# and it was slower (5.0 -> 7.2 us).
 _CLUSTER, _CLUSTER_THREADS = 8, 128  # fast_block.cu FB_CL, FB_CL_THREADS
 
-
-# "auto" takes the cluster kernel up to this many rows. H200 graph trace (benchmarks/profile_round.py,
-# 2026-12-01, per call, single-CTA -> cluster: docs/reports/h200-profile-round-v5-single-cta-norm.json
-# -> h200-profile-round-v5-cluster-norm-all-rows.json): 8 rows 9.7 -> 5.0 us at H 5120 and 4.4 ->
-# 4.0 at H 2048; 128 rows 9.6 -> 9.3 us at H 5120 and 5.0 -> 7.2 at H 2048 (8 CTAs of 128 threads
-# per row then outnumber the SMs)
-RESID_NORM_CLUSTER_MAX_ROWS = 32
 
 
 @functools.cache
@@ -210,14 +200,15 @@ def cluster_capable() -> bool:
         return False
 
 
-def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None) -> str:
-    """Which fb_resid_norm kernel a call takes (RESID_NORM_PATH; "auto": the cluster kernel for at
-    most RESID_NORM_CLUSTER_MAX_ROWS rows when the device runs clusters (``capable``, default
+def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None,
+                    options: FastOptions = DEFAULT_OPTIONS) -> str:
+    """Which fb_resid_norm kernel a call takes (options.resid_norm_path; "auto": the cluster kernel for at
+    most options.resid_norm_cluster_max_rows rows when the device runs clusters (``capable``, default
     cluster_capable()), H is a multiple of 32 up to 8192 and every fp32 array is 16-byte, every
     BF16 array 8-byte aligned)."""
-    want = RESID_NORM_PATH
+    want = options.resid_norm_path
     if want not in ("auto", "cluster", "block", "strided"):
-        raise ValueError(f"RESID_NORM_PATH {want!r}: auto, cluster, block or strided")
+        raise ValueError(f"resid_norm_path {want!r}: auto, cluster, block or strided")
     if want in ("block", "strided"):
         return want
     if capable is None:
@@ -228,16 +219,15 @@ def resid_norm_path(M: int, H: int, f32=(), bits=(), capable: bool | None = None
     if want == "cluster" and not fits:
         raise ValueError(f"fb_resid_norm_cluster does not take H {H}, these alignments or this device "
                          f"(clusters: {capable})")
-    if want == "auto" and M > RESID_NORM_CLUSTER_MAX_ROWS:
+    if want == "auto" and M > options.resid_norm_cluster_max_rows:
         return "block"
     return "cluster" if fits else "block"
 
 
-# fb_conv_prepare: 4 columns per thread with 16-byte loads where aligned and the grid still has at
-# least 256 blocks (B8 W16: 640; at B1 W8 one column per thread keeps 160 blocks: the 4-column
-# grid's 40 measured 1.9 -> 2.8 us a call in the 27B B1 trace); "always": wherever aligned; False:
-# one column per thread. The same bits either way (tests/gpu/test_fast_block.py).
-CONV_PREPARE_VEC = True
+# fb_conv_prepare (options.conv_prepare_vec): 4 columns per thread with 16-byte loads where aligned and the grid
+# still has at least 256 blocks (B8 W16: 640; at B1 W8 one column per thread keeps 160 blocks: the 4-column grid's
+# 40 took 1.9 -> 2.8 us a call in the 27B B1 trace); "always": wherever aligned; False: one column per thread. The
+# same bits either way (tests/gpu/test_fast_block.py).
 
 
 def resid_norm_threads(H: int) -> int:
@@ -265,38 +255,24 @@ def _parts(a, rows: int, cols: int) -> tuple[int, int]:
     return int(a.shape[0]), rows * cols
 
 
-# K splits of the block's GEMMs (a strided-batched GEMM over S slices of K, the S fp32 partials
-# summed in slice order by the consumer kernel: fb_conv_prepare for the conv delta, fb_resid_norm
-# for o and down), keyed by the weight's (N, K), for M <= SPLIT_MAX_M. Chosen from
-# benchmarks/splitk_probe.py on the H200 (graph replays with rotating weights, us per call,
-# docs/reports/h200-splitk-probe-v7.json), gemmEx -> split:
-#   (1280, 5120) DFlash2 27B conv delta: M 256 11.3 -> 7.9 (S 4), M 16 8.3 -> 6.1 (S 4)
-#   (5120, 17408) 27B down:              M 128 56.9 -> 48.5 (S 2), M 8 51.5 -> 45.9 (S 2)
-#   (2048, 4096) 35B o:                  M 128 10.0 -> 7.8 (S 4), M 8 8.6 -> 6.6 (S 4)
-#   (2048, 6144) 35B down:               M 128 12.6 -> 9.5 (S 4), M 8 10.5 -> 8.6 (S 4)
-# Shapes not listed, and where splitting measured no gain (27B q/k/v, o, gate/up; the heads), run
-# one GEMM. GEMM_SPLITS = {} turns every split off. Session v21 measured the round with the 35B o and down split
-# in 2 instead of 4 (round_ab's split_od2 at tree c59863a; at <= 16 rows these GEMMs run whole on fast_gemv): 35B
-# B8 W16 0.924 -> 0.918 ms in each of three passes (docs/reports/h200-v21-g-round-ab.log; o alone in 2 0.924, down
-# alone 0.922). The GEMMs alone had favoured 4 (above); in the round, fb_resid_norm sums half the partials.
-# round_ab's split_od4 is the old table.
-GEMM_SPLITS = {(1280, 5120): 4, (5120, 17408): 2, (2048, 4096): 2, (2048, 6144): 2}
-SPLIT_MAX_M = 256  # rows up to which GEMM_SPLITS applies
+# K splits of the block's GEMMs (options.gemm_splits: a strided-batched GEMM over S slices of K, the S fp32 partials
+# summed in slice order by the consumer kernel: fb_conv_prepare for the conv delta, fb_resid_norm for o and down),
+# keyed by the weight's (N, K), for M <= options.split_max_m. On the H200 (graph replays with rotating weights) the
+# split took the DFlash2 27B conv delta from 11.3 to 7.9 us (S 4, M 256) and the 27B down from 56.9 to 48.5 (S 2,
+# M 128); the 35B o and down run in 2 slices: in the round fb_resid_norm then sums half the partials of 4, which
+# measured faster than 4 although the GEMMs alone favour 4. Shapes where splitting measured no gain run one GEMM.
 
 
-def split_k(M: int, N: int, K: int) -> int:
-    """How many K slices the block's GEMM x [M, K] @ w [N, K].T runs as (GEMM_SPLITS; 1: not split).
+def split_k(M: int, N: int, K: int, options: FastOptions = DEFAULT_OPTIONS) -> int:
+    """How many K slices the block's GEMM x [M, K] @ w [N, K].T runs as (options.gemm_splits; 1: not split).
     Each slice is 16-byte aligned (K % (8 S) == 0)."""
-    s = min(GEMM_SPLITS.get((N, K), 1), MAX_PARTS) if M <= SPLIT_MAX_M else 1
+    s = min(options.splits_for(N, K), MAX_PARTS) if M <= options.split_max_m else 1
     return s if s > 1 and K % (8 * s) == 0 else 1
 
 
-# fb_qkv_post builds its RoPE table before its PDL wait (overlapping the kernel ahead) for blocks of at most this
-# many rows, after it otherwise. At B1 it took ~1 us a layer off the round (35B B1 W8 0.685 -> 0.672 ms with
-# the other changes of that run, docs/reports/h200-round-ab-v11-d.json); the run that added it also measured
-# B8 slower (35B B8 W16 1.054 -> 1.082 ms against the v10 tree, h200-round-ab-v11-e.json), where fb_qkv_post
-# starts beside the cuBLAS GEMM (launch-order edges). benchmarks/round_ab.py early_table_all forces it.
-EARLY_TABLE_MAX_ROWS = 16
+# fb_qkv_post builds its RoPE table before its PDL wait (overlapping the kernel ahead) for blocks of at most
+# options.early_table_max_rows rows, after it otherwise: at B1 it took ~1 us a layer off the round; at B8 fb_qkv_post
+# starts beside the cuBLAS GEMM (launch-order edges) and building the table early measured slower.
 
 def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
     """A fast_block.cu kernel, under programmatic dependent launch (kernels_cu/pdl.py; each waits for the
@@ -304,15 +280,12 @@ def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
     launch(_fn(name), grid, block, args, shared_mem, pdl=True)
 
 
-def attention_impl():
-    """(function, name): the fast attention where kernels_cu/fast_attention.py provides it, else
-    the exact kernel (same contract: fp32 q/k/v, BF16/FP16 cache bits -> (f32 or None, bits or None))."""
-    try:
-        from kernels_cu.fast_attention import attention_fast
-    except Exception as exc:  # noqa: BLE001 - absent (or broken while being written): the exact kernel
-        return _exact_attention, (f"kernels_cu.ops_attention.attention (exact; fast_attention unavailable: "
-                                  f"{type(exc).__name__}: {exc})")
-    return attention_fast, "kernels_cu.fast_attention.attention_fast"
+def attention_impl(options: FastOptions = DEFAULT_OPTIONS):
+    """(function, name): the fast attention (kernels_cu/fast/attention.py) under these options (same contract as the
+    exact kernel: fp32 or BF16-bit q/k/v, BF16/FP16 cache bits -> (f32 or None, bits or None))."""
+    from kernels_cu.fast.attention import attention_fast
+
+    return functools.partial(attention_fast, options=options), "kernels_cu.fast.attention.attention_fast"
 
 
 # --- the engine interface: one method per kernel (CUDA here; a NumPy twin in the CPU test) ----------
@@ -321,8 +294,9 @@ def attention_impl():
 class CudaEngine:
     """Launches the fast_block.cu kernels and the BF16 GEMM on the current CuPy stream."""
 
-    def __init__(self, attention=None):
-        self.attention_fn, self.attention_name = attention if attention is not None else attention_impl()
+    def __init__(self, attention=None, options: FastOptions = DEFAULT_OPTIONS):
+        self.options = options
+        self.attention_fn, self.attention_name = attention if attention is not None else attention_impl(options)
         try:  # attention_fast takes pdl=; a stand-in (tests, benchmarks) may not
             self._attention_pdl = "pdl" in inspect.signature(self.attention_fn).parameters
         except (TypeError, ValueError):
@@ -355,17 +329,17 @@ class CudaEngine:
                 self._capture_gemm = False
                 self._capture_error = f"{type(exc).__name__}: {exc}"
 
-    @staticmethod
-    def gemv_takes(M: int, N: int, K: int) -> bool:
-        """A layer GEMM of this shape runs on kernels_cu/fast_gemv.cu (whole: no K-split partials)."""
-        return fast_gemv.chooses(M, N, K)
+    def gemv_takes(self, M: int, N: int, K: int) -> bool:
+        """A layer GEMM of this shape runs on kernels_cu/fast/gemv.cu (whole: no K-split partials)."""
+        return fast_gemv.chooses(M, N, K, self.options)
 
     def layer_gemm(self, x_bits, w_bits, out):
         """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
         its weights before the kernel ahead finishes), else ``gemm``."""
         if out.ndim == 2:
             M, N, K = out.shape[0], out.shape[1], x_bits.shape[1]
-            if self.gemv_takes(M, N, K) and fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out):
+            if self.gemv_takes(M, N, K) and fast_gemv.gemv_into(cp().ascontiguousarray(x_bits), w_bits, out,
+                                                                 self.options):
                 return
         self.gemm(x_bits, w_bits, out)
 
@@ -373,13 +347,12 @@ class CudaEngine:
         """act [M, I] = BF16(SiLU(gate) * up) of the MLP's [gate; up] GEMM: one fast_gemv kernel (SiLU-mul in its
         epilogue, the same bits) where the GEMM runs there, else ``layer_gemm`` into gu then fb_silu_mul."""
         if (self.gemv_takes(M, 2 * inter, x_bits.shape[1])
-                and fast_gemv.act_into(cp().ascontiguousarray(x_bits), w_bits, act)):
+                and fast_gemv.act_into(cp().ascontiguousarray(x_bits), w_bits, act, self.options)):
             return
         self.layer_gemm(x_bits, w_bits, gu)
         self.silu_mul(gu, M, inter, act)
 
-    @staticmethod
-    def resid_norm(M, H, W, *, resid_in=None, src_bits=None, tok=None, mask_id=0, branch=None, conv_base=None,
+    def resid_norm(self, M, H, W, *, resid_in=None, src_bits=None, tok=None, mask_id=0, branch=None, conv_base=None,
                    fd=None, resid_out=None, resid_bits=None, norm_w=None, eps=0.0, norm_f32=None, norm_hi=None,
                    norm_lo=None, skip_first=False):
         tok_mode = 0 if tok is None else (2 if tok.dtype == np.int64 else 1)  # int32 or int64 (masked_block)
@@ -395,26 +368,25 @@ class CudaEngine:
                 np.float32(eps), p(norm_f32), p(norm_hi), p(norm_lo), np.int32(1 if skip_first else 0),
                 np.int32(bparts), np.int64(bstride))
         path = resid_norm_path(M, H, f32=(resid_in, branch, conv_base, resid_out, norm_w, norm_f32),
-                               bits=(src_bits, resid_bits, norm_hi, norm_lo))
+                               bits=(src_bits, resid_bits, norm_hi, norm_lo), options=self.options)
         if path == "cluster":
             _glue("fb_resid_norm_cluster", (_CLUSTER * M,), (_CLUSTER_THREADS,), args)
         else:
             _glue("fb_resid_norm", (M,), (resid_norm_threads(H),),
                   (*args, np.int32(1 if path == "strided" else 0)))
 
-    @staticmethod
-    def qkv_post(qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
+    def qkv_post(self, qkv, M, W, hq, hk, d, q_norm, k_norm, freqs, frontier, eps, q, k, v):
         _glue("fb_qkv_post", (M, math.ceil((hq + 2 * hk) / _QKV_WARPS)), (32 * _QKV_WARPS,),
               (qkv, np.int32(M), np.int32(W), np.int32(hq), np.int32(hk), np.int32(d), q_norm, k_norm, freqs,
                frontier, np.float32(eps), q, k, v, np.int32(1 if q.dtype == np.uint16 else 0),
-               np.int32(1 if M <= EARLY_TABLE_MAX_ROWS else 0)),
+               np.int32(1 if M <= self.options.early_table_max_rows else 0)),
               4 * d * (1 + _QKV_WARPS))
 
-    @staticmethod
-    def conv_prepare(x, dl, base0, W, M, H, prepared, fd):
+    def conv_prepare(self, x, dl, base0, W, M, H, prepared, fd):
         dparts, dstride = _parts(dl, 2 * M, H // 4)
-        vec = (CONV_PREPARE_VEC and H % 4 == 0 and x.data.ptr % 16 == 0 and base0.data.ptr % 16 == 0
-               and prepared.data.ptr % 8 == 0 and (CONV_PREPARE_VEC == "always" or -(-H // 1024) * M >= 256))
+        want = self.options.conv_prepare_vec
+        vec = (want and H % 4 == 0 and x.data.ptr % 16 == 0 and base0.data.ptr % 16 == 0
+               and prepared.data.ptr % 8 == 0 and (want == "always" or -(-H // 1024) * M >= 256))
         _glue("fb_conv_prepare", _row_grid(-(-H // 4) if vec else H, M), (_THREADS,),
               (x, dl, base0, np.int32(W), np.int32(M), np.int32(H), prepared, fd, np.int32(dparts),
                np.int64(dstride), np.int32(1 if vec else 0)))
@@ -467,10 +439,9 @@ class Workspace:
         self.X = eng.empty((M, H), f32)  # residual stream
         self.NB = eng.empty((2 * M, H), u16)  # BF16 norm output (hi rows, then lo rows for the conv GEMM)
         self.QKV = eng.empty((M, (dm.Hq + 2 * dm.Hk) * dm.D), f32)
-        qkv_t = u16 if QKV_BITS else f32  # q, k, v: BF16 bits for the attention, or their fp32 values
-        self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), qkv_t)
-        self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
-        self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), qkv_t)
+        self.Q = eng.empty((dm.B, dm.W, dm.Hq, dm.D), u16)  # q, k, v: BF16 bits for the attention
+        self.K = eng.empty((dm.B, dm.W, dm.Hk, dm.D), u16)
+        self.V = eng.empty((dm.B, dm.W, dm.Hk, dm.D), u16)
         self.O = _split_out(eng, M, H, dm.Hq * dm.D)  # [M, H], or [S, M, H] partials (split_k)
         self.GU = eng.empty((M, 2 * dm.I), f32)
         self.ACT = eng.empty((M, dm.I), u16)
@@ -487,7 +458,7 @@ class Workspace:
 def _split_out(eng, M: int, N: int, K: int):
     """A GEMM output [M, N] fp32, or its split_k(M, N, K) K-slice partials [S, M, N] (never for a shape the
     engine's gemv_takes: that kernel writes the whole sum)."""
-    s = 1 if eng.gemv_takes(M, N, K) else split_k(M, N, K)
+    s = 1 if eng.gemv_takes(M, N, K) else split_k(M, N, K, getattr(eng, "options", DEFAULT_OPTIONS))
     return eng.empty((M, N) if s == 1 else (s, M, N), np.float32)
 
 
@@ -548,7 +519,7 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
 
 class FastBlockMixin:
     """masked_block and draft_layer of the fast mode (CONTRACTS C9 signatures, as
-    kernels_cu.ops_attention.AttentionOps). Needs FastCudaBackend's resident weights.
+    kernels_cu.exact.attention.AttentionOps). Needs FastCudaBackend's resident weights.
 
     Every array passes through the ``_fb_*`` hooks below (CUDA: resident BF16 bits / fp32 copies
     of weights, device views of inputs); tests/test_fast_block_plan.py overrides them with NumPy
@@ -559,7 +530,7 @@ class FastBlockMixin:
     def _fb_engine(self):
         eng = getattr(self, "_fb_eng", None)
         if eng is None:
-            eng = self._fb_eng = CudaEngine()
+            eng = self._fb_eng = CudaEngine(options=self.options)
         return eng
 
     def _fb_weight_bits(self, a):
@@ -599,8 +570,7 @@ class FastBlockMixin:
         cache = getattr(self, "_fb_ws", None)
         if cache is None:
             cache = self._fb_ws = OrderedDict()
-        # the shape, and the switches that make a GEMM output whole (fast_gemv) or K-split (_split_out)
-        key = (dm.key(), fast_gemv.config_key())
+        key = dm.key()  # the options are the backend's, fixed: the shape decides the workspace
         ws = cache.get(key)
         if ws is None:
             ws = cache[key] = Workspace(self._fb_engine(), dm)
@@ -653,12 +623,12 @@ class FastBlockMixin:
         rec = super().environment()
         rec["fast_block"] = ("masked_block / draft_layer: BF16 GEMMs (gemm_bf16) through resident [Wq;Wk;Wv] and "
                              "[Wgate;Wup], fast_block.cu glue kernels, attention: " + self._fb_engine().attention_name)
-        rec["fast_block_paths"] = (f"QKV_BITS={QKV_BITS} (read when a workspace is made), RESID_NORM_PATH="
-                                   f"{RESID_NORM_PATH}, RESID_NORM_CLUSTER_MAX_ROWS={RESID_NORM_CLUSTER_MAX_ROWS}, "
-                                   f"CONV_PREPARE_VEC={CONV_PREPARE_VEC}, GEMM_SPLITS={GEMM_SPLITS} (M <= "
-                                   f"{SPLIT_MAX_M}, at most {MAX_PARTS} parts), thread-block clusters: "
+        o = self.options
+        rec["fast_block_paths"] = (f"resid_norm_path={o.resid_norm_path} (cluster up to {o.resid_norm_cluster_max_rows} "
+                                   f"rows), conv_prepare_vec={o.conv_prepare_vec}, gemm_splits={o.gemm_splits} (M <= "
+                                   f"{o.split_max_m}, at most {MAX_PARTS} parts), thread-block clusters: "
                                    f"{cluster_capable()}")
-        rec["fast_block_gemv"] = fast_gemv.environment()
+        rec["fast_block_gemv"] = fast_gemv.environment(o)
         return rec
 
     # --- the Ops -----------------------------------------------------------------------------

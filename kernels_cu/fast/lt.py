@@ -32,7 +32,7 @@ import statistics
 
 import numpy as np
 
-from kernels_cu.fast_gemm import loaded_library
+from kernels_cu.fast.gemm import loaded_library
 
 _COMPUTE_32F, _R_32F, _R_16BF = 68, 0, 14
 _DESC_TRANSA, _DESC_TRANSB = 3, 4

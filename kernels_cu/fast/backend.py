@@ -41,12 +41,14 @@ import math
 
 import numpy as np
 
-from kernels_cu import fast_head, fast_lt
-from kernels_cu.backend import CudaBackend
-from kernels_cu.fast_gemm import ResidentWeights, _key, cp, data_ptr, gemm_bf16, gemm_path  # noqa: F401 - re-exported
+from kernels_cu.exact.attention import bf16_bits, device, f16_bits, f32, inv_freq
+from kernels_cu.exact.backend import CudaBackend
+from kernels_cu.exact.select import _sampling_args
+from kernels_cu.fast import head as fast_head
+from kernels_cu.fast import lt as fast_lt
+from kernels_cu.fast.gemm import ResidentWeights, _key, cp, data_ptr, gemm_bf16, gemm_path  # noqa: F401 - re-exported
+from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
 from kernels_cu.loader import load_module
-from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32, inv_freq
-from kernels_cu.ops_select import _sampling_args
 
 _NULL = np.uint64(0)
 _TOPK_MAX = 64  # fast_select.cu FT_KMAX
@@ -63,7 +65,6 @@ def _fn(module: str, name: str):
 
 
 # --- target_distribution, split path (kernels_cu/fast_target.cu ftd_split_*) ----------------------
-_FTD_SPLIT_MAX_ROWS = 63  # N <= this: split path; N 128 keeps one block per row (it fills the GPU)
 _FTD_SMS = 132  # an H200's SMs: the block counts to aim for
 _FTD_BINS = 2048  # fast_target.cu FTD_BINS
 _FTD_CAP = 2048  # fast_target.cu FTD_CAP
@@ -102,29 +103,22 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
     cand = c.empty(N * _FTD_CAP, dtype=np.uint64)
     n, v = np.int32(N), np.int32(Vr)
     T = (_FTD_THREADS,)
-    _fn("fast_target", "ftd_split_process")(
+    _fn("fast/target_distribution", "ftd_split_process")(
         (C, N), T, (logits, prompt, counts, *sampling, n, v, np.int32(vocab_size), chunk, scratch, state))
     for stage in (0, 1):  # 0: top-k (counts), 1: top-p (kept mass, over the top-k survivors)
         st = np.int32(stage)
         if stage == 1:  # the top-p total over the top-k survivors: the chain kernel's stage 0
-            _fn("fast_target", "ftd_split_chain")((_FTD_CHAINS, N), (32,),
+            _fn("fast/target_distribution", "ftd_split_chain")((_FTD_CHAINS, N), (32,),
                                                    (scratch, *sampling, n, v, np.int32(0), state))
-        _fn("fast_target", "ftd_split_hist0")((HC, N), T, (scratch, *sampling, n, v, hchunk, st, state, pcnt, pmass))
-        _fn("fast_target", "ftd_split_compact")((C, N), T, (scratch, *sampling, n, v, chunk, st, state, cand))
-        _fn("fast_target", "ftd_split_fallback")((N,), T, (scratch, *sampling, n, v, st, state))
-    _fn("fast_target", "ftd_split_chain")((_FTD_CHAINS, N), (32,), (scratch, *sampling, n, v, np.int32(1), state))
-    _fn("fast_target", "ftd_split_write")((C, N), T, (scratch, *sampling, n, v, chunk, state, probs))
+        _fn("fast/target_distribution", "ftd_split_hist0")((HC, N), T, (scratch, *sampling, n, v, hchunk, st, state, pcnt, pmass))
+        _fn("fast/target_distribution", "ftd_split_compact")((C, N), T, (scratch, *sampling, n, v, chunk, st, state, cand))
+        _fn("fast/target_distribution", "ftd_split_fallback")((N,), T, (scratch, *sampling, n, v, st, state))
+    _fn("fast/target_distribution", "ftd_split_chain")((_FTD_CHAINS, N), (32,), (scratch, *sampling, n, v, np.int32(1), state))
+    _fn("fast/target_distribution", "ftd_split_write")((C, N), T, (scratch, *sampling, n, v, chunk, state, probs))
 
 
 
-TOPK_MERGE_IN_BLOCK_MAX_ROWS = 32  # fast_topk_partial_warp merges its warps' lists up to this many rows
-TOPK_MERGE_MIN_K = 2  # ... and for k at least this (benchmarks/topk_ab.py times both sides of both)
-TOPK_VEC = True  # fast_topk_partial_vec where it applies (k <= 32, no shortlist, 16-byte rows); False: the warp kernel
-TOPK_BOUND = True  # ... with fast_topk_bound's per-row bound (where topk_into is given a bound buffer)
-TOPK_MERGE_WARP = True  # fast_topk_merge_warp for k <= 32; False: fast_topk_merge (per-thread lists)
-
-
-def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
+def topk_plan(M: int, Vr: int, k: int, options: FastOptions = DEFAULT_OPTIONS) -> tuple[int, int, bool, bool, int]:
     """(S splits per row, chunk columns per split, warp variant, merged in the block, partial lists
     per row) of the split top-k (fast_select.cu): about TOPK_TARGET_BLOCKS blocks (TOPK_VEC_TARGET_BLOCKS
     where the vec kernel's shape conditions hold), chunks of at least
@@ -132,74 +126,76 @@ def topk_plan(M: int, Vr: int, k: int) -> tuple[int, int, bool, bool, int]:
     or fast_topk_partial_warp, topk_vec_applies says which), else one per thread (one list per
     block). The warp variants merge their 8 warp lists in the block for few rows and k > 1 (one
     list per block), else write all 8 (fast_select.cu says why)."""
-    target = TOPK_VEC_TARGET_BLOCKS if _vec_shape(Vr, k) else TOPK_TARGET_BLOCKS
+    target = TOPK_VEC_TARGET_BLOCKS if _vec_shape(Vr, k, options) else TOPK_TARGET_BLOCKS
     S = max(1, min(-(-Vr // 2048), -(-target // max(M, 1))))
     chunk = -(-Vr // S)
     chunk += -chunk % 4  # a multiple of 4: the vector kernel's 16-byte groups start on one
     S = -(-Vr // chunk)
     warp = k <= 32
-    merged = warp and k >= TOPK_MERGE_MIN_K and M <= TOPK_MERGE_IN_BLOCK_MAX_ROWS
+    merged = warp and k >= options.topk_merge_min_k and M <= options.topk_merge_in_block_max_rows
     return S, chunk, warp, merged, S * (_FT_THREADS // 32 if warp and not merged else 1)
 
 
-def _vec_shape(Vr: int, k: int) -> bool:
+def _vec_shape(Vr: int, k: int, options: FastOptions = DEFAULT_OPTIONS) -> bool:
     """The shape half of topk_vec_applies (what topk_plan can know): k <= 32, rows of 4n floats."""
-    return TOPK_VEC and k <= 32 and Vr % 4 == 0
+    return options.topk_vec and k <= 32 and Vr % 4 == 0
 
 
-def topk_vec_applies(logits, shortlist, k: int) -> bool:
+def topk_vec_applies(logits, shortlist, k: int, options: FastOptions = DEFAULT_OPTIONS) -> bool:
     """Whether topk_into runs fast_topk_partial_vec: the vec shape (k <= 32, rows a multiple of 4
     floats), no shortlist (the id is the column) and a 16-byte aligned array (its 16-byte loads)."""
-    return _vec_shape(logits.shape[1], k) and shortlist is None and data_ptr(logits) % 16 == 0
+    return _vec_shape(logits.shape[1], k, options) and shortlist is None and data_ptr(logits) % 16 == 0
 
 
 def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,
-              bound=None):
+              bound=None, options: FastOptions = DEFAULT_OPTIONS):
     """The split top-k of fp32 logits [M, Vr] into given buffers (no allocation, no host sync):
     partial [M, lists, k] uint64 scratch, scores [M, k] fp32 (or None), ids [M, k] int32, bound [M]
     uint64 scratch or None (the vector kernel's per-row bound, fast_topk_bound; None: no bound)."""
     M, Vr = logits.shape
-    S, chunk, warp, merged, lists = topk_plan(M, Vr, k)
+    S, chunk, warp, merged, lists = topk_plan(M, Vr, k, options)
     if tuple(partial.shape) != (M, lists, k):
         raise ValueError(f"topk_into: partial {partial.shape}, the plan needs {(M, lists, k)}")
     if not M:
         return
     sl = _NULL if shortlist is None else shortlist
     args = (logits, sl, np.int32(M), np.int32(Vr), np.int32(vocab_size), np.int32(k), np.int32(chunk))
-    if topk_vec_applies(logits, shortlist, k):
-        bounded = TOPK_BOUND and bound is not None
+    if topk_vec_applies(logits, shortlist, k, options):
+        bounded = options.topk_bound and bound is not None
         if bounded:
             if tuple(bound.shape) != (M,) or bound.dtype != np.uint64:
                 raise ValueError(f"topk_into: bound {bound.shape} {bound.dtype}, needs ({M},) uint64")
-            _fn("fast_select", "fast_topk_bound")((M,), (_FT_THREADS,), (logits, *args[2:6], bound))
-        _fn("fast_select", "fast_topk_partial_vec")(
+            _fn("fast/topk", "fast_topk_bound")((M,), (_FT_THREADS,), (logits, *args[2:6], bound))
+        _fn("fast/topk", "fast_topk_partial_vec")(
             (S, M), (_FT_THREADS,), (logits, bound if bounded else _NULL, *args[2:], np.int32(merged), partial))
     elif warp:
-        _fn("fast_select", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
+        _fn("fast/topk", "fast_topk_partial_warp")((S, M), (_FT_THREADS,), (*args, np.int32(merged), partial))
     else:
-        _fn("fast_select", "fast_topk_partial")((S, M), (_FT_THREADS,), (*args, partial))
-    merge_into(partial, logits, shortlist, Vr, k, multiplier, softcap, scores, ids)
+        _fn("fast/topk", "fast_topk_partial")((S, M), (_FT_THREADS,), (*args, partial))
+    merge_into(partial, logits, shortlist, Vr, k, multiplier, softcap, scores, ids, options)
 
 
-def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, softcap: float, scores, ids):
+def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, softcap: float, scores, ids,
+               options: FastOptions = DEFAULT_OPTIONS):
     """fast_select.cu's merge of keyed lists partial [M, lists, k] into scores [M, k] fp32 (or None) and ids [M, k]
     int32: global ids through the shortlist (or None), u = c tanh(m z / c) of the selected logits in double. logits
     [M, Vr] fp32, or None: each logit read back from its key (fast_head.cu's lists, whose logits never reach memory)."""
     M, lists = partial.shape[0], partial.shape[1]
-    _fn("fast_select", "fast_topk_merge_warp" if TOPK_MERGE_WARP and k <= 32 else "fast_topk_merge")(
+    _fn("fast/topk", "fast_topk_merge_warp" if options.topk_merge_warp and k <= 32 else "fast_topk_merge")(
         (M,), (_FT_THREADS,),
         (partial, _NULL if logits is None else logits, _NULL if shortlist is None else shortlist, np.int32(M),
          np.int32(Vr), np.int32(lists), np.int32(k), np.float32(multiplier), np.float32(softcap),
          _NULL if scores is None else scores, ids))
 
 
-def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids):
+def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,
+                   options: FastOptions = DEFAULT_OPTIONS):
     """The fused head (kernels_cu/fast_head.py: the head GEMM with the top-k in its epilogue, one pass over the head,
     no logits in memory) over x [M, H] and the head w, then fast_select.cu's merge of the blocks' lists partial
     [M, fast_head.grid(Vr), k] into scores (or None) and ids, the scores read from the keys. maps: None (the tensor
     maps copied from the host at the launch) or fast_head.device_maps(x, w) (capturable: FastRound's workspaces)."""
-    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps)
-    merge_into(partial, None, None, w.shape[0], k, multiplier, softcap, scores, ids)
+    fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps, options=options)
+    merge_into(partial, None, None, w.shape[0], k, multiplier, softcap, scores, ids, options)
 
 
 class FastSelectBackend(CudaBackend):
@@ -209,16 +205,11 @@ class FastSelectBackend(CudaBackend):
     name = "kernels_cu-fast"
     mode = "fast"
 
-    # proposal_head's GEMM: a cuBLASLt algorithm timed against gemmEx at the first call of each (M, N, K) whose
-    # head is at least fast_lt.MIN_BYTES, kept where faster by fast_lt.MARGIN (kernels_cu/fast_lt.py); False:
-    # gemmEx always. (candidate_topk stays on gemmEx: at 120 rows no algorithm beat it, session v7's probe.)
-    proposal_head_lt = True
-    # candidate_topk / proposal_head may take the head GEMM with the top-k in its epilogue (kernels_cu/fast_head.py)
-    # where fast_head.applies; False: always the GEMM and the split top-k (FastRound's graph round follows the same
-    # choice, _head_route, so its per-Op composition gives the graph's bits)
-    fused_head = True
-
-    def __init__(self, max_resident_bytes: int = 48 << 30):
+    def __init__(self, max_resident_bytes: int = 48 << 30, options: FastOptions = DEFAULT_OPTIONS):
+        """options: the fast mode's tunables (kernels_cu/fast/options.py); every kernel choice is read from them."""
+        if not isinstance(options, FastOptions):
+            raise TypeError(f"options must be a FastOptions, got {type(options).__name__}")
+        self.options = options
         self.resident = ResidentWeights(max_resident_bytes)
         self._freqs: dict = {}
         self._head_lt: dict = {}  # fast_lt.tuned's cache: (M, N, K) -> LtGemm tuned at the shape's first call
@@ -260,14 +251,15 @@ class FastSelectBackend(CudaBackend):
         rec.update(backend=self.name, mode=self.mode, gemm=gemm_path(),
                    fast_kernels="fast_select.cu, fast_target.cu, fast_context.cu (loader NVRTC options)",
                    resident_weights="BF16 bits cached per source array (FastCudaBackend.prepare)",
-                   fast_topk=(f"TOPK_VEC={TOPK_VEC} (bound + vec partial), TOPK_MERGE_WARP={TOPK_MERGE_WARP}, "
-                              f"TOPK_BOUND={TOPK_BOUND}, target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
-                              f"{TOPK_TARGET_BLOCKS}, in-block merge up to {TOPK_MERGE_IN_BLOCK_MAX_ROWS} rows"),
-                   fused_head=(f"fast_head.ENABLED={fast_head.ENABLED}: candidate_topk / proposal_head without a "
-                               f"shortlist, k <= {fast_head.KMAX}, rows <= {fast_head.MAX_ROWS}, H % {fast_head.KC} == 0 "
+                   fast_options=self.options.describe(),
+                   fast_topk=(f"split top-k (topk.cu), target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
+                              f"{TOPK_TARGET_BLOCKS}"),
+                   fused_head=(f"fused_head={self.options.fused_head}: candidate_topk / proposal_head without a "
+                               f"shortlist, k <= {fast_head.KMAX}, rows <= {self.options.fused_head_max_rows_topk} / "
+                               f"{self.options.fused_head_max_rows_proposal}, H % {fast_head.KC} == 0 "
                                f"on a compute-capability 9.0 GPU: one wgmma kernel with the top-k in its epilogue "
                                f"(kernels_cu/fast_head.cu, NVRTC {' '.join(fast_head.compile_options()[:-1])})"),
-                   proposal_head_gemm=(f"proposal_head_lt={self.proposal_head_lt}: heads of >= 256 MiB on the "
+                   proposal_head_gemm=(f"proposal_head_lt={self.options.proposal_head_lt}: heads of >= 256 MiB on the "
                                        "fastest of gemmEx and up to 8 cuBLASLt algorithms (FP32 reductions), timed "
                                        "at each shape's first call (kernels_cu/fast_lt.py); tunings so far: "
                                        + str(fast_lt.describe(self._head_lt))))
@@ -284,12 +276,12 @@ class FastSelectBackend(CudaBackend):
     def _topk_rows(self, logits, sl, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
         c = cp()
         M, Vr = logits.shape
-        lists = topk_plan(M, Vr, k)[4]
+        lists = topk_plan(M, Vr, k, self.options)[4]
         partial = c.empty((M, lists, k), dtype=np.uint64)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
         bound = c.empty(M, dtype=np.uint64)
-        topk_into(logits, sl, vocab_size, k, multiplier, softcap, partial, scores, ids, bound)
+        topk_into(logits, sl, vocab_size, k, multiplier, softcap, partial, scores, ids, bound, self.options)
         return scores, ids
 
     def candidate_topk(self, *, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0,
@@ -341,8 +333,8 @@ class FastSelectBackend(CudaBackend):
         return {"tokens": ids.reshape(*lead)}
 
     def _head_route(self, M: int, Vr: int, H: int, k: int, shortlist, op: str) -> bool:
-        """Whether ``op`` takes the fused head for this shape (fused_head and fast_head.applies)."""
-        return self.fused_head and fast_head.applies(M, Vr, H, k, shortlist, op)
+        """Whether ``op`` takes the fused head for this shape (options.fused_head and fast_head.applies)."""
+        return fast_head.applies(M, Vr, H, k, shortlist, op, self.options)
 
     def _fused_topk(self, x, w, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
         """head_topk_into with its buffers: (scores [M, k] fp32 or None, ids [M, k] int32)."""
@@ -353,22 +345,18 @@ class FastSelectBackend(CudaBackend):
         partial = c.empty((M, fast_head.grid(Vr), k), dtype=np.uint64)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
-        head_topk_into(x, w, None, vocab_size, k, multiplier, softcap, partial, scores, ids)
+        head_topk_into(x, w, None, vocab_size, k, multiplier, softcap, partial, scores, ids, self.options)
         return scores, ids
 
     def _head_logits(self, x, w):
         """fp32 logits x @ w^T (BF16 bits): gemmEx, or for a head of fast_lt.MIN_BYTES or more the algorithm
         fast_lt.LtGemm timed fastest at this shape's first call."""
         M, N = x.shape[0], w.shape[0]
-        if not (self.proposal_head_lt and M > 0 and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
+        if not (self.options.proposal_head_lt and M > 0 and w.nbytes >= fast_lt.MIN_BYTES and w.flags.c_contiguous):
             return gemm_bf16(x, w)
         out = cp().empty((M, N), dtype=np.float32)
         fast_lt.tuned(self._head_lt, x, w, out, gemm_bf16)
         return out
-
-    # target_distribution: rows N <= this take the split path (kernels_cu/fast_target.cu, ftd_split_*);
-    # more rows, one block per row. Tests set it (0: never split; a large number: always).
-    target_split_max_rows = _FTD_SPLIT_MAX_ROWS
 
     def target_distribution(self, *, logits, prompt_mask, output_counts, temperature, top_p, min_p,
                             repetition_penalty, frequency_penalty, presence_penalty, top_k, vocab_size):
@@ -384,10 +372,10 @@ class FastSelectBackend(CudaBackend):
         probs = c.empty((N, Vr), dtype=np.float32)
         if N and Vr:
             scratch = c.empty((N, Vr), dtype=np.float32)
-            if N <= self.target_split_max_rows:  # few rows: each row split over many blocks
+            if N <= self.options.target_split_max_rows:  # few rows: each row split over many blocks
                 _target_split(logits, prompt, counts, _sampling_args(N, kw), N, Vr, int(vocab_size), scratch, probs)
             else:  # one block per row (already fills the GPU)
-                _fn("fast_target", "fast_target_distribution_rows")(
+                _fn("fast/target_distribution", "fast_target_distribution_rows")(
                     (N,), (_FTD_THREADS,),
                     (logits, prompt, counts, *_sampling_args(N, kw), np.int32(N), np.int32(Vr), np.int32(vocab_size),
                      scratch, probs))
@@ -425,7 +413,7 @@ class FastSelectBackend(CudaBackend):
             if wkv.shape[0] != 2 * hk * head_dim:
                 raise ValueError(f"context_kv: wk/wv give {wkv.shape[0]} rows, cache needs 2 * {hk} * {head_dim}")
             kv = gemm_bf16(cb[first:], wkv)
-            _fn("fast_context", "fast_context_kv_write")(
+            _fn("fast/context_kv", "fast_context_kv_write")(
                 ((t - first) * hk,), (32 * math.ceil(head_dim / 32),),
                 (kv, np.int32(kv.shape[1]), self._f32(k_norm), self._inv_freq(head_dim, theta), np.float32(eps),
                  np.int64(start + first), np.int32(hk), np.int32(head_dim), np.int32(paged), np.int64(capacity),
@@ -436,12 +424,14 @@ class FastSelectBackend(CudaBackend):
 
 # The fast block and attention are mixins in their own modules; fast_block imports this module's
 # GEMM, so they are composed here, after everything it needs exists.
-from kernels_cu.fast_attention import FastAttentionMixin  # noqa: E402
-from kernels_cu.fast_block import FastBlockMixin  # noqa: E402
-from kernels_cu.fast_capture import FastCaptureMixin  # noqa: E402
+from kernels_cu.fast.attention import FastAttentionMixin  # noqa: E402
+from kernels_cu.fast.block import FastBlockMixin  # noqa: E402
+from kernels_cu.fast.capture import FastCaptureMixin  # noqa: E402
+from kernels_cu.fast.grouped_conv import FastGroupedConvMixin  # noqa: E402
 
 
-class FastCudaBackend(FastCaptureMixin, FastBlockMixin, FastAttentionMixin, FastSelectBackend):
+class FastCudaBackend(FastCaptureMixin, FastGroupedConvMixin, FastBlockMixin, FastAttentionMixin, FastSelectBackend):
     """CONTRACTS C9 implementation object, fast mode: masked_block / draft_layer
-    (kernels_cu/fast_block.py), draft_attention (kernels_cu/fast_attention.py), feature_capture
-    (kernels_cu/fast_capture.py) and the Ops of this module; every other Op is the exact mode's."""
+    (kernels_cu/fast/block.py), draft_attention (kernels_cu/fast/attention.py), feature_capture
+    (kernels_cu/fast/capture.py), grouped_conv (kernels_cu/fast/grouped_conv.py) and the Ops of this module; every
+    other Op is the exact mode's. ``options``: the tunables (kernels_cu/fast/options.py)."""
