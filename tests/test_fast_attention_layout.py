@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = (ROOT / "kernels_cu" / "fast_attention.cu").read_text()
+from kernels_cu.loader import source_path
+
+SRC = source_path("fast/attention").read_text()
 FA_NT, DP, THREADS = 64, 128, 128
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from conformance import vectors as vec_io
+from kernels_cu.loader import source_path
 from reference.draft_attention import attend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,8 +283,6 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
 
     monkeypatch.setattr(fa, "cp", lambda: _Cp)
     monkeypatch.setattr(fa, "_sm_count", lambda dev_id: 132)
-    monkeypatch.setattr(fa, "SPLITS", None)
-    monkeypatch.setattr(fa, "BLOCKS_PER_SM", None)
     assert fa.splits_for(8, 8, 1, 2048, 2048, 2) == 4  # 27B B8 W16: 256 blocks of 264 slots
     assert fa.splits_for(1, 8, 1, 2048, 2048, 2) == 8  # 27B B1: 32 tiles, at least 4 per split
     assert fa.splits_for(1, 8, 1, 4096, 0, 2) == 16  # 35B B1 full attention: 64 tiles
@@ -298,9 +297,9 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
         assert ns >= 1
         if ns > 1:
             assert b * hk * chunks * ns <= resident * 132
-            assert tiles // ns >= fa.MIN_TILES_PER_SPLIT
+            assert tiles // ns >= fa.DEFAULT_OPTIONS.attention_min_tiles_per_split
         elif b * hk * chunks * 2 <= resident * 132:  # room for two splits: only too few tiles stop it
-            assert tiles // 2 < fa.MIN_TILES_PER_SPLIT
+            assert tiles // 2 < fa.DEFAULT_OPTIONS.attention_min_tiles_per_split
 
     check()
 
@@ -312,7 +311,7 @@ def test_combine_batch_holds_the_splits_and_matches_the_source():
     import re
     from kernels_cu.fast import attention as fa
 
-    src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
+    src = source_path("fast/attention").read_text()
     built = re.search(r"#define FA_COMBINE\(DPV\) (.*)", src).group(1)
     assert tuple(int(c) for c in re.findall(r"FA_COMBINE_CB\(DPV, (\d+)\)", built)) == fa.COMBINE_BATCHES
     assert [fa.combine_batch(ns) for ns in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [2, 2, 4, 4, 8, 8, 16, 16, 16, 16]

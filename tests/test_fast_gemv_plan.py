@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
+
 
 def _emulate_chunk(w16x32, x8x32):
     """The two mma of one chunk, element by element from the threads' registers."""
@@ -61,20 +63,20 @@ def test_staged_steps_by_hand():
     assert fast_gemv.staged_steps(96, 192 * 1024) == 1  # 3 chunks: one step (warps 0-2), warps 3-7 none
     assert fast_gemv.staged_steps(4096, 0) == 0 and fast_gemv.staged_steps(4096, 8 * 1024 - 1) == 0
     # the default budget fits under the H200's 227 KiB per block with the 8 KiB reduction of two n-tiles
-    assert fast_gemv.STAGE_BYTES + 8 * 1024 <= 227 * 1024
+    assert DEFAULT_OPTIONS.gemv_stage_bytes + 8 * 1024 <= 227 * 1024
+    assert fast_gemv.staged_steps(6144) == 24  # the default budget is the options' gemv_stage_bytes
 
 
-def test_takes_states_the_contract(monkeypatch):
+def test_takes_states_the_contract():
     from kernels_cu.fast import gemv as fast_gemv
 
-    monkeypatch.setattr(fast_gemv, "GEMV", True)
+    assert DEFAULT_OPTIONS.gemv
     assert fast_gemv.takes(8, 6144, 2048) and fast_gemv.takes(16, 1280, 5120) and fast_gemv.takes(1, 16, 32)
     assert not fast_gemv.takes(17, 6144, 2048)  # rows past two n-tiles: cuBLAS
     assert not fast_gemv.takes(8, 6144, 2040)  # K % 32
     assert not fast_gemv.takes(8, 6150, 2048)  # N % 16
     assert not fast_gemv.takes(0, 16, 32)
-    monkeypatch.setattr(fast_gemv, "GEMV", False)
-    assert not fast_gemv.takes(8, 6144, 2048)
+    assert not fast_gemv.takes(8, 6144, 2048, FastOptions(gemv=False))
 
 
 
@@ -91,7 +93,7 @@ class _Spy:
     def __init__(self, takes, act_ok):
         self.takes, self.act_ok, self.calls = takes, act_ok, []
 
-    def act_into(self, x, w, act):
+    def act_into(self, x, w, act, options):
         self.calls.append("act_into")
         return self.act_ok
 

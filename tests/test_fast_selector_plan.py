@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from kernels_cu.fast import selector as fs
+from kernels_cu.loader import source_path
 
-SRC = (Path(fs.__file__).resolve().parent / "fast_selector.cu").read_text()
+SRC = source_path("fast/selector").read_text()
 
 
 def _define(name: str) -> int:
@@ -135,7 +136,7 @@ def test_walk_into_launch_and_refusal(rec):
             np.zeros((B, K, k), np.float32)]
     fs.walk_into(*arrays, *rest)
     [(module, name, grid, block, args, kw)] = rec.calls
-    assert (module, name, grid, block) == ("fast_selector", "fast_selector_walk", (fs.CLUSTER, B), (512,))
+    assert (module, name, grid, block) == ("fast/selector", "fast_selector_walk", (fs.CLUSTER, B), (512,))
     assert kw == {"shared_mem": fs.walk_smem_bytes(K, k)} and [int(a) for a in args[9:13]] == [B, K, k, R]
 
     with pytest.raises(ValueError):
