@@ -7,7 +7,6 @@ The kernels' numbers are checked on a GPU (tests/gpu/test_fast_selector.py)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -4,7 +4,6 @@ shapes planned on the CPU (no GPU, no CuPy needed)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

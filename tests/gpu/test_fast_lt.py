@@ -113,7 +113,7 @@ def test_round_environment_names_the_head_policy(cupy):
     from kernels_cu.fast.round import FastRound
 
     rec = FastRound().environment()
-    assert "HEAD_LT=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
+    assert "round_head_lt=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
 
 
 def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypatch):
@@ -121,14 +121,12 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
     tuning forced onto a cuBLASLt algorithm (margin -1: any algorithm under twice gemmEx's time is kept),
     tunes the shape once and returns the float64 argmax on every row whose top-2 margin exceeds twice the
     FP32 summation bound; the second call reuses the tuning and gives the same ids."""
-    from kernels_cu.fast import head as fast_head
+    from kernels_cu.fast import FastCudaBackend, FastOptions
     from kernels_cu.fast import lt as fast_lt
-    from kernels_cu.fast import FastCudaBackend
 
     monkeypatch.setattr(fast_lt, "MARGIN", -1.0)
-    monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 7, 65536, 2048
-    be = FastCudaBackend()
+    be = FastCudaBackend(options=FastOptions(fused_head=False))  # the GEMM path (the fused head takes these rows)
     hh, wh = _bits(4, (M, K)), _bits(5, (N, K))
     assert wh.nbytes >= fast_lt.MIN_BYTES
     head = cupy.asarray(wh)
@@ -150,9 +148,8 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
 def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatch):
     """A cuBLASLt failure (here: the tuning raises) leaves the shape on gemmEx: the ids are gemmEx's, the
     error is recorded, and the next call does not try again."""
-    from kernels_cu.fast import head as fast_head
+    from kernels_cu.fast import FastCudaBackend, FastOptions
     from kernels_cu.fast import lt as fast_lt
-    from kernels_cu.fast import FastCudaBackend
     from kernels_cu.fast.gemm import gemm_bf16
 
     calls = []
@@ -162,10 +159,9 @@ def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatc
         raise RuntimeError("LtGemm: cublasLtMatmul returned cuBLAS status 7")
 
     monkeypatch.setattr(fast_lt.LtGemm, "tune", broken)
-    monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 3, 65536, 2048
     hh, wh = cupy.asarray(_bits(6, (M, K))), cupy.asarray(_bits(7, (N, K)))
-    be = FastCudaBackend()
+    be = FastCudaBackend(options=FastOptions(fused_head=False))  # the GEMM path (the fused head takes these rows)
     for _ in range(2):
         ids = cupy.asnumpy(be.proposal_head(hidden=hh, head=wh, vocab_size=N)["tokens"])
         ref = cupy.asnumpy(gemm_bf16(hh, wh).argmax(axis=1))

@@ -58,21 +58,19 @@ def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
 
 
 @pytest.fixture(params=["bound", "vec", "warp"])
-def kernels(request, monkeypatch):
+def kernels(request):
     """The kernel sets where k <= 32: "bound" (fast_topk_bound's per-row bound, then
     fast_topk_partial_vec where it applies, and fast_topk_merge_warp: what the Ops and FastRound run),
     "vec" (the same without the bound) and "warp" (fast_topk_partial_warp and fast_topk_merge, the
-    v5 kernels)."""
-    from kernels_cu.fast import backend as fast
+    per-thread-list merge), each as FastOptions."""
+    from kernels_cu.fast import FastOptions
 
     on = request.param != "warp"
-    monkeypatch.setattr(fast, "TOPK_VEC", on)
-    monkeypatch.setattr(fast, "TOPK_MERGE_WARP", on)
-    return request.param
+    return request.param, FastOptions(topk_vec=on, topk_merge_warp=on)
 
 
 def _bound(cp, kernels, m):
-    return cp.empty(m, dtype=np.uint64) if kernels == "bound" else None
+    return cp.empty(m, dtype=np.uint64) if kernels[0] == "bound" else None
 
 
 @pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
@@ -82,18 +80,18 @@ def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
     from kernels_cu.fast import backend as fast
 
     cp = cupy
-    if k > 32 and kernels != "bound":
+    if k > 32 and kernels[0] != "bound":
         pytest.skip("k > 32 runs the per-thread-list kernels in every set")
     rng = np.random.default_rng(m * 1000 + k)
     z = _rows(rng, kind, m, vr)
     vocab = vr - 5
-    plan = fast.topk_plan(m, vr, k)
+    plan = fast.topk_plan(m, vr, k, kernels[1])
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
     zd = cp.asarray(z)
     # the vector kernel runs exactly where it should: k <= 32, no shortlist, rows of 4n floats
-    assert fast.topk_vec_applies(zd, None, k) == (kernels != "warp" and k <= 32 and vr % 4 == 0)
-    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m))
+    assert fast.topk_vec_applies(zd, None, k, kernels[1]) == (kernels[0] != "warp" and k <= 32 and vr % 4 == 0)
+    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m), kernels[1])
     ids, scores = ids.get(), scores.get()
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vocab)
@@ -112,11 +110,11 @@ def test_topk_into_with_a_shortlist(cupy, kernels, k):
     m, vr, vocab = 9, 30000, 100000
     z = _rows(rng, "grid", m, vr)
     shortlist = rng.permutation(vocab + 50)[:vr].astype(np.int32)  # some ids >= vocab_size
-    plan = fast.topk_plan(m, vr, k)
+    plan = fast.topk_plan(m, vr, k, kernels[1])
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
     fast.topk_into(cp.asarray(z), cp.asarray(shortlist), vocab, k, 0.0, 0.0, partial, scores, ids,
-                   _bound(cp, kernels, m))
+                   _bound(cp, kernels, m), kernels[1])
     for r in range(m):
         want_ids, _ = c4_topk(z[r], k, vocab, shortlist)
         assert np.array_equal(ids.get()[r], want_ids), r
@@ -135,11 +133,11 @@ def test_topk_into_on_a_misaligned_array(cupy, kernels, k):
     buf = cp.empty(m * vr + 1, dtype=np.float32)
     zd = buf[1:].reshape(m, vr)
     zd[...] = cp.asarray(z)
-    assert zd.data.ptr % 16 != 0 and not fast.topk_vec_applies(zd, None, k)
-    plan = fast.topk_plan(m, vr, k)
+    assert zd.data.ptr % 16 != 0 and not fast.topk_vec_applies(zd, None, k, kernels[1])
+    plan = fast.topk_plan(m, vr, k, kernels[1])
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
-    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m))
+    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m), kernels[1])
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vr)
         assert np.array_equal(ids.get()[r], want_ids), r

@@ -154,23 +154,23 @@ def _attention_case(cp, b, w, window, seed):
 @pytest.mark.parametrize("inputs", ["bits", "f32"])
 @pytest.mark.parametrize("splits", [1, None])
 @pytest.mark.parametrize("shape", [(1, 8, 4096), (8, 16, 0)], ids=["B1W8_local", "B8W16_full"])
-def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape, splits, inputs, stages):
+def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, shape, splits, inputs, stages):
     """BF16-bit q/k/v (the Op's) and FP32 ones holding BF16 values (the FP32 path), 2 and 4 K/V stages."""
+    from kernels_cu.fast import FastOptions
     from kernels_cu.fast import attention as fa
 
     cp = cupy
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    monkeypatch.setattr(fa, "STAGES", stages)
+    opts = FastOptions(attention_splits=splits, attention_stages=stages)
     b, w, window = shape
     new, old, rest = _attention_case(cp, b, w, window, seed=[b, w])
     if inputs == "f32":
         new, old = ([(x.astype(np.uint32) << 16).view(np.float32) for x in xs] for xs in (new, old))
-    want = cp.asnumpy(fa.attention_fast(*new, *rest, f32_out=True, bf16_out=True, pdl=False)[0])
+    want = cp.asnumpy(fa.attention_fast(*new, *rest, f32_out=True, bf16_out=True, pdl=False, options=opts)[0])
     for last in range(3):  # only the last producer runs beside the attention: each of q, k, v in turn
         bufs = [x.copy() for x in old]
         for j in [j for j in range(3) if j != last] + [last]:
             _produce(cp, mod, new[j], bufs[j])
-        got = cp.asnumpy(fa.attention_fast(*bufs, *rest, f32_out=True, bf16_out=True, pdl=True)[0])
+        got = cp.asnumpy(fa.attention_fast(*bufs, *rest, f32_out=True, bf16_out=True, pdl=True, options=opts)[0])
         # the fast kernel, not the exact fallback; at B8 W16 with BF16 bits on an H200 its wgmma form (v17)
         assert fa.last_path() in ("fast", "fast-wgmma"), fa.last_path()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"input {'qkv'[last]} read early"
