@@ -13,6 +13,7 @@
 // thresholds on the key, found by bisection over the key space with block reductions.
 // The top-p mass sum is monotone in the threshold because it is one fixed reduction
 // tree over non-negative terms (rounded addition is monotone in each operand).
+#include "order_key.cuh"
 #include "philox.cuh"
 
 using dflash::u32;
@@ -27,14 +28,8 @@ namespace {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-__device__ __forceinline__ u64 order_key(float z, int v) {
-    if (z == 0.0f) z = 0.0f;  // -0 ties +0 (C4 compares values); the id decides
-    const u32 b = __float_as_uint(z);
-    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)v);
-}
-
-__device__ __forceinline__ int key_id(u64 key) { return (int)(0xffffffffu - (u32)(key & 0xffffffffull)); }
+using okey::key_id;
+using okey::order_key;
 
 // Block reductions for ROW_THREADS threads, result returned to every thread. Max and the
 // race are order-free (a total order has one maximum); the sums use one fixed tree.

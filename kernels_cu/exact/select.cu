@@ -7,6 +7,7 @@
 // bits and BF16 x BF16 x BF16 at most 24, so every product is exact in fp32 and only the
 // accumulation rounds: in double for the head logits and g (see bf16_rowdot), in fp32 for
 // the selector energies, as the native selector does.
+#include "order_key.cuh"
 #include "philox.cuh"
 #include "select_common.cuh"
 
@@ -22,18 +23,8 @@ using selc::bf16_round_bits_f64;
 using selc::bf16_value;
 using selc::warp_sum;
 
-// Total order used for top-k (C4): value descending, then the lower row first. The float
-// is mapped to an unsigned key that orders like the value; -0 is folded onto +0 first
-// because C4 compares values and -0 == +0 is a tie the row index must decide. The low
-// word holds ~row, so a larger key is a better candidate and all keys are distinct.
-__device__ __forceinline__ u64 order_key(float z, int row) {
-    if (z == 0.0f) z = 0.0f;
-    const u32 b = __float_as_uint(z);
-    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)row);
-}
-
-__device__ __forceinline__ int key_row(u64 key) { return (int)(0xffffffffu - (u32)(key & 0xffffffffull)); }
+using okey::key_id;
+using okey::order_key;  // C4's total order (order_key.cuh)
 
 }  // namespace
 
@@ -122,7 +113,7 @@ extern "C" __global__ void topk_select(const float* __restrict__ logits, const i
         float u = __int_as_float(0xff800000);
         int id = -1;
         if (key) {
-            const int row = key_row(key);
+            const int row = key_id(key);
             id = has_shortlist ? shortlist[row] : row;
             // In double: one rounding to fp32 at the end instead of four fp32 roundings and
             // tanhf's own error, which alone could use up the 2x-baseline bound (C2).

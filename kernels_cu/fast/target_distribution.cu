@@ -14,6 +14,7 @@
 // Mass histograms are summed with shared-memory atomics, so the order of the additions (and
 // the last bits of a bin's mass) may vary from run to run; the probabilities themselves are
 // summed in the exact kernel's fixed tree order.
+#include "order_key.cuh"
 #include "philox.cuh"
 
 using dflash::u32;
@@ -28,14 +29,8 @@ namespace {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-__device__ __forceinline__ u64 order_key(float z, int v) {
-    if (z == 0.0f) z = 0.0f;
-    const u32 b = __float_as_uint(z);
-    const u32 ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((u64)ord << 32) | (u64)(0xffffffffu - (u32)v);
-}
-
-__device__ __forceinline__ int key_id(u64 key) { return (int)(0xffffffffu - (u32)(key & 0xffffffffull)); }
+using okey::key_id;
+using okey::order_key;
 
 __device__ u64 block_max_u64(u64 v) {
     __shared__ u64 sh[FTD_WARPS];
