@@ -270,7 +270,7 @@ def bench_draft_attention(cp, torch, timer, exact, fast, shapes, rows, floor_bw)
                             floor / floor_bw * 1e3))
 
 
-# --- masked_block (fast_block.py) ----------------------------------------------------------
+# --- masked_block (fast/block.py) ----------------------------------------------------------
 
 
 def _block_weights(torch, cfg, seed=0) -> tuple[dict, dict]:

@@ -26,13 +26,13 @@ from kernels_cu.fast.perf import advances
 def kernel_class(name: str) -> str:
     n = name.lower()
     if n.startswith("fb_"):
-        return "glue (fast_block.cu)"
+        return "glue (fast/block.cu)"
     if n.startswith("fast_gemv"):
-        return "layer GEMMs (fast_gemv.cu)"
+        return "layer GEMMs (fast/gemv.cu)"
     if n.startswith(("fa_", "flash", "fast_attn")) or "attn" in n:
         return "attention"
     if n.startswith("fast_head"):
-        return "fused head (fast_head.cu)"
+        return "fused head (fast/head.cu)"
     if "topk" in n or n.startswith("fs_"):
         return "top-k"
     if "selector" in n or "rowdot" in n:

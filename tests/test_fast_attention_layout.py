@@ -1,4 +1,4 @@
-"""CPU check of the wgmma form's K/V tile layout in kernels_cu/fast_attention.cu (no GPU needed).
+"""CPU check of the wgmma form's K/V tile layout in kernels_cu/fast/attention.cu (no GPU needed).
 
 The kernel's element offset ``tile_el(row, col)`` (attn_body's ``el``) for the wgmma form is read from the .cu as text and evaluated here (its
 C expression is also a Python expression), so these properties are the kernel's own:
@@ -28,7 +28,7 @@ FA_NT, DP, THREADS = 64, 128, 128
 def _kernel_el():
     """The WG branch of tile_el (attn_body's el), as a Python function of (row, col) -> element offset."""
     m = re.search(r"int tile_el\(int row, int col\) \{\s*return WG \? (.+?)\s*:\s*row \* ST \+ col;", SRC, re.DOTALL)
-    assert m, "tile_el not found in fast_attention.cu"
+    assert m, "tile_el not found in fast/attention.cu"
     expr = " ".join(m.group(1).split())
     return eval(f"lambda row, col: {expr}", {"FA_NT": FA_NT})  # the kernel's own arithmetic, no outside input
 

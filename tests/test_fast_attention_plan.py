@@ -1,4 +1,4 @@
-"""CPU check of the plan of kernels_cu/fast_attention.cu (no GPU needed).
+"""CPU check of the plan of kernels_cu/fast/attention.cu (no GPU needed).
 
 ``emulate`` mirrors the kernel's bookkeeping line for line in float64: the context key range
 n_ctx = min(F, C, S - 1) and its ring slots, the per-row masks (lo_ctx, [blo, bhi)) and the key
@@ -307,7 +307,7 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
 def test_combine_batch_holds_the_splits_and_matches_the_source():
     """fast_attention.combine_batch(ns): the combine instance whose batch holds all ns splits' loads at
     once (the smallest such, so no more registers than needed), the largest where none does; and the
-    instances it names are the ones fast_attention.cu builds (FA_COMBINE)."""
+    instances it names are the ones fast/attention.cu builds (FA_COMBINE)."""
     import re
     from kernels_cu.fast import attention as fa
 

@@ -1,7 +1,7 @@
-"""The fast masked_block / draft_layer plan (kernels_cu/fast_block.py) on the CPU.
+"""The fast masked_block / draft_layer plan (kernels_cu/fast/block.py) on the CPU.
 
 ``FastBlockMixin``'s Op methods and ``block_forward`` run unchanged here with a NumPy twin of
-the engine: each method of ``NumpyEngine`` is what one fast_block.cu kernel (or the BF16 GEMM)
+the engine: each method of ``NumpyEngine`` is what one fast/block.cu kernel (or the BF16 GEMM)
 computes, in float32 with the same BF16 rounding points, and the attention is the reference's
 float64 attend rounded to BF16 (the GPU test runs the real kernels and the real attention). It
 checks the plan (where the pipeline rounds, the hi/lo conv delta GEMM, the embedding gather, the
@@ -73,7 +73,7 @@ def _part_sum(a):
 
 class NumpyEngine:
     options = DEFAULT_OPTIONS  # the K splits of the GEMM outputs (_split_out reads them from the engine)
-    """What each fast_block.cu kernel computes, in NumPy float32."""
+    """What each fast/block.cu kernel computes, in NumPy float32."""
 
     attention_name = "reference attend (float64) rounded to BF16"
 
@@ -350,7 +350,7 @@ def test_resid_norm_threads_cover_the_row_in_at_most_four_groups(h):
     t = resid_norm_threads(h)
     groups = -(-h // 4)
     assert t % 32 == 0 and 32 <= t <= 1024
-    assert -(-groups // t) <= 4  # fast_block.cu FB_RN_MAXV4: the registers path holds the row
+    assert -(-groups // t) <= 4  # fast/block.cu FB_RN_MAXV4: the registers path holds the row
     assert t < groups + 32 or t == 32  # no whole idle warp beyond the row's groups
 
 

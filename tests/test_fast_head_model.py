@@ -1,4 +1,4 @@
-"""A NumPy model of kernels_cu/fast_head.cu's per-block selection, checked against a plain top-k of the keys.
+"""A NumPy model of kernels_cu/fast/head.cu's per-block selection, checked against a plain top-k of the keys.
 
 The kernel keeps, per hidden row, a buffer of HT_CAP keys and a threshold key; per tile it seeds the first
 tile's thresholds from 16 group maxima, offers every live logit through a float pre-filter (!(z < f), f the
@@ -64,7 +64,7 @@ def group_of(r: int) -> int:
 
 
 def keyfilter_passes(zz: np.float32, v: int, thr: int) -> bool:
-    """fast_select.cu's KeyFilter (the first fast_head epilogue's exact test): value and row through float compares."""
+    """fast/topk.cu's KeyFilter (the first fast_head epilogue's exact test): value and row through float compares."""
     if thr == 0 or (thr >> 32) == 1:
         return True
     f = key_float(thr)
@@ -191,7 +191,7 @@ def test_the_first_seed_fails_where_the_gpu_test_caught_it():
     assert model_block(z, 3, rng, seed_minus_one=True) == want
 
 
-# ---- the ping-pong kernel's selection (fast_head.cu hp_select): tiles of 128 head rows staged in shared memory, a
+# ---- the ping-pong kernel's selection (fast/head.cu hp_select): tiles of 128 head rows staged in shared memory, a
 # warp a hidden row, lane l reading the tile's rows 4 l .. 4 l + 3; rows at or past the eligible count get key 0.
 PP_VT = 128
 
@@ -318,7 +318,7 @@ def test_pp_seed_lets_few_keys_through_on_gaussian_logits():
     assert 16 <= min(passed) and np.mean(passed) < 24 and max(passed) <= CAP
 
 
-# ---- the lane form's own steps (fast_head.cu hp_select_lanes)
+# ---- the lane form's own steps (fast/head.cu hp_select_lanes)
 SET = 16  # HP_SET float4: values a set
 
 
@@ -423,7 +423,7 @@ def test_tile_compaction_mutant_that_drops_the_displaced_key():
     assert sorted(b2[:4], reverse=True) != [9, 8, 7, 5]
 
 
-# ---- shared thresholds (fast_head.cu HP_SHARED_THR): the blocks publish each row's threshold, every block filters
+# ---- shared thresholds (fast/head.cu HP_SHARED_THR): the blocks publish each row's threshold, every block filters
 # by the highest it has read
 def model_shared(z: np.ndarray, k: int, nv_total: int, blocks: int, rng, stale: float = 0.3,
                  publish: str = "threshold", schedule: list[int] | None = None) -> list[list[int]]:

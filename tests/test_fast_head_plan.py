@@ -20,7 +20,7 @@ def test_n_rounds_rows_up_to_the_wgmma_n():
 
 
 def _cu_value(n: int, name: str = "HT_SMEM_BYTES") -> int:
-    """A constant of fast_head.cu (HT_SMEM_BYTES, the ping-pong kernel's HP_SMEM_BYTES, ...) for HT_N = n: its
+    """A constant of fast/head.cu (HT_SMEM_BYTES, the ping-pong kernel's HP_SMEM_BYTES, ...) for HT_N = n: its
     #defines read from the source and evaluated."""
     defines = {"HT_N": str(n)}
     for line in source_path("fast/head").read_text().splitlines():

@@ -1,9 +1,9 @@
-"""kernels_cu/fast_round.py's launches into given buffers (no GPU: CuPy is replaced by NumPy and
+"""kernels_cu/fast/round.py's launches into given buffers (no GPU: CuPy is replaced by NumPy and
 every kernel by a recorder that keeps the grid, block and arguments, arrays by shape and dtype).
 
 - the split top-k's plan and launches (kernels_cu.fast.topk_plan / topk_into, shared by the Ops and
   FastRound): the in-block merge flag, the partial buffer and the merge's list count;
-- the selector's launches: rowdot_bits_into and selector_walk_into launch kernels_cu/fast_selector.cu
+- the selector's launches: rowdot_bits_into and selector_walk_into launch kernels_cu/fast/selector.cu
   (fast_selector.rowdot_plan / walk_plan; tests/test_fast_selector_plan.py checks the plans), and
   with exact=True (FastOptions.exact_selector) exactly the Op's launches: ops_select._rowdot(bits_out=True)
   and SelectionOps.candidate_selector's walk;
@@ -421,7 +421,7 @@ def test_rings_passed_as_the_workspace_arrays_are_not_copied(flow, monkeypatch):
 
 
 def test_below_sm90_both_selector_launches_are_select_cu(rec, monkeypatch):
-    """fast_selector.cu's kernels use thread-block clusters (sm_90+; below it the module is built
+    """fast/selector.cu's kernels use thread-block clusters (sm_90+; below it the module is built
     without them): on such a device g and the walk take select.cu's launches, as exact=True."""
     B, K, k, R, H = 2, 3, 4, 8, 32
     hidden = np.zeros((B, K, H), np.uint16)

@@ -1,5 +1,5 @@
-"""kernels_cu/fast_selector.py's launch plans on the CPU (no GPU: kernels replaced by a recorder,
-CuPy by NumPy): the constants shared with fast_selector.cu, the rowdot's kernel choice, grid and
+"""kernels_cu/fast/selector.py's launch plans on the CPU (no GPU: kernels replaced by a recorder,
+CuPy by NumPy): the constants shared with fast/selector.cu, the rowdot's kernel choice, grid and
 arguments (16-byte path only for H % 8 == 0 and aligned pointers; grid z split past 65535 blocks),
 the h slices of the cluster covering every unit once, and the walk's limits and shared memory.
 The kernels' numbers are checked on a GPU (tests/gpu/test_fast_selector.py)."""
@@ -67,7 +67,7 @@ def test_rowdot_plan_named_kernel(kernel):
 
 @pytest.mark.parametrize("H", [8, 31, 32, 200, 5120, 5128, 8192, 40000])
 def test_rowdot_slices_cover_every_unit_once(H):
-    """fast_selector.cu rowdot_body: slice g of G = 8 WK takes units [g n / G, (g + 1) n / G) of
+    """fast/selector.cu rowdot_body: slice g of G = 8 WK takes units [g n / G, (g + 1) n / G) of
     n = ceil(H / 32); together they cover each unit exactly once."""
     n = (H + 31) // 32
     for G in {v[3] * v[5] for v in _instances().values()}:

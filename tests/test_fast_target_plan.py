@@ -1,4 +1,4 @@
-"""The split path of the fast target_distribution (kernels_cu/fast.py _ftd_split_plan): launch
+"""The split path of the fast target_distribution (kernels_cu/fast/backend.py _ftd_split_plan): launch
 shapes planned on the CPU (no GPU, no CuPy needed)."""
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ CLUSTER_SOURCES = ("fast/block.cu", "fast/selector.cu")  # thread-block clusters
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
 @pytest.mark.parametrize("source", CLUSTER_SOURCES)
 def test_cluster_sources_still_build_below_sm90(tmp_path, source):
-    """fast_block.cu (fb_resid_norm_cluster) and fast_selector.cu use __cluster_dims__, which sm_80
+    """fast/block.cu (fb_resid_norm_cluster) and fast/selector.cu use __cluster_dims__, which sm_80
     rejects: their cluster code sits behind __CUDA_ARCH__ >= 900, so NVRTC on an A100 or L40 still
     builds the module (fast_block.cluster_capable() keeps Python off the missing kernels). Without
     the guard this build fails."""
@@ -135,7 +135,7 @@ def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
 @pytest.mark.parametrize("n", [8, 120, 128])
 def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
-    """kernels_cu/fast_head.cu as fast_head.py hands it to NVRTC for N hidden rows (the generated m64nNk16 wrapper
+    """kernels_cu/fast/head.cu as fast/head.py hands it to NVRTC for N hidden rows (the generated m64nNk16 wrapper
     prepended, sm_90a, the loader's options), built by nvcc: it compiles, ptxas names no C7515 serialization of the
     wgmma chains, and for both kernels (fast_head_topk, fast_head_topk_pp; 2 x N / 2 accumulators a thread and the
     selection) ptxas reports no spill and no stack frame, which would put accumulators in local memory."""
@@ -148,7 +148,7 @@ def test_fast_head_builds_for_sm_90a_without_local_memory(tmp_path, n):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (the CUDA toolkit is not installed here)")
 @pytest.mark.parametrize("stages", [2, 3])
 def test_fast_attention_wgmma_form_builds_for_sm_90a_without_local_memory(tmp_path, stages):
-    """kernels_cu/fast_attention.cu's wgmma form with the options fast_attention.py gives NVRTC for it (FA_SINGLE at
+    """kernels_cu/fast/attention.cu's wgmma form with the options fast/attention.py gives NVRTC for it (FA_SINGLE at
     D 128, 4 m-tiles, BF16 bits, -DFA_WG=1; sm_90a): it compiles, no C7515, no spill or stack frame in the main kernel
     and the combine kernels, one a batch of fast_attention.COMBINE_BATCHES (the 64 + 32 accumulators stay in
     registers), and (where nvdisasm is here) the main

@@ -1,5 +1,5 @@
 // Helpers shared by the exact selection kernels (select.cu) and the fast selector
-// (fast_selector.cu): BF16 bits to fp32, one RNE rounding of a double to BF16 bits, the fixed
+// (fast/selector.cu): BF16 bits to fp32, one RNE rounding of a double to BF16 bits, the fixed
 // warp butterfly sum. Included after philox.cuh's types (dflash::u32, dflash::f64_to_f32_rn).
 #pragma once
 #include "philox.cuh"

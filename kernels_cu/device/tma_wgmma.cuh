@@ -1,4 +1,4 @@
-// The tensor-copy and wgmma helpers of the sm_90a kernels (fast_head.cu, fast_wgemm.cu): shared-memory
+// The tensor-copy and wgmma helpers of the sm_90a kernels (fast/head.cu, fast_wgemm.cu): shared-memory
 // addresses, the 128-byte-swizzle K-major descriptor, mbarrier waits, one 2-D tensor copy. Include inside an
 // __CUDA_ARCH_FEAT_SM90_ALL guard (wgmma and the tensor copies exist on sm_90a only).
 #pragma once

@@ -1,5 +1,5 @@
-// The C4 order key of the fast top-k and the helpers that read it, shared by fast_select.cu (top-k over
-// materialized logits) and fast_head.cu (the head GEMM with the top-k in its epilogue), so both order
+// The C4 order key of the fast top-k and the helpers that read it, shared by fast/topk.cu (top-k over
+// materialized logits) and fast/head.cu (the head GEMM with the top-k in its epilogue), so both order
 // candidates by the same bits.
 #pragma once
 #include "philox.cuh"

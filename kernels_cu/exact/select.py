@@ -2,9 +2,9 @@
 CONTRACTS C1, C3, C4, C5, C6, C9): ``SelectionOps``, a mixin composed into
 ``kernels_cu.backend.CudaBackend``.
 
-Kernels: kernels_cu/select.cu (candidate_topk, candidate_selector) and
-kernels_cu/accept.cu (target_distribution, speculative_accept, tree_verify, RNG probes), with the
-Philox generator in kernels_cu/philox.cuh. preview_commit is host NumPy: it is a few
+Kernels: kernels_cu/exact/select.cu (candidate_topk, candidate_selector) and
+kernels_cu/exact/accept.cu (target_distribution, speculative_accept, tree_verify, RNG probes), with the
+Philox generator in kernels_cu/device/philox.cuh. preview_commit is host NumPy: it is a few
 integer comparisons per request and has no arithmetic a kernel could get wrong
 differently. tree_verify builds its tree on one thread per request (at most 64 nodes) and
 verifies block-wide over the vocabulary.

@@ -48,7 +48,7 @@ using dfl::u16;
 #define FA_NT 64     // keys per tile
 #define FA_WARPS 4   // warps per block
 #define FA_ROWS 64   // query rows (W x G) per block
-// FA_WG=1 (built for sm_90a only, fast_attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
+// FA_WG=1 (built for sm_90a only, fast/attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
 // one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
 #if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_WG_ARCH 1
@@ -384,7 +384,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
     u16* sV = sK + NS * TILE;                                   // [NS stages][TILE]
     // q's rows [16 MT][ST] (BF16 bits, read into registers before the loop) share their region with the
     // per-warp P scratch [FA_WARPS][16][NKW] fp32 (the non-finite V path, inside the loop only): the region
-    // is the larger of the two (fast_attention.py smem_bytes), so q costs no occupancy.
+    // is the larger of the two (fast/attention.py smem_bytes), so q costs no occupancy.
     constexpr int QROWS = 16 * MT;
     u16* sQ = sV + NS * TILE;
     float* ps = reinterpret_cast<float*>(sQ);
@@ -831,7 +831,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 // predicated past ns): a loop over splits that loaded (m, l), then o only where m > -inf, waited
 // two L2 latencies a split (16 splits at 35B B1: 5.9 us a call, H200). The arithmetic is the
 // same operations in the same split order as that loop (o of a split with m = -inf is loaded but
-// not used), so the outputs are the same bits. CB is the launcher's (fast_attention.py
+// not used), so the outputs are the same bits. CB is the launcher's (fast/attention.py
 // combine_batch): a batch of 8 at 4 splits held registers for 8 and ran slower than the loop.
 // Where every split fits one batch (ns <= CB: every call of up to 16 splits), (m, l) and o are loaded together
 // and the largest m taken from the loaded (m, l): one L2 latency before the arithmetic instead of two, the same
@@ -930,7 +930,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 }  // namespace fa
 
 // extern "C" entry points: fast_attn_d{DP}_m{MT}_s{NS}_{b: BF16 q/k/v bits | f: FP32 q/k/v} and
-// fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8, 16). kernels_cu/fast_attention.py compiles one variant per module
+// fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8, 16). kernels_cu/fast/attention.py compiles one variant per module
 // (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=); without
 // FA_SINGLE every variant is built (CI's nvcc): 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a
 // forced STAGES; 3 builds with -DFA_NS=3).

@@ -2,7 +2,7 @@
 
 ``attention_fast`` has the contract and outputs of ``kernels_cu.exact.attention.attention`` (q [B,W,Hq,D],
 k/v [B,W,Hk,D], rings [B,C,Hk,D] as BF16 / FP16 bits, frontier int64 [B], live int32 [B], window S or 0;
-returns (fp32 or None, BF16 bits or None), rows >= live zero) and runs kernels_cu/fast_attention.cu:
+returns (fp32 or None, BF16 bits or None), rows >= live zero) and runs kernels_cu/fast/attention.cu:
 a one-pass flash-decoding kernel on the tensor cores (mma.sync m16n8k16, FP32 accumulation), the GQA
 group's query heads and the W block rows sharing each K/V tile, keys split over thread blocks with a
 combine kernel when the context is long. q/k/v may be FP32 (masked_block's path: split into two BF16
@@ -35,7 +35,7 @@ from kernels_cu.loader import (NVRTC_OPTIONS, ModuleFunction, allow_dynamic_shar
 from kernels_cu.pdl import active as _pdl_active
 from kernels_cu.pdl import launch
 
-_NT, _ROWS, _WARPS = 64, 64, 4  # fast_attention.cu FA_NT, FA_ROWS, FA_WARPS
+_NT, _ROWS, _WARPS = 64, 64, 4  # fast/attention.cu FA_NT, FA_ROWS, FA_WARPS
 _MAX_D, _MAX_W = 128, 64
 _NULL = np.uint64(0)
 _LOG2E = 1.4426950408889634

@@ -7,19 +7,19 @@ is a production-style engine judged by the suite like any third-party one (CONTR
 mode's, inherited):
 
 - masked_block / draft_layer: resident concatenated BF16 weights, BF16 tensor-core GEMMs and
-  fused glue kernels (kernels_cu/fast_block.py); capture-safe for a CUDA graph after one warm-up.
+  fused glue kernels (kernels_cu/fast/block.py); capture-safe for a CUDA graph after one warm-up.
 - draft_attention: a one-pass flash-decoding kernel over ring + block, GQA-aware, split over keys
-  (kernels_cu/fast_attention.py); masked_block uses it too.
+  (kernels_cu/fast/attention.py); masked_block uses it too.
 - candidate_topk: up to 128 hidden rows on an sm_90 GPU (k <= 16, no shortlist), one wgmma kernel with the
-  top-k selected beside its stream (kernels_cu/fast_head.py: the head read once, no logits in memory); otherwise
+  top-k selected beside its stream (kernels_cu/fast/head.py: the head read once, no logits in memory); otherwise
   one BF16 GEMM over the whole head for all B*K hidden rows (cuBLAS gemmEx,
   BF16 inputs, FP32 output, CUBLAS_COMPUTE_32F: FP32 accumulation on the tensor cores), then a
-  split stable top-k per row (kernels_cu/fast_select.cu; C4 order, exact on the fp32 logits).
+  split stable top-k per row (kernels_cu/fast/topk.cu; C4 order, exact on the fp32 logits).
   The exact mode re-reads the 2.5 GB head once per hidden row with a double-precision dot.
 - proposal_head: the same (the fused head, or the GEMM and the selection) with k = 1 (argmax, lowest row on
   ties).
 - target_distribution: the exact kernel's numbers, but top-k and top-p thresholds found by
-  filtering (a histogram pass and a few radix passes, kernels_cu/fast_target.cu) instead of a
+  filtering (a histogram pass and a few radix passes, kernels_cu/fast/target_distribution.cu) instead of a
   64-step bisection over the key space per filter.
 - context_kv: one BF16 GEMM through [W_k; W_v] (prepared once), then one fused kernel: head
   RMSNorm, RoPE, BF16/FP16 rounding and the cache write, in place into the caller's caches
@@ -51,7 +51,7 @@ from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
 from kernels_cu.loader import load_module
 
 _NULL = np.uint64(0)
-_TOPK_MAX = 64  # fast_select.cu FT_KMAX
+_TOPK_MAX = 64  # fast/topk.cu FT_KMAX
 _FT_THREADS = 256
 _FTD_THREADS = 512
 TOPK_TARGET_BLOCKS = 16 * 132  # partial top-k blocks to aim for (several waves on an H200's 132 SMs)
@@ -64,12 +64,12 @@ def _fn(module: str, name: str):
     return load_module(module).get_function(name)
 
 
-# --- target_distribution, split path (kernels_cu/fast_target.cu ftd_split_*) ----------------------
+# --- target_distribution, split path (kernels_cu/fast/target_distribution.cu ftd_split_*) ----------------------
 _FTD_SMS = 132  # an H200's SMs: the block counts to aim for
-_FTD_BINS = 2048  # fast_target.cu FTD_BINS
-_FTD_CAP = 2048  # fast_target.cu FTD_CAP
-_FTD_CHAINS = 16  # fast_target.cu FTD_CHAINS (x 32 chains = the exact kernel's 512 threads)
-_FTD_STATE_BYTES = 512  # per row, >= sizeof(RowState) (static_assert in fast_target.cu)
+_FTD_BINS = 2048  # fast/target_distribution.cu FTD_BINS
+_FTD_CAP = 2048  # fast/target_distribution.cu FTD_CAP
+_FTD_CHAINS = 16  # fast/target_distribution.cu FTD_CHAINS (x 32 chains = the exact kernel's 512 threads)
+_FTD_STATE_BYTES = 512  # per row, >= sizeof(RowState) (static_assert in fast/target_distribution.cu)
 
 
 def _ftd_split_plan(N: int, Vr: int) -> dict:
@@ -120,12 +120,12 @@ def _target_split(logits, prompt, counts, sampling, N: int, Vr: int, vocab_size:
 
 def topk_plan(M: int, Vr: int, k: int, options: FastOptions = DEFAULT_OPTIONS) -> tuple[int, int, bool, bool, int]:
     """(S splits per row, chunk columns per split, warp variant, merged in the block, partial lists
-    per row) of the split top-k (fast_select.cu): about TOPK_TARGET_BLOCKS blocks (TOPK_VEC_TARGET_BLOCKS
+    per row) of the split top-k (fast/topk.cu): about TOPK_TARGET_BLOCKS blocks (TOPK_VEC_TARGET_BLOCKS
     where the vec kernel's shape conditions hold), chunks of at least
     2048 columns (a multiple of 4); k <= 32 keeps one register list per warp (fast_topk_partial_vec
     or fast_topk_partial_warp, topk_vec_applies says which), else one per thread (one list per
     block). The warp variants merge their 8 warp lists in the block for few rows and k > 1 (one
-    list per block), else write all 8 (fast_select.cu says why)."""
+    list per block), else write all 8 (fast/topk.cu says why)."""
     target = TOPK_VEC_TARGET_BLOCKS if _vec_shape(Vr, k, options) else TOPK_TARGET_BLOCKS
     S = max(1, min(-(-Vr // 2048), -(-target // max(M, 1))))
     chunk = -(-Vr // S)
@@ -177,9 +177,9 @@ def topk_into(logits, shortlist, vocab_size: int, k: int, multiplier: float, sof
 
 def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, softcap: float, scores, ids,
                options: FastOptions = DEFAULT_OPTIONS):
-    """fast_select.cu's merge of keyed lists partial [M, lists, k] into scores [M, k] fp32 (or None) and ids [M, k]
+    """fast/topk.cu's merge of keyed lists partial [M, lists, k] into scores [M, k] fp32 (or None) and ids [M, k]
     int32: global ids through the shortlist (or None), u = c tanh(m z / c) of the selected logits in double. logits
-    [M, Vr] fp32, or None: each logit read back from its key (fast_head.cu's lists, whose logits never reach memory)."""
+    [M, Vr] fp32, or None: each logit read back from its key (fast/head.cu's lists, whose logits never reach memory)."""
     M, lists = partial.shape[0], partial.shape[1]
     _fn("fast/topk", "fast_topk_merge_warp" if options.topk_merge_warp and k <= 32 else "fast_topk_merge")(
         (M,), (_FT_THREADS,),
@@ -190,8 +190,8 @@ def merge_into(partial, logits, shortlist, Vr: int, k: int, multiplier: float, s
 
 def head_topk_into(x, w, maps, vocab_size: int, k: int, multiplier: float, softcap: float, partial, scores, ids,
                    options: FastOptions = DEFAULT_OPTIONS):
-    """The fused head (kernels_cu/fast_head.py: the head GEMM with the top-k in its epilogue, one pass over the head,
-    no logits in memory) over x [M, H] and the head w, then fast_select.cu's merge of the blocks' lists partial
+    """The fused head (kernels_cu/fast/head.py: the head GEMM with the top-k in its epilogue, one pass over the head,
+    no logits in memory) over x [M, H] and the head w, then fast/topk.cu's merge of the blocks' lists partial
     [M, fast_head.grid(Vr), k] into scores (or None) and ids, the scores read from the keys. maps: None (the tensor
     maps copied from the host at the launch) or fast_head.device_maps(x, w) (capturable: FastRound's workspaces)."""
     fast_head.topk_partial_into(x, w, vocab_size, k, partial, maps=maps, options=options)
@@ -249,7 +249,7 @@ class FastSelectBackend(CudaBackend):
     def environment(self) -> dict:
         rec = super().environment()
         rec.update(backend=self.name, mode=self.mode, gemm=gemm_path(),
-                   fast_kernels="fast_select.cu, fast_target.cu, fast_context.cu (loader NVRTC options)",
+                   fast_kernels="fast/topk.cu, fast/target_distribution.cu, fast/context_kv.cu (loader NVRTC options)",
                    resident_weights="BF16 bits cached per source array (FastCudaBackend.prepare)",
                    fast_options=self.options.describe(),
                    fast_topk=(f"split top-k (topk.cu), target blocks {TOPK_VEC_TARGET_BLOCKS} (vec) / "
@@ -258,10 +258,10 @@ class FastSelectBackend(CudaBackend):
                                f"shortlist, k <= {fast_head.KMAX}, rows <= {self.options.fused_head_max_rows_topk} / "
                                f"{self.options.fused_head_max_rows_proposal}, H % {fast_head.KC} == 0 "
                                f"on a compute-capability 9.0 GPU: one wgmma kernel with the top-k in its epilogue "
-                               f"(kernels_cu/fast_head.cu, NVRTC {' '.join(fast_head.compile_options()[:-1])})"),
+                               f"(kernels_cu/fast/head.cu, NVRTC {' '.join(fast_head.compile_options()[:-1])})"),
                    proposal_head_gemm=(f"proposal_head_lt={self.options.proposal_head_lt}: heads of >= 256 MiB on the "
                                        "fastest of gemmEx and up to 8 cuBLASLt algorithms (FP32 reductions), timed "
-                                       "at each shape's first call (kernels_cu/fast_lt.py); tunings so far: "
+                                       "at each shape's first call (kernels_cu/fast/lt.py); tunings so far: "
                                        + str(fast_lt.describe(self._head_lt))))
         try:
             from cupy_backends.cuda.libs import cublas

@@ -1,6 +1,6 @@
 // Fast mode masked block / draft layer (issue 12; reference/draft_layer.py, reference/masked_block.py,
-// reference/grouped_conv.py). The GEMMs are cuBLAS BF16 (kernels_cu/fast.py gemm_bf16, FP32
-// accumulation) through resident weights, or at <= 16 rows kernels_cu/fast_gemv.cu; these kernels are
+// reference/grouped_conv.py). The GEMMs are cuBLAS BF16 (kernels_cu/fast/backend.py gemm_bf16, FP32
+// accumulation) through resident weights, or at <= 16 rows kernels_cu/fast/gemv.cu; these kernels are
 // the glue between them, each one pass over a few rows of activations (M = B * W <= 128 rows):
 //
 //   fb_resid_norm    the residual stream update x += branch (with the DFlash2 conv finish on the
@@ -11,7 +11,7 @@
 //                    position, common.cuh) and the split of the fused [q; k; v] GEMM output,
 //                    q / k / v stored as BF16 values (named intermediates q, k, v_proj);
 //   fb_conv_prepare  DFlash2 input side of the grouped conv on the FP32 normalized input, the
-//                    delta from the hi + lo GEMM rows (see fast_block.py);
+//                    delta from the hi + lo GEMM rows (see fast/block.py);
 //   fb_silu_mul      act = BF16(SiLU(gate) * up) from the fused [gate; up] GEMM output (not launched
 //                    where fast_gemv_act_* runs that GEMM with the same function in its epilogue:
 //                    CudaEngine.mlp_act).
@@ -23,7 +23,7 @@
 using dfl::u16;
 
 // A branch given as `parts` (1 .. FB_MAX_PARTS) fp32 partial products [parts, M, H] (`stride`
-// elements apart: the K slices of a split GEMM, kernels_cu/fast_block.py split_k), read as their sum
+// elements apart: the K slices of a split GEMM, kernels_cu/fast/block.py split_k), read as their sum
 // in part order. Every part's load is issued before the first add (an unrolled, predicated loop: a
 // runtime-count loop waited one memory latency per part).
 #define FB_MAX_PARTS 4
@@ -87,7 +87,7 @@ __device__ __forceinline__ float fb_value(int r, int c, int i, int H, const floa
     return x;
 }
 
-#define FB_RN_MAX_THREADS 1024  // fb_resid_norm's block: T threads, a multiple of 32 (fast_block.py resid_norm_threads)
+#define FB_RN_MAX_THREADS 1024  // fb_resid_norm's block: T threads, a multiple of 32 (fast/block.py resid_norm_threads)
 #define FB_RN_MAXV4 4  // float4 groups per thread held in registers: rows up to 16 T wide (more spill
                        // at the 64 registers a 1024-thread block allows)
 
@@ -351,7 +351,7 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
 }
 
 // Thread-block clusters need sm_90: below it (NVRTC builds for the device at hand) the module has
-// no fb_resid_norm_cluster and kernels_cu/fast_block.py never asks for it (cluster_capable()).
+// no fb_resid_norm_cluster and kernels_cu/fast/block.py never asks for it (cluster_capable()).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // --- the same Op over a thread-block cluster per row (sm_90) ---------------------------------------
 // One CTA streams at most about 1/132 of the H200's bandwidth, so a row per CTA (fb_resid_norm)
@@ -364,7 +364,7 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
 // is fb_value's and the norm's; only the sum of squares is grouped differently from
 // fb_resid_norm (so resid_out / resid_bits are bitwise the single-CTA kernel's, the norm outputs
 // within the fp32 sum's reordering). Needs H % (4 FB_CL) == 0, H <= 8192 and 16-byte aligned fp32
-// rows / 8-byte aligned BF16 rows (fast_block.py checks before launching). Grid FB_CL * M.
+// rows / 8-byte aligned BF16 rows (fast/block.py checks before launching). Grid FB_CL * M.
 #define FB_CL 8
 #define FB_CL_THREADS 128
 
@@ -499,7 +499,7 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     if (r >= M) return;  // block-uniform
     const long long pos = frontier[r / W] + (long long)(r % W);  // an input of the Op, no kernel's output
     // The row's RoPE table depends on pos and inv_freq only (no kernel's output). early_table: built before
-    // the wait, while the kernel ahead still runs (few rows: fast_block.py EARLY_TABLE_MAX_ROWS), and the
+    // the wait, while the kernel ahead still runs (few rows: fast/block.py EARLY_TABLE_MAX_ROWS), and the
     // head's norm weight asked for in L2; else after it, beside the loads of the head.
     auto table = [&]() {
         for (int i = threadIdx.x; i < half; i += blockDim.x) {

@@ -15,7 +15,7 @@ baseline's, so rounding there is inside the tight bound):
                   halves, which is n's projection to ~2^-17 relative, then fb_conv_prepare
                   gives prepared = BF16(Conv_0(n)) and the BF16 finish delta
     qkv = gemm(n or prepared, [W_q; W_k; W_v])       one GEMM, weights concatenated once, resident
-         (each layer GEMM: cuBLAS, or at <= 16 rows kernels_cu/fast_gemv.cu where its grid fits
+         (each layer GEMM: cuBLAS, or at <= 16 rows kernels_cu/fast/gemv.cu where its grid fits
          the GPU, CudaEngine.layer_gemm: it stages its weight rows before its PDL wait)
     q, k = RoPE(head RMSNorm), v, each rounded once to BF16 and kept as BF16 bits (fb_qkv_post; named
          q, k, v_proj)
@@ -55,7 +55,7 @@ from kernels_cu.pdl import launch
 
 _NULL = np.uint64(0)
 _THREADS = 256
-_QKV_WARPS = 8  # fast_block.cu FB_QKV_WARPS: heads per fb_qkv_post block
+_QKV_WARPS = 8  # fast/block.cu FB_QKV_WARPS: heads per fb_qkv_post block
 _MAX_GRID = 65535 * 8
 _WS_KEEP = 8  # workspaces kept per backend object (one per (shape, variant)), LRU
 
@@ -181,7 +181,7 @@ def _row_grid(n: int, rows: int) -> tuple[int, int]:
 # compares them). "auto" takes the cluster kernel up to options.resid_norm_cluster_max_rows rows: at 8 rows it halved
 # the norm's time at H 5120 (9.7 -> 5.0 us); at 128 rows of H 2048 its 8 CTAs of 128 threads a row outnumber the SMs
 # and it was slower (5.0 -> 7.2 us).
-_CLUSTER, _CLUSTER_THREADS = 8, 128  # fast_block.cu FB_CL, FB_CL_THREADS
+_CLUSTER, _CLUSTER_THREADS = 8, 128  # fast/block.cu FB_CL, FB_CL_THREADS
 
 
 
@@ -192,7 +192,7 @@ def _compute_capability(dev_id: int) -> int:
 
 def cluster_capable() -> bool:
     """Whether the current device runs thread-block clusters (compute capability 9.0 or later): the
-    fb_resid_norm_cluster kernel and every kernel of fast_selector.cu exist only there (below
+    fb_resid_norm_cluster kernel and every kernel of fast/selector.cu exist only there (below
     sm_90 the .cu files compile without them)."""
     try:
         return _compute_capability(cp().cuda.Device().id) >= 90
@@ -241,7 +241,7 @@ def resid_norm_threads(H: int) -> int:
     return min(1024, 32 * -(-threads // 32))
 
 
-MAX_PARTS = 4  # fast_block.cu FB_MAX_PARTS: K-slice partials a consumer kernel reads
+MAX_PARTS = 4  # fast/block.cu FB_MAX_PARTS: K-slice partials a consumer kernel reads
 
 
 def _parts(a, rows: int, cols: int) -> tuple[int, int]:
@@ -275,7 +275,7 @@ def split_k(M: int, N: int, K: int, options: FastOptions = DEFAULT_OPTIONS) -> i
 # starts beside the cuBLAS GEMM (launch-order edges) and building the table early measured slower.
 
 def _glue(name: str, grid, block, args, shared_mem: int = 0) -> None:
-    """A fast_block.cu kernel, under programmatic dependent launch (kernels_cu/pdl.py; each waits for the
+    """A fast/block.cu kernel, under programmatic dependent launch (kernels_cu/pdl.py; each waits for the
     kernel ahead before it reads anything)."""
     launch(_fn(name), grid, block, args, shared_mem, pdl=True)
 
@@ -292,7 +292,7 @@ def attention_impl(options: FastOptions = DEFAULT_OPTIONS):
 
 
 class CudaEngine:
-    """Launches the fast_block.cu kernels and the BF16 GEMM on the current CuPy stream."""
+    """Launches the fast/block.cu kernels and the BF16 GEMM on the current CuPy stream."""
 
     def __init__(self, attention=None, options: FastOptions = DEFAULT_OPTIONS):
         self.options = options
@@ -334,7 +334,7 @@ class CudaEngine:
         return fast_gemv.chooses(M, N, K, self.options)
 
     def layer_gemm(self, x_bits, w_bits, out):
-        """The block's layer GEMMs: fast_gemv.cu where gemv_takes the shape (few rows; under PDL it stages
+        """The block's layer GEMMs: fast/gemv.cu where gemv_takes the shape (few rows; under PDL it stages
         its weights before the kernel ahead finishes), else ``gemm``."""
         if out.ndim == 2:
             M, N, K = out.shape[0], out.shape[1], x_bits.shape[1]
@@ -622,7 +622,7 @@ class FastBlockMixin:
     def environment(self) -> dict:
         rec = super().environment()
         rec["fast_block"] = ("masked_block / draft_layer: BF16 GEMMs (gemm_bf16) through resident [Wq;Wk;Wv] and "
-                             "[Wgate;Wup], fast_block.cu glue kernels, attention: " + self._fb_engine().attention_name)
+                             "[Wgate;Wup], fast/block.cu glue kernels, attention: " + self._fb_engine().attention_name)
         o = self.options
         rec["fast_block_paths"] = (f"resid_norm_path={o.resid_norm_path} (cluster up to {o.resid_norm_cluster_max_rows} "
                                    f"rows), conv_prepare_vec={o.conv_prepare_vec}, gemm_splits={o.gemm_splits} (M <= "

@@ -1,4 +1,4 @@
-// feature_capture's gather in the fast mode (kernels_cu/fast_capture.py): the chosen target
+// feature_capture's gather in the fast mode (kernels_cu/fast/capture.py): the chosen target
 // blocks' BF16 rows concatenated per row, out[t, j * Ht + c] = blocks[ids[j], t, c], as raw
 // bits (a copy: the values are exact). 16-byte loads and stores when Ht % 8 == 0 (every official
 // width) and the blocks are 16-byte aligned, a 2-byte path otherwise. ids is a small device

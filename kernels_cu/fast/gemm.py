@@ -1,5 +1,5 @@
-"""BF16 GEMMs and device-resident weights shared by the fast kernels (kernels_cu/fast.py,
-kernels_cu/fast_block.py): cuBLAS gemmEx with BF16 inputs, FP32 output and FP32 accumulation
+"""BF16 GEMMs and device-resident weights shared by the fast kernels (kernels_cu/fast/backend.py,
+kernels_cu/fast/block.py): cuBLAS gemmEx with BF16 inputs, FP32 output and FP32 accumulation
 (CUBLAS_COMPUTE_32F), and the per-source-array cache of BF16 weight bits."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@
 // products and their order do not depend on where the row sits in the tile), so act has the bits of
 // the plain GEMM followed by fb_silu_mul, with one kernel and one gu round trip less.
 //
-// Needs K % 32 == 0, N % 16 == 0, 16-byte aligned rows (kernels_cu/fast_gemv.py checks).
+// Needs K % 32 == 0, N % 16 == 0, 16-byte aligned rows (kernels_cu/fast/gemv.py checks).
 // Numerics: BF16 x BF16 products are exact in FP32; each warp adds its chunks' products in the
 // tensor cores' FP32 accumulator, then the warps' sums are added in order: an FP32 summation of
 // the same exact products, inside the bound gamma_(K-1) sum |x_k w_k| (tests/gpu/test_fast_gemv.py).

@@ -34,7 +34,7 @@ from kernels_cu.pdl import launch
 # of the 35B layers (K 2048 / 4096 / 6144: 64 / 128 / 192 KiB) and leaves the static 4-8 KiB of the reduction under
 # the H200's 227 KiB a block.
 MAX_M = 16
-WARPS = 8  # fast_gemv.cu FGV_WARPS
+WARPS = 8  # fast/gemv.cu FGV_WARPS
 STEP_BYTES = WARPS * 2 * 32 * 16  # one step of every warp: two 16-byte slots per thread
 
 
@@ -72,7 +72,7 @@ def _device(dev_id: int) -> tuple[int, int]:
 
 
 def kernel_name(M: int, act: bool = False) -> str:
-    """fast_gemv.cu's kernel for M rows: one n-tile of 8 rows, or two; ``act``: the SiLU-mul form."""
+    """fast/gemv.cu's kernel for M rows: one n-tile of 8 rows, or two; ``act``: the SiLU-mul form."""
     return ("fast_gemv_act_" if act else "fast_gemv_") + ("n1" if M <= 8 else "n2")
 
 
@@ -125,7 +125,7 @@ def _run(x, w, dst, act: bool, options: FastOptions) -> bool:
 
 
 def gemv_into(x, w, out, options: FastOptions = DEFAULT_OPTIONS) -> bool:
-    """out = x @ w.T on fast_gemv.cu; False (nothing launched) where the arrays do not fit its contract
+    """out = x @ w.T on fast/gemv.cu; False (nothing launched) where the arrays do not fit its contract
     (shape, dtype, C order, 16-byte rows): the caller runs its GEMM instead."""
     return _run(x, w, out, False, options)
 

@@ -1,28 +1,28 @@
-// Fast mode (kernels_cu/fast_head.py): the head GEMM with the per-row top-k in its epilogue, so
+// Fast mode (kernels_cu/fast/head.py): the head GEMM with the per-row top-k in its epilogue, so
 // candidate_topk / proposal_head read the head once and their logits never reach memory.
 //
 //   logits[n, v] = x[n, :] . W[v, :]   (x: HT_N padded hidden rows of BF16 bits, W: Vr head rows)
 //
 // then the best k (C4 order: value descending, ties to the lower head row, docs/contracts.md) of
 // each hidden row among the head rows v < n_elig. Two kernels: fast_head_topk (this header; v13) and
-// fast_head_topk_pp (the ping-pong kernel, below, the one fast_head.py launches by default: the same
+// fast_head_topk_pp (the ping-pong kernel, below, the one fast/head.py launches by default: the same
 // stream and merge, 128-row tiles whose selection runs under the other warpgroup's stream, and lists that may
 // hold fewer than k keys where another block's threshold was higher: HP_SHARED_THR).
 // One block per multiprocessor (persistent): block b
 // owns head rows [b Vr / G, (b + 1) Vr / G) (cut on 64-row boxes) and walks them in tiles of 256 rows, each tile over the
 // whole K in stages of 64; it writes the best k keys of its rows per hidden row, and
-// fast_topk_merge_warp (fast_select.cu) merges the G lists of a row as it merges any partial lists,
+// fast_topk_merge_warp (fast/topk.cu) merges the G lists of a row as it merges any partial lists,
 // the score read back from the key (fk_key holds the logit's bits).
 //
 // The GEMM runs on wgmma (sm_90a only: __CUDA_ARCH_FEAT_SM90_ALL; the plain sm_90 build of this file,
-// which CI makes of every kernels_cu/*.cu, leaves a kernel that traps, and fast_head.py never launches
+// which CI makes of every kernels_cu/*.cu, leaves a kernel that traps, and fast/head.py never launches
 // it). Two warpgroups a block; warpgroup w computes head rows [128 w, 128 w + 128) of the tile as two
 // m64nNk16 wgmma chains (A = head rows, B = the hidden rows, N = HT_N, both K-major from shared memory in the
 // tensor copies' 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart, ht_desc). FP32
 // accumulation over K in order, 16 at a time, as the tensor cores do for cuBLAS.
 //
 // Stages: HT_STAGES buffers of [256 head rows x 64 K | HT_N hidden rows x 64 K], filled by the tensor copy
-// engine (cp.async.bulk.tensor; maps from fast_head.py: boxes of 64 K x 64 head rows and 64 K x HT_N hidden rows,
+// engine (cp.async.bulk.tensor; maps from fast/head.py: boxes of 64 K x 64 head rows and 64 K x HT_N hidden rows,
 // 128-byte swizzle, hidden rows past M read as zeros), HT_STAGES - 1 ahead, each completing on an mbarrier; one
 // thread issues them. The H200 streamed the 27B head at 3.85-3.92 TB/s this way, against 2.1 TB/s with 16-byte
 // cp.async copies by every thread (benchmarks/fast_head_probe.py, docs/PERFORMANCE.md "Session v13").
@@ -40,7 +40,7 @@
 typedef unsigned short u16;
 
 #ifndef HT_N
-#define HT_N 128  // fast_head.py defines it (the hidden rows rounded up to 8); the CI build of this file takes 128
+#define HT_N 128  // fast/head.py defines it (the hidden rows rounded up to 8); the CI build of this file takes 128
 #endif
 #define HT_THREADS 256
 #define HT_VT 256  // head rows a tile
@@ -211,7 +211,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
                 const int v = rowb + 64 * mb + 8 * ((j & 3) >> 1), n = 8 * (j >> 2) + 2 * t + (j & 1);
                 const int bit = 8 * (j >> 2) + 4 * mb + (j & 3);
                 if (v < elig && n < M) pend[bit >> 5] |= 1u << (bit & 31);
-#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
+#ifdef HT_DUMP  // tests' build (fast/head.py builds it when given a dump array): the logits to dump as well
                 if (dump && v < r1 && n < M) dump[(size_t)n * Vr + v] = acc[mb][j];
 #endif
             }
@@ -494,7 +494,7 @@ __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z
 #define HP_SHARED_THR 1
 #endif
 // The launch leaves the shared thresholds zeroed for the next launch through the same words (HP_CLEAN, session v19):
-// the block that finishes last, counted in the word after the rows' thresholds (gthr[HP_GTHR_ROWS], fast_head.py's
+// the block that finishes last, counted in the word after the rows' thresholds (gthr[HP_GTHR_ROWS], fast/head.py's
 // NMAX), zeroes them and the count, once every block is past its last read and atomic of them. A memset before each
 // launch did this until v18; in the round's graph it stood between the final norm and the head (about 4 us).
 #ifndef HP_CLEAN
@@ -747,7 +747,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
             for (int jj = 0; jj < HT_NACC; ++jj) {
                 const int v = 64 * mb + 16 * w4 + g + 8 * ((jj & 3) >> 1), n = 8 * (jj >> 2) + 2 * t4 + (jj & 1);
                 lg[n * HP_LS + v] = acc[mb][jj];
-#ifdef HT_DUMP  // tests' build (fast_head.py builds it when given a dump array): the logits to dump as well
+#ifdef HT_DUMP  // tests' build (fast/head.py builds it when given a dump array): the logits to dump as well
                 if (dump && tile0 + v < r1 && n < M) dump[(size_t)n * Vr + tile0 + v] = acc[mb][jj];
 #endif
             }
@@ -800,7 +800,7 @@ fast_head_topk_pp(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H
 #endif
 }
 
-#else  // not sm_90a: no wgmma; fast_head.py launches this module only when built for sm_90a
+#else  // not sm_90a: no wgmma; fast/head.py launches this module only when built for sm_90a
 
 extern "C" __global__ void fast_head_topk(const u64*, int, int, int, int, int, u64*, float*, u64*) { __trap(); }
 extern "C" __global__ void fast_head_topk_pp(const u64*, int, int, int, int, int, u64*, float*, u64*) { __trap(); }

@@ -1,16 +1,16 @@
-"""The head GEMM with the per-row top-k in its epilogue (kernels_cu/fast_head.cu), for the fast mode's
+"""The head GEMM with the per-row top-k in its epilogue (kernels_cu/fast/head.cu), for the fast mode's
 candidate_topk and proposal_head (issue 12: "candidate_topk time independent of B x K").
 
 The cuBLAS path writes fp32 logits for every hidden row (238 MB at B8 K15 on the 27B head) and reads them back
 for the selection, and its GEMM grows with the rows. Here one persistent wgmma kernel streams the head once, keeps
-each block's best k keys per hidden row in shared memory, and fast_select.cu's merge takes the blocks' lists to
+each block's best k keys per hidden row in shared memory, and fast/topk.cu's merge takes the blocks' lists to
 the final k; the logits never reach memory. Two kernels (``PINGPONG`` picks, default True):
 
 - fast_head_topk_pp: two consumer warpgroups take turns over 128-row tiles, one computing on the stream while the
   other selects from the tile's logits staged in shared memory (a lane a hidden row, each row compacted at the
   tile's end, its threshold shared with the other blocks through global memory; up to ``WARP_FORM_MAX_ROWS`` hidden
   rows, or wherever ``SELECT_DEFINES`` says so, v14's warp-a-row form), a producer warpgroup issuing the tensor
-  copies (fast_head.cu's header says how the turns keep the barriers' phases apart);
+  copies (fast/head.cu's header says how the turns keep the barriers' phases apart);
 - fast_head_topk (v13): 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56
   rows on (its selection is not hidden), kept as the switch's other side and the probe's reference.
 
@@ -26,7 +26,7 @@ device by a host copy at each launch (``maps=None``) or, for a CUDA graph, from 
 
 Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``. The
 kernel does no floating-point arithmetic besides the wgmma chain; its epilogue compares floats and forms keys.
-Under -ftz a denormal logit compares equal to 0, so fk_key files it with +-0 (as fast_select.cu's kernels, built
+Under -ftz a denormal logit compares equal to 0, so fk_key files it with +-0 (as fast/topk.cu's kernels, built
 with the same option, do); the float pre-filters (fast_head_topk's, and the ping-pong kernel's test a set of 16
 logits) only let more values through to the key compare.
 """
@@ -42,7 +42,7 @@ from kernels_cu.loader import KERNEL_DIR, NVRTC_OPTIONS, include_options, nvrtc_
 
 ARCH = "sm_90a"
 THREADS = 256
-VT = 256  # head rows a tile (fast_head.cu HT_VT)
+VT = 256  # head rows a tile (fast/head.cu HT_VT)
 KC = 64  # K a stage (HT_KC)
 STAGES = 4  # HT_STAGES
 CAP = 32  # HT_CAP
@@ -56,7 +56,7 @@ def n_for(M: int) -> int:
 
 
 def smem_bytes(n: int, stages: int = STAGES) -> int:
-    """fast_head.cu HT_SMEM_BYTES: alignment slack, the stages, the per-row candidate buffers, thresholds and counts,
+    """fast/head.cu HT_SMEM_BYTES: alignment slack, the stages, the per-row candidate buffers, thresholds and counts,
     the stages' barriers."""
     return 1024 + stages * (VT * KC * 2 + n * KC * 2) + n * (CAP * 8 + 8 + 4) + stages * 8
 
@@ -71,19 +71,19 @@ def select_defines(M: int, options: FastOptions = DEFAULT_OPTIONS) -> tuple[tupl
     return WARP_FORM if M <= options.head_warp_form_max_rows else ()
 
 
-PP_THREADS = 384  # fast_head.cu HP_THREADS
+PP_THREADS = 384  # fast/head.cu HP_THREADS
 PP_VT = 128  # HP_VT
 PP_LS = 132  # HP_LS: floats a hidden row of the staged logits
 PP_BS = CAP + 1  # HP_BS: u64 a hidden row's candidate buffer (its slots + 1: the lanes' stores spread over the banks)
 
 
 def pp_stages(n: int) -> int:
-    """fast_head.cu HP_STAGES: 4 stages beside the staged logits up to N 120, 3 at N 128."""
+    """fast/head.cu HP_STAGES: 4 stages beside the staged logits up to N 120, 3 at N 128."""
     return 4 - (n > 120)
 
 
 def smem_bytes_pp(n: int, stages: int | None = None) -> int:
-    """fast_head.cu HP_SMEM_BYTES: alignment slack, the stages, the staged logits, the per-row buffers and thresholds,
+    """fast/head.cu HP_SMEM_BYTES: alignment slack, the stages, the staged logits, the per-row buffers and thresholds,
     a full and an empty barrier a stage, the counts, the two turn tokens."""
     st = pp_stages(n) if stages is None else stages
     return 1024 + st * (PP_VT * KC * 2 + n * KC * 2) + n * PP_LS * 4 + n * (PP_BS * 8 + 8) + 2 * st * 8 + n * 4 + 8
@@ -109,11 +109,11 @@ def wgmma_wrapper(n: int) -> str:
 
 def source(n: int, defines: tuple[tuple[str, int], ...] = ()) -> str:
     """The module's full source for N = n: HT_N (and any further defines: the probe's), the wrapper (inside the
-    sm_90a guard's reach), fast_head.cu."""
+    sm_90a guard's reach), fast/head.cu."""
     body = (KERNEL_DIR / "fast" / "head.cu").read_text()
     head, sep, rest = body.partition("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n")
     if not sep:
-        raise RuntimeError("fast_head.cu: the sm_90a guard is missing")
+        raise RuntimeError("fast/head.cu: the sm_90a guard is missing")
     lines = "".join(f"#define {k} {v}\n" for k, v in (("HT_N", n), *defines))
     return lines + head + sep + wgmma_wrapper(n) + rest
 
@@ -170,7 +170,7 @@ def _encode_fn():
 
 def tensor_map(a, box_rows: int) -> np.ndarray:
     """The 128-byte CUtensorMap of a [rows, H] BF16 array on the device, boxes of 64 K x box_rows rows, 128-byte
-    swizzle (the layout fast_head.cu's wgmma descriptors read), as 16 uint64 for the kernel's global-memory copy."""
+    swizzle (the layout fast/head.cu's wgmma descriptors read), as 16 uint64 for the kernel's global-memory copy."""
     import ctypes
 
     rows, h = a.shape
@@ -206,7 +206,7 @@ def grid(Vr: int) -> int:
 
 
 MAP_WORDS = 32  # the two 128-byte tensor maps, as u64
-# device_maps: the maps, then the shared thresholds (a u64 a hidden row, NMAX = fast_head.cu HP_GTHR_ROWS) and the
+# device_maps: the maps, then the shared thresholds (a u64 a hidden row, NMAX = fast/head.cu HP_GTHR_ROWS) and the
 # count of blocks done with them (HP_CLEAN)
 MAPS_WORDS = MAP_WORDS + NMAX + 1
 
@@ -214,7 +214,7 @@ MAPS_WORDS = MAP_WORDS + NMAX + 1
 def device_maps(x, w):
     """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
     must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
-    and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast_head.cu HP_SHARED_THR) and a
+    and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast/head.cu HP_SHARED_THR) and a
     count, all zero: each launch leaves them zero for the next (the kernel's last block zeroes them), so
     only the kernel may write them, one launch at a time (two launches in flight through the same maps would count
     into one word), and the maps should not move between builds with and without CLEAN (a launch without it leaves

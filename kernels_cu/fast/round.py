@@ -4,25 +4,25 @@
 (``load(...)``) and one device workspace per (B, W, C) (C: the context ring capacity). Its
 ``step(...)`` runs the device part of a round with no host synchronisation:
 
-    masked_block (kernels_cu/fast_block.py: block_forward on the fast engine, fast attention)
-      -> DFlash2: head -> top-k -> g = BF16(W_hidden h) (fast_selector.cu fast_rowdot_*)
-                  -> selector walk (fast_selector.cu fast_selector_walk)
+    masked_block (kernels_cu/fast/block.py: block_forward on the fast engine, fast attention)
+      -> DFlash2: head -> top-k -> g = BF16(W_hidden h) (fast/selector.cu fast_rowdot_*)
+                  -> selector walk (fast/selector.cu fast_selector_walk)
       -> DFlash:  head -> top-k with k = 1
 
-where head -> top-k is the fused head (kernels_cu/fast_head.py: the GEMM with the top-k in its epilogue, then
-fast_select.cu's merge; its tensor maps made once per workspace in device memory) wherever fast_head.applies, as
+where head -> top-k is the fused head (kernels_cu/fast/head.py: the GEMM with the top-k in its epilogue, then
+fast/topk.cu's merge; its tensor maps made once per workspace in device memory) wherever fast_head.applies, as
 for the Ops (the same routing, so the per-Op composition runs the same kernels), and otherwise the head GEMM and the
-split stable top-k (fast_select.cu)
+split stable top-k (fast/topk.cu)
 
 i.e. the kernels of the fast Ops (masked_block, candidate_topk, proposal_head), launched into buffers
 the workspace owns (the Op methods allocate their outputs per call; ``topk_into`` (kernels_cu.fast,
 the Ops' own launcher) launches them into given buffers with the Ops' grids and arguments), and the
-selector's own fast kernels (kernels_cu/fast_selector.cu through ``rowdot_bits_into`` and
+selector's own fast kernels (kernels_cu/fast/selector.cu through ``rowdot_bits_into`` and
 ``selector_walk_into`` below), which give the exact candidate_selector's outputs: the walk bit for
 bit given the same g, and g equal to bf16_rowdot's wherever both double sums are exact (nearly every
 real row), otherwise unless the exact sum lies within the double sums' rounding error (about
 H 2^-53 sum |x w|) of a BF16 rounding boundary (a double sum in another order, one rounding;
-fast_selector.cu's header says why). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call)
+fast/selector.cu's header says why). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call)
 launches select.cu's bf16_rowdot and selector_walk with the exact Op's grids and arguments instead;
 tests/test_fast_round_plan.py checks the launches on the CPU. No other Op's numerics change: same
 kernels, same arguments, the same cuBLAS gemmEx call, except the head GEMM of a head of fast_lt.MIN_BYTES
@@ -108,7 +108,7 @@ def rowdot_bits_into(x, w, out, *, exact: bool = False):
     """g = BF16(x @ w.T) (the selector's g) into ``out`` [M, N] uint16: fast_selector.rowdot_into
     (double sum on the FP64 tensor cores in another order, one rounding: bf16_rowdot's result except
     where the exact sum lies within the double sums' rounding error of a BF16 boundary, see
-    fast_selector.cu), or with ``exact`` ops_select._rowdot(x, w, bits_out=True), the exact Op's
+    fast/selector.cu), or with ``exact`` ops_select._rowdot(x, w, bits_out=True), the exact Op's
     bf16_rowdot launch."""
     if exact or not cluster_capable():  # fast/selector.cu: sm_90+
         _rowdot(x, w, bits_out=True, out=out)
@@ -371,7 +371,7 @@ class FastRound(ComposedRounds, FastCudaBackend):
         capable = cluster_capable()
         rec["fast_round_selector"] = (
             "select.cu (options.exact_selector)" if self.options.exact_selector else
-            "fast_selector.cu (fast_rowdot_*, fast_selector_walk where walk_supported)" if capable else
+            "fast/selector.cu (fast_rowdot_*, fast_selector_walk where walk_supported)" if capable else
             "select.cu (no sm_90+ device here: no thread-block clusters)")
         return rec
 

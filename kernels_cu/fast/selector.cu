@@ -1,5 +1,5 @@
-// Fast mode: the DFlash2 candidate selector of the proposal round (kernels_cu/fast_round.py),
-// with the exact mode's numerics (kernels_cu/select.cu bf16_rowdot and selector_walk):
+// Fast mode: the DFlash2 candidate selector of the proposal round (kernels_cu/fast/round.py),
+// with the exact mode's numerics (kernels_cu/exact/select.cu bf16_rowdot and selector_walk):
 //
 //   fast_rowdot_*    g = BF16(W_hidden h) (or fp32 out): the exact BF16 x BF16 products summed
 //                    in double, one rounding at the end (select.cu bf16_round_bits_f64 /
@@ -64,7 +64,7 @@ using dflash::u64;
 typedef unsigned short u16;
 
 // Every kernel here runs on thread-block clusters, which need sm_90: below it (NVRTC builds for the
-// device at hand) the module is empty and kernels_cu/fast_round.py uses select.cu's kernels
+// device at hand) the module is empty and kernels_cu/fast/round.py uses select.cu's kernels
 // (fast_block.cluster_capable()).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
@@ -348,7 +348,7 @@ __device__ __forceinline__ void rowdot_body(const u16* __restrict__ x, const u16
 // out). Grid (CS, ceil(N / BN), ceil(M / BM)), clusters of CS blocks along x; BM = 8 TMW rows,
 // BN = 8 TNW WN columns, 32 WN WK threads per block. _v: 16-byte loads (H % 8 == 0 and x, w
 // 16-byte aligned), else 2-byte loads. KS: the MMA, 4 (m8n8k4) or 16 (m16n8k16, TMW even).
-// fast_selector.py ROWDOT_KERNELS mirrors this table.
+// fast/selector.py ROWDOT_KERNELS mirrors this table.
 #define FS_ROWDOT(NAME, TMW, TNW, WN, WK, UB, CS, VEC, KS)                                                            \
     extern "C" __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(32 * WN * WK)                            \
         NAME(const u16* __restrict__ x, const u16* __restrict__ w, int M, int N, int H, float* __restrict__ out,      \

@@ -1,6 +1,6 @@
-"""Launchers of kernels_cu/fast_selector.cu: the fast mode's DFlash2 selector (g and the walk) with
+"""Launchers of kernels_cu/fast/selector.cu: the fast mode's DFlash2 selector (g and the walk) with
 the exact mode's numerics, into given buffers (no allocation, no host synchronisation: the fast
-round's captured graph, kernels_cu/fast_round.py).
+round's captured graph, kernels_cu/fast/round.py).
 
 - ``rowdot_into(x, w, out)``: out = x @ w.T summed in double and rounded once (BF16 bits, or fp32
   with ``bits_out=False``), as select.cu bf16_rowdot up to the order of the double sum (the .cu
@@ -27,9 +27,9 @@ from kernels_cu.fast.gemm import data_ptr
 from kernels_cu.loader import load_module
 
 MODULE = "fast/selector"
-CLUSTER = 8  # fast_selector.cu FS_CLUSTER: blocks per cluster of the walk (grid x)
+CLUSTER = 8  # fast/selector.cu FS_CLUSTER: blocks per cluster of the walk (grid x)
 _NULL = np.uint64(0)
-# fast_selector.cu's FS_ROWDOT instances: name -> (TMW, TNW, WN, WK, UB, CS, KS); a block computes
+# fast/selector.cu's FS_ROWDOT instances: name -> (TMW, TNW, WN, WK, UB, CS, KS); a block computes
 # 8 TMW rows x 8 TNW WN columns with 32 WN WK threads, a cluster of CS blocks splits h; KS the MMA's
 # k: 4 (mma.m8n8k4.f64) or 16 (mma.m16n8k16.f64, Hopper's own shape).
 ROWDOT_KERNELS = {

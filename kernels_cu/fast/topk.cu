@@ -1,4 +1,4 @@
-// Fast mode (kernels_cu/fast.py): stable top-k / argmax over fp32 logit rows that one BF16
+// Fast mode (kernels_cu/fast/backend.py): stable top-k / argmax over fp32 logit rows that one BF16
 // GEMM (cuBLAS, FP32 accumulation) produced for every hidden row at once. CONTRACTS C4: value
 // descending, ties to the lower head row; rows whose global id (row, or shortlist[row]) is
 // outside [0, vocab_size) never compete. Selection is exact on the given fp32 logits; only the
@@ -237,7 +237,7 @@ fast_topk_bound(const float* __restrict__ logits, int M, int Vr, int vocab_size,
 }
 
 // fast_topk_partial_warp for the common case (k <= 32, no shortlist, Vr % 4 == 0, a 16-byte aligned
-// logits array, chunk % 4 == 0: kernels_cu/fast.py topk_vec_applies and topk_plan): 16-byte loads, FT_VEC of them in
+// logits array, chunk % 4 == 0: kernels_cu/fast/backend.py topk_vec_applies and topk_plan): 16-byte loads, FT_VEC of them in
 // flight per lane, and a filter against the warp's k-th key on the float and the column (KeyFilter),
 // so a batch of 4 columns that cannot enter the list costs a few compares each and one vote, not a
 // 64-bit key and a ballot per column;
@@ -309,7 +309,7 @@ __device__ __forceinline__ void topk_write(const u64* chosen, const float* __res
         if (key) {
             const int row = fk_row(key);
             id = shortlist ? shortlist[row] : row;
-            // no logits array (fast_head.cu's fused head: the logits never reach memory): the key holds the
+            // no logits array (fast/head.cu's fused head: the logits never reach memory): the key holds the
             // logit's bits (a -0 logit reads back +0, which fk_key folded; a NaN, the canonical NaN)
             double x = dflash::f32_to_f64(logits ? logits[(size_t)m * Vr + row] : key_float(key));
             if (multiplier > 0.0f) x *= (double)multiplier;

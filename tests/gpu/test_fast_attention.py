@@ -150,7 +150,7 @@ def test_drop_in_for_the_layer_ops(fa, monkeypatch):
 
 def derived_bound(q, k, v, kc, vc, frontier, live, window, *, fp32_inputs: bool, ns_max: int):
     """Per-element bound on |y_fast - y| for the FP32 output y_fast of attention_fast, y the float64
-    attention (rows < live). Each line is one step of the kernel (fast_attention.cu), u = 2^-24:
+    attention (rows < live). Each line is one step of the kernel (fast/attention.cu), u = 2^-24:
 
     scores, log2 units sigma_k = c q.k, c = fl(log2(e) / sqrt(D)): the BF16 x BF16 products are exact
       in FP32; the tensor core's FP32 sums over D terms are allowed 2u per addition (its alignment may

@@ -1,4 +1,4 @@
-"""The fast mode's feature_capture gather and grouped_conv (kernels_cu/fast_capture.py) on a GPU.
+"""The fast mode's feature_capture gather and grouped_conv (kernels_cu/fast/capture.py) on a GPU.
 
 The gather is a copy of BF16 bits, so it must equal an independent formulation (CuPy fancy
 indexing, transpose, reshape) bit for bit: the 16-byte path (Ht % 8 == 0, aligned), the 2-byte

@@ -1,4 +1,4 @@
-"""kernels_cu/fast_gemv.cu on a GPU (issue 12, session v11): the block's layer GEMMs at few rows.
+"""kernels_cu/fast/gemv.cu on a GPU (issue 12, session v11): the block's layer GEMMs at few rows.
 
 - out = x @ w^T for M 1 .. 16 (one and two n-tiles), K from one chunk (32) to the 35B / 27B layers'
   widths, a chunk count that is not a multiple of the warps x unroll: every element within the FP32

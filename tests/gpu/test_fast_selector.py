@@ -1,4 +1,4 @@
-"""kernels_cu/fast_selector.cu on a GPU: the fast DFlash2 selector against the exact mode's kernels
+"""kernels_cu/fast/selector.cu on a GPU: the fast DFlash2 selector against the exact mode's kernels
 (select.cu bf16_rowdot and selector_walk, launched through fast_round's exact=True path), bit for bit.
 
 - fast_rowdot_*: g = BF16(x @ w.T) equals bf16_rowdot's bits (and the fp32 variant its fp32 out, any
@@ -9,7 +9,7 @@
   fast_rowdot_l, at H 5120 only: H % 8 != 0 is not run), and on hand-built rows whose exact sum is a
   BF16 midpoint (ties to even), just off one, subnormal, past the largest BF16, signed zeros, inf
   and NaN. Why equality is expected although the double sum runs in another order:
-  fast_selector.cu's header (every product is exact in double; the two sums differ by ~2^-53
+  fast/selector.cu's header (every product is exact in double; the two sums differ by ~2^-53
   relative, so the one BF16 rounding agrees except when the exact sum lies within that of a rounding
   boundary; the hand-built rows are sums that are exact in double in any order, so both round the
   same value). Repeated launches give identical bits (the cluster reduction adds in a fixed order).

@@ -1,7 +1,7 @@
-"""The fast target_distribution (kernels_cu/fast_target.cu) on a GPU, both paths: the split path
+"""The fast target_distribution (kernels_cu/fast/target_distribution.cu) on a GPU, both paths: the split path
 (few rows, each row cut over many blocks: ftd_split_*) and the single-block kernel
 (fast_target_distribution_rows). Both must give the exact mode's probabilities bit for bit
-(kernels_cu/accept.cu target_distribution_rows), over mixed filters (top-k, top-p, min-p,
+(kernels_cu/exact/accept.cu target_distribution_rows), over mixed filters (top-k, top-p, min-p,
 penalties, temperature including greedy), massive ties (bins too full to compact: the split
 path's radix fallback), rows with no finite logit, and repeated calls.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers."""

@@ -1,4 +1,4 @@
-"""The fast mode's split top-k (kernels_cu.fast.topk_into, fast_select.cu) against a NumPy
+"""The fast mode's split top-k (kernels_cu.fast.topk_into, fast/topk.cu) against a NumPy
 statement of the C4 order on adversarial rows: exact ties everywhere (values on a coarse grid),
 NaN and -inf logits, -0 next to +0, rows sorted ascending and descending (the warp's k-th-key
 threshold's worst and best case), ids cut at vocab_size, a shortlist, widths that are not a multiple

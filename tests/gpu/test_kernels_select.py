@@ -1,4 +1,4 @@
-"""The selection / sampling / verification kernels (kernels_cu/ops_select.py) against the
+"""The selection / sampling / verification kernels (kernels_cu/exact/select.py) against the
 float64 reference, through the conformance harness's own comparison (CONTRACTS C2).
 
 Every case goes the way a golden vector does: ``generate.case_bytes`` runs the reference

@@ -1,4 +1,4 @@
-"""The GPU Philox4x32-10 (kernels_cu/philox.cuh) against Random123's known answers and
+"""The GPU Philox4x32-10 (kernels_cu/device/philox.cuh) against Random123's known answers and
 against reference/rng.py, bit for bit (CONTRACTS C3): the words, the keyed uniforms at
 the edges of the 64-bit seed and position, and the exponential race built on them."""
 
