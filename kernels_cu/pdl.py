@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PDL) of the fast mode's own kernels (issue 12, session v10).
+"""Programmatic dependent launch (PDL) of the fast mode's own kernels.
 
 ``launch(fn, grid, block, args, shared_mem)`` launches a CuPy ``RawKernel`` through the driver's
 ``cuLaunchKernelEx`` with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the

@@ -137,7 +137,7 @@ __device__ __forceinline__ float head_norm_rope(float x, int d, int D, const flo
     return out;
 }
 
-// Programmatic dependent launch (kernels_cu/pdl.py, docs/PERFORMANCE.md "Session v10"). A kernel
+// Programmatic dependent launch (kernels_cu/pdl.py). A kernel
 // launched with the programmatic-stream-serialization attribute may start before the kernel ahead
 // of it in the stream has finished, once every block of that kernel has called pdl_trigger (or
 // exited). pdl_wait blocks until that kernel has completed and its writes are visible; nothing a
@@ -151,8 +151,8 @@ __device__ __forceinline__ void pdl_wait() {
 // A pointer to data the kernel ahead writes, for use after pdl_wait: the empty asm makes the pointer an
 // output of a volatile statement ordered after the wait, so no load through it can be scheduled before the
 // wait. Loads through a const __restrict__ kernel parameter may be treated as invariant and hoisted above
-// the wait's asm whatever its memory clobber (session v11: fb_qkv_post's loads of qkv moved above the wait
-// once the RoPE table was built before it; tests/gpu/test_pdl.py caught it).
+// the wait's asm whatever its memory clobber (fb_qkv_post's loads of qkv moved above the wait once the RoPE table
+// was built before it; tests/gpu/test_pdl.py catches that).
 template <class T>
 __device__ __forceinline__ T* after_wait(T* p) {
     asm volatile("" : "+l"(p)::"memory");

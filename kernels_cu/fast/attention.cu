@@ -1,4 +1,4 @@
-// Fast one-pass draft attention (issue 12, fast mode): flash-decoding over the context ring and
+// Fast one-pass draft attention (fast mode): flash-decoding over the context ring and
 // the query block, on the tensor cores (mma.sync m16n8k16, FP32 accumulation).
 //
 // Same Op as attention.cu (reference/draft_attention.py): query row i of batch row b sits at
@@ -48,7 +48,7 @@ using dfl::u16;
 #define FA_NT 64     // keys per tile
 #define FA_WARPS 4   // warps per block
 #define FA_ROWS 64   // query rows (W x G) per block
-// FA_WG=1 (built for sm_90a only, fast/attention.py WGMMA): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
+// FA_WG=1 (built for sm_90a only, FastOptions.attention_wgmma): the BF16-bits kernel at D 128 and 64 query rows (MT 4,
 // one warpgroup) runs its tiles on wgmma (attn_body's WG). Elsewhere, or on another target, the mma.sync kernel.
 #if defined(FA_WG) && FA_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_WG_ARCH 1
@@ -118,7 +118,7 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], u
 // fragments as qa / pa, the accumulator's n-tile j in x[j][0..3]), so the softmax and the epilogue are unchanged.
 // The tiles sit in shared memory with the 128-byte swizzle (attn_body's el): two halves of 64 columns (8 KiB each,
 // 1024-byte aligned), each 64 key rows of 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp
-// copies two whole ring rows without meeting a bank twice. (Session v17 measured an unswizzled core-matrix layout
+// copies two whole ring rows without meeting a bank twice. (An unswizzled core-matrix layout, measured
 // first: its copies cut the rows into 64-byte pieces or met the same banks 16 times, and every form on it, mma.sync
 // too, ran about 1.5x slower.) Descriptor: start address, leading
 // byte offset, stride byte offset (each >> 4), layout type 1 (128-byte swizzle) in bits 62-63.
@@ -347,8 +347,7 @@ __device__ __forceinline__ void wg_pv_tile(float (&o)[16][4], const unsigned (&p
 
 // element (row, col) of a K / V tile: [FA_NT][ST] padded rows, or (WG) two swizzled halves of [FA_NT][64]. Where
 // attn_body writes the padded index out beside it (the copies' addresses, the block tile's scan and slow PV), that is
-// the mma.sync kernels' expression from before the wgmma form: with it nvcc emits their code unchanged (session v17
-// compared the SASS of every variant); through tile_el those sites compile to other, equivalent integer code
+// the mma.sync kernels' own expression: with it nvcc emits their code unchanged (the SASS of every variant compared); through tile_el those sites compile to other, equivalent integer code
 template <bool WG, int ST>
 __device__ __forceinline__ int tile_el(int row, int col) {
     return WG ? (col >> 6) * (FA_NT * 64) + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7)
@@ -835,7 +834,7 @@ __device__ __forceinline__ void attn_body(const void* __restrict__ qp, const voi
 // combine_batch): a batch of 8 at 4 splits held registers for 8 and ran slower than the loop.
 // Where every split fits one batch (ns <= CB: every call of up to 16 splits), (m, l) and o are loaded together
 // and the largest m taken from the loaded (m, l): one L2 latency before the arithmetic instead of two, the same
-// operations in the same order (session v20).
+// operations in the same order.
 template <int DP, int CB>
 __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                                              const int* __restrict__ live, int B, int W, int Hq, int Hk, int D, int ns,
@@ -933,7 +932,7 @@ __device__ __forceinline__ void combine_body(const float* __restrict__ part_o, c
 // fast_attn_combine_d{DP}_c{CB} (CB 2, 4, 8, 16). kernels_cu/fast/attention.py compiles one variant per module
 // (-DFA_SINGLE -DFA_DP= -DFA_MT= -DFA_NS= -DFA_F32=); without
 // FA_SINGLE every variant is built (CI's nvcc): 2 stages everywhere (the launcher's default), 4 for MT 1 and 2 (a
-// forced STAGES; 3 builds with -DFA_NS=3).
+// forced stage count, FastOptions.attention_stages; 3 builds with -DFA_NS=3).
 #define FA_KERNEL(DPV, MTV, NSV, F32V, SUF)                                                                      \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) fast_attn_d##DPV##_m##MTV##_s##NSV##_##SUF(     \
         const void* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v,                      \

@@ -1,4 +1,4 @@
-"""Fast draft attention for the fast mode (issue 12): ``attention_fast`` and ``FastAttentionMixin``.
+"""Fast draft attention for the fast mode: ``attention_fast`` and ``FastAttentionMixin``.
 
 ``attention_fast`` has the contract and outputs of ``kernels_cu.exact.attention.attention`` (q [B,W,Hq,D],
 k/v [B,W,Hk,D], rings [B,C,Hk,D] as BF16 / FP16 bits, frontier int64 [B], live int32 [B], window S or 0;
@@ -10,7 +10,7 @@ parts on the fly, ~16 significant bits) or BF16 bits (uint16, the Op's inputs: r
 caches are read directly (BF16 K, FP16 V; no conversion copies). See the .cu header for the numerics.
 
 On sm_90 the BF16-bit kernel at D 128 with 64 query rows a block (masked_block's B8 W16 call: 4 query heads a KV
-head x 16 rows) takes the wgmma form (``WGMMA``): one warpgroup computes each tile's QK^T and PV on wgmma from
+head x 16 rows) takes the wgmma form (``FastOptions.attention_wgmma``): one warpgroup computes each tile's QK^T and PV on wgmma from
 128-byte-swizzled K/V tiles, with the same bits as the mma.sync kernel (tests/gpu/test_fast_attention.py).
 
 Geometries the kernel does not cover (D not a multiple of 8 or above 128, W above 64) fall back to

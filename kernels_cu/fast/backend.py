@@ -1,4 +1,4 @@
-"""Fast mode of the CUDA backend (issue 12): ``FastCudaBackend``.
+"""Fast mode of the CUDA backend: ``FastCudaBackend``.
 
 The exact mode (kernels_cu.backend.CudaBackend) rounds where the reference rounds and
 accumulates the decisive dot products in double; it is PASS everywhere and slow. The fast mode
@@ -24,7 +24,7 @@ mode's, inherited):
 - context_kv: one BF16 GEMM through [W_k; W_v] (prepared once), then one fused kernel: head
   RMSNorm, RoPE, BF16/FP16 rounding and the cache write, in place into the caller's caches
   (the C9 outputs are those same arrays; no cache copies). K accumulates in FP32 here, not in
-  double: at deep RoPE cancellations the v1 tight bound can FAIL it (docs/PERFORMANCE.md).
+  double: at deep RoPE cancellations the tight bound of the first verdict rules could FAIL it.
 
 Weights are made resident once: ``prepare(name=array, ...)`` (or the first call that sees an
 array) uploads/keeps the BF16 bits on the device, keyed by the array object, and derived
@@ -55,9 +55,9 @@ _TOPK_MAX = 64  # fast/topk.cu FT_KMAX
 _FT_THREADS = 256
 _FTD_THREADS = 512
 TOPK_TARGET_BLOCKS = 16 * 132  # partial top-k blocks to aim for (several waves on an H200's 132 SMs)
-# ... for the vec kernel's shapes (k <= 32, rows of 4n floats): one wave of 4 blocks per SM. H200, session v6
-# (benchmarks/topk_ab.py --blocks 2112,528, bound + vec kernels, ms): 120 rows k 16 0.101 vs 0.108, k 1 0.057
-# vs 0.059; 7 rows k 16 0.039 vs 0.045, k 1 0.016 vs 0.017
+# ... for the vec kernel's shapes (k <= 32, rows of 4n floats): one wave of 4 blocks per SM. H200 (bound + vec
+# kernels, 528 against 2112 blocks, ms): 120 rows k 16 0.101 vs 0.108, k 1 0.057 vs 0.059; 7 rows k 16 0.039 vs
+# 0.045, k 1 0.016 vs 0.017
 TOPK_VEC_TARGET_BLOCKS = 4 * 132
 
 def _fn(module: str, name: str):

@@ -1,4 +1,4 @@
-// Fast mode masked block / draft layer (issue 12; reference/draft_layer.py, reference/masked_block.py,
+// Fast mode masked block / draft layer (reference/draft_layer.py, reference/masked_block.py,
 // reference/grouped_conv.py). The GEMMs are cuBLAS BF16 (kernels_cu/fast/backend.py gemm_bf16, FP32
 // accumulation) through resident weights, or at <= 16 rows kernels_cu/fast/gemv.cu; these kernels are
 // the glue between them, each one pass over a few rows of activations (M = B * W <= 128 rows):
@@ -294,7 +294,7 @@ __device__ __forceinline__ const u16* fb_source_row(int r, int i, int b, int H, 
 // One block (T threads, a multiple of 32 up to 1024) per row r < M of W-column blocks (column
 // i = r % W, batch row b = r / W). T is the launcher's: H / 4 or about H / 8 column groups per row so
 // that each thread holds one or two (H200, 128 rows of 5120 after a GEMM: 256 threads, 8 warps an
-// SM, stalled on their loads ran ~10 us a call in the round; benchmarks/glue_probe.py).
+// SM, stalled on their loads ran ~10 us a call in the round).
 //   source: resid_in (fp32 [M, H]) if not null, else BF16 rows of src_bits: row r itself
 //           (tok_mode 0), or embed row anchor[b] for column 0 and mask_id for the others
 //           (tok_mode 1: int32 anchor, 2: int64 anchor);
@@ -355,7 +355,7 @@ fb_resid_norm(int M, int H, int W, const float* resid_in, const u16* __restrict_
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // --- the same Op over a thread-block cluster per row (sm_90) ---------------------------------------
 // One CTA streams at most about 1/132 of the H200's bandwidth, so a row per CTA (fb_resid_norm)
-// takes ~10 us at H 5120 whatever M is (8 rows at B1 use 8 SMs; H200 trace, issue 12).
+// takes ~10 us at H 5120 whatever M is (8 rows at B1 use 8 SMs; H200 trace).
 // fb_resid_norm_cluster cuts each row over a cluster of FB_CL CTAs (column slices of H / FB_CL):
 // each sums the squares of its slice (the block sum), publishes it in its shared memory, and after
 // a cluster barrier every CTA adds the FB_CL partials read through distributed shared memory in
@@ -469,7 +469,7 @@ fb_resid_norm_cluster(int M, int H, int W, const float* resid_in, const u16* __r
 // once per element of every head; the head RMSNorm sums squares per lane then by the warp's
 // butterfly (no block barriers). The arithmetic per element is head_norm_rope's. q [M, Hq, D],
 // k / v [M, Hk, D] out, each rounded once to BF16: as BF16 bits (bits_out, what the fast attention
-// reads directly: h200-attention-v5.md, the same bits as the fp32 path, 4-5 us less per layer) or
+// reads directly: the same bits as the fp32 path, 4-5 us less per layer) or
 // as fp32 values. Dynamic shared memory:
 // (D + 8 D) floats (the table, one head per warp).
 #define FB_QKV_WARPS 8
@@ -499,7 +499,7 @@ fb_qkv_post(const float* __restrict__ qkv, int M, int W, int Hq, int Hk, int D, 
     if (r >= M) return;  // block-uniform
     const long long pos = frontier[r / W] + (long long)(r % W);  // an input of the Op, no kernel's output
     // The row's RoPE table depends on pos and inv_freq only (no kernel's output). early_table: built before
-    // the wait, while the kernel ahead still runs (few rows: fast/block.py EARLY_TABLE_MAX_ROWS), and the
+    // the wait, while the kernel ahead still runs (few rows: FastOptions.early_table_max_rows), and the
     // head's norm weight asked for in L2; else after it, beside the loads of the head.
     auto table = [&]() {
         for (int i = threadIdx.x; i < half; i += blockDim.x) {

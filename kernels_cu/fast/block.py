@@ -1,4 +1,4 @@
-"""Fast mode of masked_block and draft_layer (issue 12): ``FastBlockMixin``.
+"""Fast mode of masked_block and draft_layer: ``FastBlockMixin``.
 
 Composed in front of the fast backend (``class B(FastBlockMixin, FastCudaBackend)``); it uses
 FastCudaBackend's resident weights (``self.resident``, ``self._bits``, ``self._f32``,
@@ -234,7 +234,7 @@ def resid_norm_threads(H: int) -> int:
     """fb_resid_norm's block size for rows H wide: one float4 group of the row per thread where
     H / 4 <= 1024, else about two (a multiple of 32, at most 1024). H200, 128 rows of 5120 after a
     GEMM (DRAM): the 256-thread block held 8 warps an SM, each stalled on its loads, ~10 us a call in
-    the round (benchmarks/glue_probe.py, ncu)."""
+    the round (ncu)."""
     groups = max(1, -(-H // 4))
     per = -(-groups // 1024)  # groups per thread
     threads = -(-groups // per)

@@ -1,10 +1,10 @@
-// Skinny BF16 GEMM for the block's layer GEMMs at few rows (issue 12, fast mode, session v11):
+// Skinny BF16 GEMM for the block's layer GEMMs at few rows (fast mode):
 // out [M, N] fp32 = x [M, K] @ w [N, K]^T, BF16 bits in, FP32 accumulation on the tensor cores
 // (mma.sync m16n8k16), M <= 16.
 //
 // Why a kernel of our own. At B1 a layer GEMM has 8 rows, so its time is the weight stream plus a
-// ramp: cuBLAS's kernels took 1.3-1.7x the bytes' time (session v8 trace), and a first version of
-// this kernel without what follows was no faster (session v9). What cuBLAS cannot do is start
+// ramp: cuBLAS's kernels took 1.3-1.7x the bytes' time (a kernel trace), and a kernel of our own without
+// what follows was no faster. What cuBLAS cannot do is start
 // streaming the weights before the kernel ahead has finished. The weights are constants of the
 // round, so under programmatic dependent launch (kernels_cu/pdl.py) this kernel issues its block's
 // weight slab into shared memory by cp.async *before* griddepcontrol.wait, and reads x (the kernel
@@ -31,7 +31,7 @@
 // at once; it waits for this grid's completion before it reads `out` (or `act`). Launched the ordinary way,
 // both instructions are no-ops and the bits are the same.
 //
-// SiLU-mul form (fast_gemv_act_*, session v12). w is the fused [gate; up] projection [2I, K] and the
+// SiLU-mul form (fast_gemv_act_*). w is the fused [gate; up] projection [2I, K] and the
 // output is act [M, I] = BF16(SiLU(gate) * up), not the fp32 GEMM: block c owns gate rows 8c .. 8c + 7
 // (the mma's rows g) and up rows I + 8c .. I + 8c + 7 (rows g + 8), so the thread that ends up with
 // gate[m, 8c + g] holds up[m, 8c + g] too, and fb_silu_mul's arithmetic (dfl::silu_mul_bf16, the same
@@ -202,7 +202,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* __restrict__ x, 
 // Grid (N / 16), FGV_WARPS * 32 threads, dynamic shared memory pre * FGV_WARPS * 64 * 16 bytes. The one
 // n-tile form keeps three blocks a multiprocessor (<= 85 registers): the 35B qkv grid, 384 blocks of
 // 64 KiB, is then one wave of the H200's 132. (A form with every staged x row in flight, one block a
-// multiprocessor, measured slower in the round: docs/reports/h200-round-ab-v11-deep.json; removed.)
+// multiprocessor, measured slower in the round.)
 extern "C" __global__ void __launch_bounds__(FGV_WARPS * 32, 3)
 fast_gemv_n1(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out,
              int M, int N, int K, int pre) {

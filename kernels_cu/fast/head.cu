@@ -4,7 +4,7 @@
 //   logits[n, v] = x[n, :] . W[v, :]   (x: HT_N padded hidden rows of BF16 bits, W: Vr head rows)
 //
 // then the best k (C4 order: value descending, ties to the lower head row, docs/contracts.md) of
-// each hidden row among the head rows v < n_elig. Two kernels: fast_head_topk (this header; v13) and
+// each hidden row among the head rows v < n_elig. Two kernels: fast_head_topk (this header) and
 // fast_head_topk_pp (the ping-pong kernel, below, the one fast/head.py launches by default: the same
 // stream and merge, 128-row tiles whose selection runs under the other warpgroup's stream, and lists that may
 // hold fewer than k keys where another block's threshold was higher: HP_SHARED_THR).
@@ -25,7 +25,7 @@
 // engine (cp.async.bulk.tensor; maps from fast/head.py: boxes of 64 K x 64 head rows and 64 K x HT_N hidden rows,
 // 128-byte swizzle, hidden rows past M read as zeros), HT_STAGES - 1 ahead, each completing on an mbarrier; one
 // thread issues them. The H200 streamed the 27B head at 3.85-3.92 TB/s this way, against 2.1 TB/s with 16-byte
-// cp.async copies by every thread (benchmarks/fast_head_probe.py, docs/PERFORMANCE.md "Session v13").
+// cp.async copies by every thread.
 //
 // Epilogue (after a tile's last stage): every logit of a valid (hidden row, head row) is offered to its
 // hidden row's candidate buffer in shared memory (HT_CAP slots) if its key beats the row's threshold
@@ -303,10 +303,10 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
     ht_write_lists(partial, buf, cnt, M, k, G, b, tid, HT_THREADS);
 }
 
-// ---- Ping-pong kernel (fast_head_topk_pp; fast_head.PINGPONG). The kernel above selects from registers: its
+// ---- Ping-pong kernel (fast_head_topk_pp; FastOptions.head_pingpong). The kernel above selects from registers: its
 // accumulator layout gives each thread 2 hidden rows x 4 head rows a chunk, so the offer is unrolled over every
 // chunk (about 6.7k instructions a warp and pass at N 120 on sm_90a) and runs while the stream waits; at 120 rows it
-// took 24 % of the kernel (fast_head_probe --only clocks). Here:
+// took 24 % of the kernel (SM clock stamps). Here:
 // - the two consumer warpgroups take turns over tiles of 128 head rows (warpgroup w: tiles w, w + 2, ...), so one
 //   computes on the stream while the other selects;
 // - a producer warpgroup (one lane of warp 8; setmaxnreg gives its registers to the consumers, whose code uses
@@ -315,9 +315,9 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 // - a selection first stages the tile's logits in shared memory (hidden row n's 128 logits contiguous, rows
 //   HP_LS floats apart: the accumulator stores and the float4 reads are free of bank conflicts), then lane n of
 //   the warpgroup owns hidden row n (hp_select_lanes, below: a float maximum a set of 16 values against the
-//   row's threshold, keys only for the sets that pass, each row compacted at the tile's end). The v14 form, a
-//   warp a hidden row (hp_select: each lane 4 keys, slots from ballots), is the HP_WARP_ROWS probe switch: its
-//   rows ran one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list
+//   row's threshold, keys only for the sets that pass, each row compacted at the tile's end). The warp form, a
+//   warp a hidden row (hp_select: each lane 4 keys, slots from ballots; HP_WARP_ROWS, the Ops' build at few rows):
+//   its rows run one after another in a latency chain, 17.5k cycles a tile with nothing passing. While a row's list
 //   is empty its threshold is seeded from the maxima of its 32 groups of 4 head rows: the k-th largest, f, has k
 //   logits >= f, so the smallest key of value f (row word 0) may be the threshold. The lane form shares each row's
 //   threshold with the other blocks through global memory (HP_SHARED_THR, at hp_shared_thr below). The block's last
@@ -326,7 +326,7 @@ fast_head_topk(const u64* __restrict__ maps, int M, int Vr, int n_elig, int H, i
 // area and the buffers); the main loops start in tile order too, tile j once tile j - 1's owner saw its last
 // stage land. A full barrier tells phases apart by parity alone: a warpgroup that ran ahead to tile j + 2 would
 // wait on a buffer whose previous use (tile j + 1's stage) had not landed and read that phase's completion as its
-// own (the hang of v13's first version, at 3+ tiles a block).
+// own (a hang at 3+ tiles a block).
 #define HP_THREADS 384  // two consumer warpgroups and a producer warpgroup (one lane of it issues)
 #define HP_VT 128       // head rows a tile (one warpgroup's two m64 blocks)
 #ifndef HP_STAGES
@@ -438,8 +438,8 @@ __device__ __forceinline__ void hp_select(const float* __restrict__ lg, u64* __r
 // row holding more than k keys is compacted by its own lane (below). While a row's list is empty
 // its threshold is seeded: the k-th largest (k <= 16) of its 32 groups' largest ordered words (groups of 4 head
 // rows, the warp form's lanes, so the same seed), kept by insertion into k registers, row word 0: k groups hold a
-// key of at least that word, so a key below it is beaten k times. (docs/PERFORMANCE.md "Session v15" has the
-// measurements; tests/test_fast_head_model.py checks the set test, the seed and the compactions.)
+// key of at least that word, so a key below it is beaten k times. (tests/test_fast_head_model.py checks the set
+// test, the seed and the compactions.)
 #ifndef HP_SET
 #define HP_SET 4  // float4 a set (16 head rows): one vote a set
 #endif
@@ -493,10 +493,10 @@ __device__ __forceinline__ float hp_max4(const float4& z) { return fmaxf(fmaxf(z
 #ifndef HP_SHARED_THR
 #define HP_SHARED_THR 1
 #endif
-// The launch leaves the shared thresholds zeroed for the next launch through the same words (HP_CLEAN, session v19):
+// The launch leaves the shared thresholds zeroed for the next launch through the same words (HP_CLEAN):
 // the block that finishes last, counted in the word after the rows' thresholds (gthr[HP_GTHR_ROWS], fast/head.py's
 // NMAX), zeroes them and the count, once every block is past its last read and atomic of them. A memset before each
-// launch did this until v18; in the round's graph it stood between the final norm and the head (about 4 us).
+// launch would stand in the round's graph between the final norm and the head (about 4 us).
 #ifndef HP_CLEAN
 #define HP_CLEAN 1
 #endif
@@ -578,8 +578,8 @@ __device__ __forceinline__ void hp_select_lanes(const float* __restrict__ lg, u6
                 const u64 key1 = fk_key(hp_pick(z, e1), tile0 + v0 + e1);
                 hp_offer(key1, e1, t, buf + n * HP_BS, c, left, stuck);
             }
-            // a full row is compacted at once, one at a time (v15-d made full rows wait until no lane could go on and
-            // sorted two at once: slower, 0.688 against 0.666 ms at 120 rows, 0.366 against 0.320 at the 35B head)
+            // a full row is compacted at once, one at a time (full rows waiting until no lane could go on, sorted two at
+            // once, measured slower: 0.688 against 0.666 ms at 120 rows, 0.366 against 0.320 at the 35B head)
             u32 fullrows = __ballot_sync(full, stuck);
             if (fullrows) __syncwarp();
             while (fullrows) {

@@ -1,28 +1,28 @@
 """The head GEMM with the per-row top-k in its epilogue (kernels_cu/fast/head.cu), for the fast mode's
-candidate_topk and proposal_head (issue 12: "candidate_topk time independent of B x K").
+candidate_topk and proposal_head: their time independent of B x K.
 
 The cuBLAS path writes fp32 logits for every hidden row (238 MB at B8 K15 on the 27B head) and reads them back
 for the selection, and its GEMM grows with the rows. Here one persistent wgmma kernel streams the head once, keeps
 each block's best k keys per hidden row in shared memory, and fast/topk.cu's merge takes the blocks' lists to
-the final k; the logits never reach memory. Two kernels (``PINGPONG`` picks, default True):
+the final k; the logits never reach memory. Two kernels (``FastOptions.head_pingpong`` picks, default True):
 
 - fast_head_topk_pp: two consumer warpgroups take turns over 128-row tiles, one computing on the stream while the
   other selects from the tile's logits staged in shared memory (a lane a hidden row, each row compacted at the
-  tile's end, its threshold shared with the other blocks through global memory; up to ``WARP_FORM_MAX_ROWS`` hidden
-  rows, or wherever ``SELECT_DEFINES`` says so, v14's warp-a-row form), a producer warpgroup issuing the tensor
+  tile's end, its threshold shared with the other blocks through global memory; up to
+  ``FastOptions.head_warp_form_max_rows`` hidden rows a warp a row instead), a producer warpgroup issuing the tensor
   copies (fast/head.cu's header says how the turns keep the barriers' phases apart);
-- fast_head_topk (v13): 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56
-  rows on (its selection is not hidden), kept as the switch's other side and the probe's reference.
+- fast_head_topk: 256-row tiles, the selection from the accumulators while the stream waits. Slower from 56 rows
+  on (its selection is not hidden).
 
 Built by NVRTC for sm_90a (wgmma), one module per hidden-row count rounded up to 8 (the wgmma's N), with the
 m64nNk16 wrapper generated here (its register list depends on N). It applies on a compute-capability 9.0 GPU,
 without a shortlist, for 1 <= k <= 16, M <= 128 hidden rows and H a multiple of 64; ``applies`` says so and
-fast.py keeps the cuBLAS path otherwise.
+the backend keeps the cuBLAS path otherwise.
 
-Where the Ops take it is ``MAX_ROWS`` (both Ops, every row count the kernel takes: the ping-pong kernel measured
-faster than the cuBLAS path at all of them), and ``FastSelectBackend.fused_head``. The two tensor maps reach the
-device by a host copy at each launch (``maps=None``) or, for a CUDA graph, from device memory made once
-(``device_maps``: FastRound's workspaces, whose hidden buffer and head stay put).
+Where the Ops take it: ``FastOptions.fused_head`` and its row limits per Op (128 for both: the ping-pong kernel
+measured faster than the cuBLAS path at every row count it takes). The two tensor maps reach the device by a host
+copy at each launch (``maps=None``) or, for a CUDA graph, from device memory made once (``device_maps``:
+FastRound's workspaces, whose hidden buffer and head stay put).
 
 Compile options: the loader's (``-std=c++17 --fmad=true -ftz=true``) with ``--gpu-architecture=sm_90a``. The
 kernel does no floating-point arithmetic besides the wgmma chain; its epilogue compares floats and forms keys.

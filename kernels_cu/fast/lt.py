@@ -1,9 +1,9 @@
-"""The head GEMM on a cuBLASLt algorithm chosen by timing, for FastRound (issue 12, fast mode).
+"""The head GEMM on a cuBLASLt algorithm chosen by timing, for FastRound and proposal_head (fast mode).
 
 x [M, K] BF16 bits @ w [N, K]^T -> fp32 [M, N], FP32 accumulation (CUBLAS_COMPUTE_32F), as
 ``fast_block.CaptureGemm`` (cublasGemmEx with the default algorithm) computes it. At the round's head
-shapes (N the vocabulary, M = B (W - 1) rows) the default is not the fastest: session v7's probe
-(benchmarks/splitk_probe.py, docs/reports/h200-splitk-probe-v7.json, inside graphs, weights from DRAM)
+shapes (N the vocabulary, M = B (W - 1) rows) the default is not the fastest: on the H200 (inside graphs, weights
+from DRAM)
 timed the heuristic's algorithms at 578 against 625 us (27B, M 7), 239 against 251 (35B, M 7) and 282
 against 304 (35B, M 120); at 27B M 120 none beat the default.
 
@@ -22,7 +22,7 @@ timing, so two processes may choose differently and their logits may differ in t
 tie may then pick another token); within a process a shape keeps its choice per owner (``tuned``'s
 cache: one FastRound, one FastCudaBackend). Where bitwise
 reproducibility across processes matters more than ~4-9 % of the head GEMM, turn it off
-(fast_round.HEAD_LT = False, FastCudaBackend.proposal_head_lt = False).
+(FastOptions(round_head_lt=False, proposal_head_lt=False), kernels_cu/fast/options.py).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def matmul_descriptors(lt, M: int, N: int, K: int, workspace_bytes: int, reducti
     """The cuBLASLt descriptors of x [M, K] BF16 @ w [N, K]^T -> fp32 [M, N] (COMPUTE_32F; column-major
     C^T [N, M] = w (op T) x): (desc, la, lb, lc, pref), the preference holding the workspace limit and, if
     given, the reduction-scheme mask. Raises RuntimeError naming the call that failed. free_descriptors
-    releases them. (benchmarks/lt_probe.py and splitk_probe.py use the same.)"""
+    releases them."""
     vp, i32, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t  # attribute sizes as size_t
 
     def check(status: int, what: str):

@@ -1,4 +1,4 @@
-"""The whole proposal round of the fast mode as one CUDA graph per (B, W) (issue 12): ``FastRound``.
+"""The whole proposal round of the fast mode as one CUDA graph per (B, W): ``FastRound``.
 
 ``FastRound`` is ``FastCudaBackend`` holding one drafter's prepared, device-resident weights
 (``load(...)``) and one device workspace per (B, W, C) (C: the context ring capacity). Its
@@ -22,11 +22,11 @@ selector's own fast kernels (kernels_cu/fast/selector.cu through ``rowdot_bits_i
 bit given the same g, and g equal to bf16_rowdot's wherever both double sums are exact (nearly every
 real row), otherwise unless the exact sum lies within the double sums' rounding error (about
 H 2^-53 sum |x w|) of a BF16 rounding boundary (a double sum in another order, one rounding;
-fast/selector.cu's header says why). ``EXACT_SELECTOR = True`` (or ``exact=True`` per call)
+fast/selector.cu's header says why). ``FastOptions(exact_selector=True)`` (or ``exact=True`` per call)
 launches select.cu's bf16_rowdot and selector_walk with the exact Op's grids and arguments instead;
 tests/test_fast_round_plan.py checks the launches on the CPU. No other Op's numerics change: same
 kernels, same arguments, the same cuBLAS gemmEx call, except the head GEMM of a head of fast_lt.MIN_BYTES
-or more (HEAD_LT): there the cuBLASLt algorithm fast_lt timed fastest for the shape, so above that size the
+or more (FastOptions.round_head_lt): there the cuBLASLt algorithm fast_lt timed fastest for the shape, so above that size the
 graph round and the per-Op composition (FastRound(graph=False): candidate_topk on gemmEx,
 proposal_head tuned on its own) may differ in the logits' last bits.
 

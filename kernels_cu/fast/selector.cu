@@ -31,8 +31,7 @@
 // blocks per SM's worth of warps, clusters of 4 or 8, one or two units of loads in flight)
 // all took 29-39 us at 120 rows although their load traffic, conversion work and occupancy
 // differ by 2-3x. Hopper's own f64 shape (mma.m16n8k16, DMMA.16x8x16 in the SASS: eight times
-// an m8n8k4's products per instruction, x tiles taken in pairs) was tried in session v8
-// (docs/reports/h200-fast-selector-v8.json, cold L2): 120 rows 30.1 -> 24.0 us with m_v's
+// an m8n8k4's products per instruction, x tiles taken in pairs) measured, cold L2: 120 rows 30.1 -> 24.0 us with m_v's
 // tiling (m16_v; 32-row tiles the same, a 1 x 8-warp block 41.8), 7 rows 8.3 -> 9.7 (16-row
 // tiles for 7 rows: s_v stays). So the MMA rate was not what held the rowdot at ~29 us; what
 // does was not measured (no profile of this kernel). Both shapes give bf16_rowdot's bits.

@@ -8,15 +8,14 @@ round's captured graph, kernels_cu/fast/round.py).
   blocks.
   ROWDOT_SMALL = fast_rowdot_s_v (blocks of 8 rows, mma.m8n8k4) up to 16 rows, ROWDOT_LARGE =
   fast_rowdot_m16_v (16 rows, mma.m16n8k16) above; the 2-byte load kernels where H % 8 != 0 or a
-  pointer is not 16-byte aligned. H200, CUPTI, H 5120, R 256, cold L2 (benchmarks/bench_fast_selector.py,
-  docs/reports/h200-fast-selector-v8.json): 120 rows m_v 30.1 -> m16_v 24.0 us; 7 rows s_v 8.3
-  (m16_v 12.5). Every kernel's bits equal bf16_rowdot's there.
+  pointer is not 16-byte aligned. H200, CUPTI, H 5120, R 256, cold L2: 120 rows m_v 30.1 -> m16_v 24.0 us;
+  7 rows s_v 8.3 (m16_v 12.5). Every kernel's bits equal bf16_rowdot's there.
 - ``walk_into(...)``: select.cu selector_walk, bit for bit, with every step's k x k energies
   computed up front in parallel; ``walk_supported(K, k, R)`` says where (k <= 32, R <= 256 and the
   tables within the default shared memory limit), elsewhere the caller launches selector_walk.
 
 ``rowdot_plan`` / ``walk_plan`` give the kernel, grid, block and shared memory of a launch (the CPU
-test checks them; tests/test_fast_selector_plan.py). H200 times: benchmarks/bench_fast_selector.py.
+test checks them; tests/test_fast_selector_plan.py).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ _NULL = np.uint64(0)
 ROWDOT_KERNELS = {
     "fast_rowdot_s_v": (1, 4, 1, 8, 2, 8, 4),  # M <= 16 (B1 K7: 7 rows)
     "fast_rowdot_s": (1, 4, 1, 8, 2, 8, 4),
-    "fast_rowdot_m_v": (2, 4, 2, 4, 1, 8, 4),  # m16_v on m8n8k4 (the default up to session v7)
+    "fast_rowdot_m_v": (2, 4, 2, 4, 1, 8, 4),  # m16_v's tiling on m8n8k4 (slower than m16_v at 120 rows)
     "fast_rowdot_l": (4, 4, 2, 2, 1, 8, 4),  # the 2-byte fallback of m_v and m16_v
     "fast_rowdot_m16_v": (2, 4, 2, 4, 1, 8, 16),  # more rows (B8 K15: 120)
 }
