@@ -1,5 +1,5 @@
 """GPU benchmark: each Op at the official geometries in the exact mode, the fast mode and the
-same math in PyTorch BF16 eager (issue 12).
+same math in PyTorch BF16 eager.
 
 Method (/work/.library/device/METHOD.md): CUDA events around the call only, 3 warm-ups, the
 median of 25 timed calls, the L2 (60 MB on an H200) flushed before every call by writing a
@@ -625,7 +625,7 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
     proposal_round[graph]; floor = the bytes the round must move at the copy bandwidth: the block's
     and the head's weights once plus the rings (each layer's K and V of every batch row read once), as
     masked_block's floor (the selector's codebook rows, 2.6 MB, are left out). The weights-only floor
-    of sessions up to v7 is in the checks (floor_weights_ms)."""
+    is in the checks (floor_weights_ms)."""
     import torch.nn.functional as F
 
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity

@@ -1,4 +1,4 @@
-"""Where the fast proposal round's time goes (H200 probe, issue 12): every kernel of FastRound's
+"""Where the fast proposal round's time goes: every kernel of FastRound's
 CUDA graph replay, from a CUPTI trace (torch.profiler), at both official geometries, plus each of
 the round's GEMM shapes timed alone against PyTorch's F.linear and its weight-streaming floor.
 

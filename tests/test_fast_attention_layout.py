@@ -10,7 +10,7 @@ C expression is also a Python expression), so these properties are the kernel's 
 - the copies (a thread per 16-byte chunk: lch = t % 16, lrow = t / 16, as the kernel computes them) give each warp
   two whole ring rows, and the warp's 32 writes of 16 bytes meet every 4-byte bank exactly 4 times, the least that
   512 bytes allow (no bank conflict);
-- the unswizzled 8 x 8 core-matrix layout that session v17 measured first (about 1.5x slower) fails that bank
+- the unswizzled 8 x 8 core-matrix layout (measured about 1.5x slower) fails that bank
   check under the same copy mapping: 16 chunks of a row land in the same 4 banks.
 """
 
@@ -80,7 +80,7 @@ def test_each_warps_copies_meet_no_bank_twice_per_wavefront():
 
 
 def test_the_unswizzled_core_matrix_layout_fails_the_bank_check():
-    def core(row, col):  # v17's first layout: 8 x 8 core matrices, the 16 of 8 rows in a row, no swizzle
+    def core(row, col):  # the unswizzled layout: 8 x 8 core matrices, the 16 of 8 rows in a row, no swizzle
         return (row >> 3) * (8 * DP) + (col >> 3) * 64 + (row & 7) * 8 + (col & 7)
 
     hits = _banks_of_warp_writes(core, 0)

@@ -266,8 +266,8 @@ def test_plan_without_the_flag_gives_nan():
 def test_split_count_fills_one_wave_and_no_more(monkeypatch):
     """kernels_cu.fast.attention.splits_for (no GPU: the SM count is given): the grid b x hk x chunks x
     splits never exceeds one wave of `resident` blocks per SM when it splits at all, each split keeps at
-    least MIN_TILES_PER_SPLIT context tiles, and with room it splits (the v5 rule's partial second wave,
-    3 splits of 64 (b, KV head) pairs on 132 SMs x 2, was the H200 sweep's slower choice)."""
+    least options.attention_min_tiles_per_split context tiles, and with room it splits (a partial second wave, 3
+    splits of 64 (b, KV head) pairs on 132 SMs x 2, measured slower on the H200)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
     from kernels_cu.fast import attention as fa

@@ -1,4 +1,4 @@
-"""kernels_cu/fast/gemv.cu's layout and host plan, checked without a GPU (issue 12, session v11).
+"""kernels_cu/fast/gemv.cu's layout and host plan, checked without a GPU.
 
 The kernel feeds mma.sync m16n8k16 a permutation of each 32-wide K chunk: thread (g, t) uses the
 16 bytes at k0 + 8 t of w rows g, g + 8 and of x row g, and hands their four 32-bit words to two mma

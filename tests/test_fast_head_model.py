@@ -12,7 +12,7 @@ must fail on an all-zero row: the -0 pitfall the GPU test caught.
 
 The ping-pong kernel (fast_head_topk_pp) selects differently: over 128-row tiles staged in shared memory, a row's
 first threshold from the k-th largest of the maxima of its 32 groups of 4 head rows, keys above the threshold to
-the buffer in head-row order, compaction when the buffer is full with keys left. Its v14 form (hp_select, the
+the buffer in head-row order, compaction when the buffer is full with keys left. Its warp form (hp_select, the
 HP_WARP_ROWS switch) gives a hidden row to a warp, its default form (hp_select_lanes) to a lane; both offer the
 keys in the order this model does. Its model is checked the same way, over an eligible-row cut too, and two seed
 mutants (a rank or a word too high) must lose a key of the top k. The lane form adds two steps of its own, each
@@ -304,8 +304,8 @@ def test_pp_seed_mutants_drop_keys_the_top_k_needs():
 def test_pp_seed_lets_few_keys_through_on_gaussian_logits():
     """Why the lanes' maxima: the 16th largest of 32 lane maxima sits near the median of a 4-logit maximum, so a
     logit passes with probability about 1 - 0.5 ** (1 / 4) = 0.159: 20.4 of 128 expected at k 16 (the kernel's
-    comment), and a row's first tile fills its 32 slots once, without a compaction (v14-f measured the bisection's
-    exact k-th slower: 0.714 against 0.675 ms at 120 rows). The mean of 200 rows is checked against 24, well
+    comment), and a row's first tile fills its 32 slots once, without a compaction (the bisection's exact k-th
+    measured slower: 0.714 against 0.675 ms at 120 rows). The mean of 200 rows is checked against 24, well
     above 20.4 plus its sampling spread (the count's standard deviation is about 3, so the mean's is about 0.2);
     k keys always pass (the seed's claim)."""
     rng = np.random.default_rng(4)

@@ -1,4 +1,4 @@
-"""kernels_cu/fast/lt.py's per-shape cache (``tuned``), without a GPU (issue 12).
+"""kernels_cu/fast/lt.py's per-shape cache (``tuned``), without a GPU.
 
 The head GEMM's algorithm is chosen by timing at a shape's first call and reused after, so one owner
 (a FastRound, a FastCudaBackend) keeps one algorithm per shape; a cuBLASLt failure leaves the shape on

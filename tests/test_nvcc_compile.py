@@ -124,8 +124,8 @@ def _sm_90a_frames(tmp_path, name: str, text: str, extra: tuple[str, ...] = ()) 
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"$ {' '.join(cmd)}\n{proc.stderr}"
     assert "C7515" not in proc.stderr, proc.stderr
-    # a variable declared and never used: session v18's shadowing bug (a u64 named like the lane's accumulator row
-    # offset g, so the staging indexed shared memory by a threshold) showed only as this warning on the outer g
+    # a variable declared and never used: a shadowing bug (a u64 named like the lane's accumulator row offset g, so
+    # the staging indexed shared memory by a threshold) shows only as this warning on the outer g
     assert "declared but never referenced" not in proc.stderr, proc.stderr
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
     assert frames, proc.stderr

@@ -217,8 +217,7 @@ def device_maps(x, w):
     and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast/head.cu HP_SHARED_THR) and a
     count, all zero: each launch leaves them zero for the next (the kernel's last block zeroes them), so
     only the kernel may write them, one launch at a time (two launches in flight through the same maps would count
-    into one word), and the maps should not move between builds with and without CLEAN (a launch without it leaves
-    them set). The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
+    into one word). The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
     import cupy as cp
 
     return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0])),

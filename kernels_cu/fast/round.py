@@ -254,8 +254,8 @@ class FastRound(ComposedRounds, FastCudaBackend):
     (module docstring). ``graph=False``: the per-Op composition with the host between Ops."""
 
     name = "kernels_cu-fast (proposal_round as one CUDA graph per (B, W))"
-    # fused_head stays True: the graph round routes its head as the Op methods do (RoundWorkspace), so the per-Op
-    # composition (graph=False, speculative_step) runs the same kernels and gives the same bits
+    # the graph round routes its head as the Op methods do (RoundWorkspace, by options.fused_head and the Op's rule),
+    # so the per-Op composition (graph=False, speculative_step) runs the same kernels and gives the same bits
 
     def __init__(self, graph: bool = True, gemm: str = "capture", max_workspaces: int = 16, **kw):
         super().__init__(**kw)

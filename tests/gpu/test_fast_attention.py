@@ -539,8 +539,8 @@ def test_wgmma_form_gives_the_mma_kernels_bits(cupy, fa, shape, splits):
     both, so the outputs are the same bits (FP32 and BF16), at 2 stages and (at a forced split count) 3 stages of the
     wgmma form. The heuristic's split count follows the occupancy (3 stages hold one block a multiprocessor: 2 splits
     at B8 against 4), and another partition of the keys is another sum in the combine, so 3 stages are compared at
-    forced counts only (v17's first run compared them at the heuristic's and found 126,058 to 473,674 elements
-    differing, all of them from 2 splits against 4)."""
+    forced counts only (at the heuristic's counts 126,058 to 473,674 elements differ, all of them from 2 splits
+    against 4)."""
     _need_wg(fa)
     fa.set(attention_splits=splits)
     _, bits, rest, _ = _round_case(cupy, *WG_ROUND_SHAPES[shape])

@@ -1,4 +1,4 @@
-"""The fast masked_block / draft_layer (kernels_cu/fast/block.py, issue 12) on a GPU.
+"""The fast masked_block / draft_layer (kernels_cu/fast/block.py) on a GPU.
 
 - every masked_block and draft_layer vector: no FAIL, no ERROR (CONTRACTS C2; ACCEPTABLE counted);
   FAST_BLOCK_REPORT=<path> writes the per-case results and the counts there as JSON;

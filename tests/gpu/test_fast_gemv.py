@@ -1,4 +1,4 @@
-"""kernels_cu/fast/gemv.cu on a GPU (issue 12, session v11): the block's layer GEMMs at few rows.
+"""kernels_cu/fast/gemv.cu on a GPU: the block's layer GEMMs at few rows.
 
 - out = x @ w^T for M 1 .. 16 (one and two n-tiles), K from one chunk (32) to the 35B / 27B layers'
   widths, a chunk count that is not a multiple of the warps x unroll: every element within the FP32
@@ -10,7 +10,7 @@
   addition: no staging, part of K staged and all of it give the same bits, with PDL and without;
 - the same bits on every call and inside a captured graph;
 - shapes and arrays outside the kernel's contract are refused (False), so the caller runs cuBLAS;
-- the SiLU-mul form (session v12, ``act_into``: block c computes gate rows 8c.. and up rows I + 8c..)
+- the SiLU-mul form (``act_into``: block c computes gate rows 8c.. and up rows I + 8c..)
   gives the bits of the plain kernel followed by fb_silu_mul, at every staging budget, PDL on and off,
   eager and in a graph.
 The race against a late producer of x (x read only after the wait) is in tests/gpu/test_pdl.py.
@@ -90,7 +90,7 @@ def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
     x, w = cupy.asarray(_bits(1, (8, 2048))), cupy.asarray(_bits(2, (12288, 2048)))
     out = cupy.empty((8, 12288), np.float32)
     # the copies above ran on the legacy stream, which a non-blocking stream does not wait for (a pageable
-    # copy returns before its DMA lands; without this the eager call raced w's upload: session v9's failure)
+    # copy returns before its DMA lands; without this the eager call races w's upload)
     cupy.cuda.Device().synchronize()
     eager, replayed = eager_and_replayed(cupy, lambda: fast_gemv.gemv_into(x, w, out), out)
     assert np.array_equal(replayed, eager)

@@ -1,4 +1,4 @@
-"""kernels_cu/fast/lt.py on a GPU (issue 12): the head GEMM on a timed cuBLASLt algorithm.
+"""kernels_cu/fast/lt.py on a GPU : the head GEMM on a timed cuBLASLt algorithm.
 
 - every algorithm the heuristic offers (FP32 reductions only) computes x @ w^T within the FP32
   summation bound of the float64 product, in any order: BF16 x BF16 products are exact in FP32, so

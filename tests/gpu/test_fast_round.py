@@ -1,4 +1,4 @@
-"""kernels_cu/fast/round.py on a GPU (issue 12): the proposal round's device part as one CUDA graph
+"""kernels_cu/fast/round.py on a GPU: the proposal round's device part as one CUDA graph
 per (B, W).
 
 - the suite over the committed proposal_round vectors with ``FastRound`` (every device part through

@@ -65,13 +65,13 @@ def _case(cp, n, vr, seed, ties=False, configs=None, dead_row=None):
 
 def _run(fast, kw, split: bool | None):
     """split None: the default dispatch; True / False: force the split / single-block path."""
-    keep = fast.target_split_max_rows
+    keep = fast.options
     try:
         if split is not None:
-            fast.target_split_max_rows = 1 << 30 if split else 0
+            fast.options = keep.replace(target_split_max_rows=1 << 30 if split else 0)
         return fast.target_distribution(**kw)["probs"]
     finally:
-        fast.target_split_max_rows = keep
+        fast.options = keep
 
 
 def _assert_same(cp, a, b, what):

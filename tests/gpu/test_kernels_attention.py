@@ -17,7 +17,7 @@ Cases: every ``generate()`` case of conformance/cases/<op>.py that exists, plus 
 cases here for what the kernels add (ring wrap, 2^31/2^32 positions, tail extents, shortlist,
 both layer variants, composed blocks), plus hypothesis sweeps of the mask boundaries. When
 DFLASH_GPU_RESULTS names a file, every comparison's numbers and the backend's environment are
-written there as JSON (the source of docs/reports/h200-kernels-attention.md).
+written there as JSON.
 """
 
 from __future__ import annotations

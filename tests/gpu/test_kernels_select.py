@@ -12,7 +12,7 @@ Cases: every registered case of these Ops (conformance/cases/*.py), plus local o
 what those do not sweep (target_distribution and preview_commit have local specs while
 they have no case module), plus a few hypothesis draws per Op, plus kernel-only
 properties (batch-row permutation, determinism). With DFLASH_SELECT_REPORT set, the
-per-case results are written there as JSON for docs/reports/h200-kernels-select.md.
+per-case results are written there as JSON.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (kernels_cu/pdl.py, issue 12 session v10) on a GPU.
+"""Programmatic dependent launch (kernels_cu/pdl.py) on a GPU.
 
 - ``pdl.launch`` really overlaps: a probe kernel launched with it starts (globaltimer) before a
   producer kernel ahead of it, which calls launch_dependents and then spins, has finished; launched
@@ -171,7 +171,7 @@ def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, shape, splits, inp
         for j in [j for j in range(3) if j != last] + [last]:
             _produce(cp, mod, new[j], bufs[j])
         got = cp.asnumpy(fa.attention_fast(*bufs, *rest, f32_out=True, bf16_out=True, pdl=True, options=opts)[0])
-        # the fast kernel, not the exact fallback; at B8 W16 with BF16 bits on an H200 its wgmma form (v17)
+        # the fast kernel, not the exact fallback; at B8 W16 with BF16 bits on an H200 its wgmma form
         assert fa.last_path() in ("fast", "fast-wgmma"), fa.last_path()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"input {'qkv'[last]} read early"
 
@@ -250,7 +250,7 @@ def _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, junk,
 @pytest.mark.parametrize("form,M,N,K", [("plain", 8, 2048, 6144), ("plain", 16, 1280, 5120), ("act", 8, 12288, 2048)])
 def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form, M, N, K):
     """fast_gemv stages its weight rows before the wait (constants); x must be read, and the output (out, or act
-    for the SiLU-mul form of session v12 at the 35B [gate; up] shape) written, only after it. A producer that
+    for the SiLU-mul form at the 35B [gate; up] shape) written, only after it. A producer that
     triggers at once writes x (or garbage into the output) 20 ms later."""
     from kernels_cu.fast import gemv as fast_gemv
 

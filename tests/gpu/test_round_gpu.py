@@ -1,4 +1,4 @@
-"""kernels_cu/round.py on a GPU (issue 11 item 4): CudaRound, the CUDA backend with proposal_round
+"""kernels_cu/round.py on a GPU: CudaRound, the CUDA backend with proposal_round
 composed from its Op kernels.
 
 - over the committed proposal_round and speculative_step vectors it gives no FAIL and no ERROR
@@ -8,7 +8,7 @@ composed from its Op kernels.
   greedy decoding of the toy target for a few prompts at K = 1, 4, 15, both drafter kinds, with
   proposals accepted and rarely (near-ties only) different from the float64 round's.
 The full sweep (200 prompts, K 1..15) is `python -m tools.round_e2e --impl cuda`
-(docs/reports/h200-round-e2e.md). Marked ``gpu`` by tests/gpu/conftest.py; skipped with the
+Marked ``gpu`` by tests/gpu/conftest.py; skipped with the
 reason where no GPU answers.
 """
 
