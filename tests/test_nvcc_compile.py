@@ -33,8 +33,9 @@ JOBS = [(src, v) for src in SOURCES for v in VARIANTS if v == "headers" or '"com
 
 
 def _name(src: Path) -> str:
-    """A source's path under kernels_cu/ (exact/attention.cu and fast/attention.cu are two sources)."""
-    return src.relative_to(loader.KERNEL_DIR).as_posix()
+    """A source's path under kernels_cu/ (exact/attention.cu and fast/attention.cu are two sources); a file elsewhere
+    (a test's own source) by its name."""
+    return src.relative_to(loader.KERNEL_DIR).as_posix() if loader.KERNEL_DIR in src.parents else src.name
 
 
 def _build(src: Path, variant: str, out_dir: Path):
@@ -159,7 +160,7 @@ def test_fast_attention_wgmma_form_builds_for_sm_90a_without_local_memory(tmp_pa
     text = (loader.KERNEL_DIR / "fast" / "attention.cu").read_text()
     counts = {}
     for wg in (True, False):
-        opts = tuple(o for o in fa.module_options(128, 4, False, (), stages, False, wg)
+        opts = tuple(o for o in fa.module_options(128, 4, False, stages, wg)
                      if o not in loader.NVRTC_OPTIONS and not o.startswith("-I"))
         name = f"fast_attention_{'wg' if wg else 'mma'}_s{stages}"
         frames = _sm_90a_frames(tmp_path, name, text, opts)
