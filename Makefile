@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install test test-gpu vectors verify lint
+.PHONY: install test test-gpu gpu-check vectors verify lint
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -16,6 +16,14 @@ test: install
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu
+
+# On a GPU host: the GPU tests, the exact / fast / FastRound suites over the committed vectors, the fast mode's full
+# geometries and the bench, each log and report under OUT (never docs/), a table at the end (tools/gpu_check.sh).
+# PARTS picks some of them (e.g. PARTS="tests-a suites"; see the script's header).
+OUT ?= out/gpu
+PARTS ?=
+gpu-check:
+	PYTHON=$(PYTHON) bash tools/gpu_check.sh $(OUT) $(PARTS)
 
 vectors:
 	dflash-conformance generate --out vectors

@@ -1,5 +1,5 @@
 """GPU benchmark: each Op at the official geometries in the exact mode, the fast mode and the
-same math in PyTorch BF16 eager (issue 12).
+same math in PyTorch BF16 eager.
 
 Method (/work/.library/device/METHOD.md): CUDA events around the call only, 3 warm-ups, the
 median of 25 timed calls, the L2 (60 MB on an H200) flushed before every call by writing a
@@ -25,6 +25,8 @@ import sys
 import time
 
 import numpy as np
+
+from kernels_cu.fast.perf import ring_bytes
 
 WARMUP, REPS = 3, 25
 FLUSH_BYTES = 256 << 20
@@ -80,7 +82,7 @@ def measure_ceilings(cp, torch, timer) -> dict:
 
 def gemm_stream_rate(cp, torch, timer) -> dict:
     """Our BF16 gemmEx at a weight-streaming shape (16 x 5120 @ 5120 x 17408) against copy speed."""
-    from kernels_cu.fast import gemm_bf16
+    from kernels_cu.fast.gemm import gemm_bf16
 
     x = torch.randn(16, 5120, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(17408, 5120, dtype=torch.bfloat16, device="cuda") * 0.01
@@ -114,7 +116,7 @@ def bench_candidate_topk(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
             rows.append(row("candidate_topk", f"{name} B{b} K{kd}", t_exact, timer(lambda: fast.candidate_topk(**kw)),
                             timer(tor), vr * h * 2 / floor_bw * 1e3))
             # the two parts of the fast mode, each against its torch counterpart
-            from kernels_cu.fast import gemm_bf16
+            from kernels_cu.fast.gemm import gemm_bf16
 
             m = b * kd
             x2 = hidb.reshape(m, h)
@@ -268,7 +270,7 @@ def bench_draft_attention(cp, torch, timer, exact, fast, shapes, rows, floor_bw)
                             floor / floor_bw * 1e3))
 
 
-# --- masked_block (fast_block.py) ----------------------------------------------------------
+# --- masked_block (fast/block.py) ----------------------------------------------------------
 
 
 def _block_weights(torch, cfg, seed=0) -> tuple[dict, dict]:
@@ -424,12 +426,6 @@ def _safe(label, fn):
         return math.nan
 
 
-def ring_bytes(cfg, b: int, cap: int) -> int:
-    """Bytes of the KV rings the block's attention must read once: every layer's K (BF16) and V
-    (FP16) of b batch rows at capacity cap (the masked_block and proposal_round floors)."""
-    return cfg.num_hidden_layers * b * cap * cfg.num_key_value_heads * cfg.head_dim * (2 + 2)
-
-
 def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, context=4096):
     """masked_block at both official geometries (reference/config.py PRESETS via
     conformance/geometry.py: 27B DFlash2, 35B DFlash), full width, random weights built on the
@@ -440,7 +436,7 @@ def bench_masked_block(cp, torch, timer, exact, fast, shapes, rows, floor_bw, co
     import torch.nn.functional as F
 
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
-    from kernels_cu.fast_block import CudaEngine, FastBlockMixin
+    from kernels_cu.fast.block import CudaEngine, FastBlockMixin
     from reference.config import PRESETS
 
     if isinstance(fast, FastBlockMixin):
@@ -569,7 +565,7 @@ def round_drafter(cp, torch, cfg):
     _block_weights, the head, DFlash2's selector codebooks). Returns (fr, torch block weights, torch
     head weights, block weight bits, {embed, final_norm}, bytes of block + head weights)."""
     from conformance.geometry import PUBLIC_VOCAB_MARGIN
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     d, h = cfg.head_dim, cfg.hidden_size
     vr, vocab = cfg.vocab_size, cfg.vocab_size - PUBLIC_VOCAB_MARGIN
@@ -629,7 +625,7 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
     proposal_round[graph]; floor = the bytes the round must move at the copy bandwidth: the block's
     and the head's weights once plus the rings (each layer's K and V of every batch row read once), as
     masked_block's floor (the selector's codebook rows, 2.6 MB, are left out). The weights-only floor
-    of sessions up to v7 is in the checks (floor_weights_ms)."""
+    is in the checks (floor_weights_ms)."""
     import torch.nn.functional as F
 
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
@@ -685,6 +681,107 @@ def bench_proposal_round(cp, torch, timer, exact, fast, shapes, rows, floor_bw, 
         torch.cuda.empty_cache()
 
 
+# --- feature_capture, grouped_conv, candidate_selector ---------------------------------------------
+# At the official geometries, exact and fast mode against the same math in PyTorch BF16 eager, in the same process and
+# with the same Timer. Shapes: the decode round's rows (B x W from the shapes) and, for feature_capture, a 4096-row
+# prefill chunk.
+
+
+def bench_feature_capture(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    """Both geometries: the target's chosen block outputs [n, T, Ht] concatenated per row, fc
+    [H, n Ht], hidden RMSNorm, BF16 out. T = B x W of each decode shape, then 4096 (prefill)."""
+    import torch.nn.functional as F
+
+    for name, h, n in [("27B", 5120, 5), ("35B", 2048, 8)]:
+        fc = torch.randn(h, n * h, dtype=torch.bfloat16, device="cuda") * (n * h) ** -0.5
+        norm = torch.rand(h, device="cuda").to(torch.bfloat16) + 0.5
+        fcb = bits(cp, fc)  # device BF16 bits: used as is (resident), no conversion per call
+        for t in sorted({b * w for b, w in shapes} | {4096}):
+            blocks = torch.randn(n, t, h, dtype=torch.bfloat16, device="cuda")
+            kw = dict(block_outputs=bits(cp, blocks), fc_weight=fcb, hidden_norm=bits(cp, norm),
+                      target_layer_ids=list(range(n)), eps=1e-6)
+
+            def tor():
+                s = blocks.permute(1, 0, 2).reshape(t, n * h)
+                y = F.linear(s, fc).float()
+                y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.float()
+                return y.to(torch.bfloat16)
+
+            floor = (fc.numel() + blocks.numel() + t * h) * 2
+            rows.append(row("feature_capture", f"{name} T{t} n{n}",
+                            timer(lambda: exact.feature_capture(**kw), warmup=1, reps=5) if exact else None,
+                            timer(lambda: fast.feature_capture(**kw)), timer(tor), floor / floor_bw * 1e3))
+            del blocks
+
+
+def bench_grouped_conv(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    """27B (DFlash2, H 5120, groups of 16): prepare on x (delta = W_delta x, side 0 conv) and finish
+    on z with prepare's side-1 delta; torch forms (base + delta) and multiplies once, as the spec."""
+    import torch.nn.functional as F
+
+    h = 5120
+    g = h // 16
+    base = (torch.randn(2, 2, h, device="cuda") * 0.1 + 0.5).to(torch.bfloat16)
+    proj = torch.randn(4 * g, h, dtype=torch.bfloat16, device="cuda") * h**-0.5
+    for b, w in shapes:
+        x = torch.randn(b, w, h, dtype=torch.bfloat16, device="cuda")
+        z = torch.randn(b, w, h, dtype=torch.bfloat16, device="cuda")
+        kw = dict(x=bits(cp, x), z=bits(cp, z), base=bits(cp, base), proj=bits(cp, proj))
+
+        def conv(t, base_side, delta):  # t [b,w,h] fp32, base_side [2,h], delta [b,w,2,g]
+            coef = base_side.float().view(1, 1, 2, g, 16) + delta.float()[..., None]
+            tg = t.view(b, w, g, 16)
+            out = coef[:, :, 0] * tg
+            out[:, 1:] += coef[:, 1:, 1] * tg[:, :-1]
+            return out.reshape(b, w, h)
+
+        def tor():
+            delta = F.linear(x, proj).view(b, w, 2, 2, g)
+            prepared = conv(x.float(), base[0], delta[:, :, 0]).to(torch.bfloat16)
+            fd = delta[:, :, 1]
+            finished = conv(z.float(), base[1], fd).to(torch.bfloat16)
+            return prepared, fd, finished
+
+        floor = (proj.numel() + 3 * x.numel() + base.numel()) * 2
+        rows.append(row("grouped_conv", f"27B B{b} W{w}", timer(lambda: exact.grouped_conv(**kw)) if exact else None,
+                        timer(lambda: fast.grouped_conv(**kw)), timer(tor), floor / floor_bw * 1e3))
+
+
+def bench_candidate_selector(cp, torch, timer, exact, fast, shapes, rows, floor_bw):
+    """27B (DFlash2: rank 256, top-16, vocab 248320), K = W - 1 positions, greedy rows and sampled
+    rows half and half on our side; torch runs the greedy walk for every row (gathers of the
+    codebook rows, g = F.linear BF16, an argmax per position): no cheaper than what ours does."""
+    import torch.nn.functional as F
+
+    from benchmarks.gpu_bench import torch_greedy_walk
+
+    h, r, top, vr = 5120, 256, 16, 248320
+    w_hidden = torch.randn(r, h, dtype=torch.bfloat16, device="cuda") * h**-0.5
+    w_pred = torch.randn(vr, r, dtype=torch.bfloat16, device="cuda")
+    w_succ = torch.randn(vr, r, dtype=torch.bfloat16, device="cuda")
+    for b, w in shapes:
+        k = w - 1
+        hidden = torch.randn(b, k, h, dtype=torch.bfloat16, device="cuda")
+        scores = torch.randn(b, k, top, device="cuda").sort(-1, descending=True).values
+        ids = torch.randint(0, vr, (b, k, top), device="cuda", dtype=torch.int32)
+        anchor = torch.randint(0, vr, (b,), device="cuda", dtype=torch.int32)
+        temperature = (torch.arange(b, device="cuda") % 2).float()
+        seed = torch.arange(1, b + 1, device="cuda", dtype=torch.int64)
+        frontier = torch.full((b,), 4096, device="cuda", dtype=torch.int64)
+        kw = dict(hidden=bits(cp, hidden), scores=cp.from_dlpack(scores), ids=cp.from_dlpack(ids),
+                  anchor=cp.from_dlpack(anchor), w_hidden=bits(cp, w_hidden), w_pred=bits(cp, w_pred),
+                  w_succ=bits(cp, w_succ), temperature=cp.from_dlpack(temperature),
+                  seed=cp.from_dlpack(seed).view(cp.uint64), frontier=cp.from_dlpack(frontier))
+
+        def tor():
+            return torch_greedy_walk(torch, F, hidden, scores, ids, anchor, w_hidden, w_pred, w_succ)
+
+        floor = (w_hidden.numel() + b * k * (top + 1) * r + b * k * h) * 2
+        rows.append(row("candidate_selector", f"27B B{b} K{k}",
+                        timer(lambda: exact.candidate_selector(**kw)) if exact else None,
+                        timer(lambda: fast.candidate_selector(**kw)), timer(tor), floor / floor_bw * 1e3))
+
+
 BENCHES = {
     "candidate_topk": bench_candidate_topk,
     "proposal_head": bench_proposal_head,
@@ -696,14 +793,8 @@ BENCHES = {
 }
 
 
-def _more_ops():
-    from benchmarks import bench_more_ops as m
-
-    return {"feature_capture": m.bench_feature_capture, "grouped_conv": m.bench_grouped_conv,
-            "candidate_selector": m.bench_candidate_selector}
-
-
-BENCHES.update(_more_ops())
+BENCHES.update(feature_capture=bench_feature_capture, grouped_conv=bench_grouped_conv,
+               candidate_selector=bench_candidate_selector)
 
 
 def row(op, shape, exact_ms, fast_ms, torch_ms, floor_ms):

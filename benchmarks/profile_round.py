@@ -1,4 +1,4 @@
-"""Where the fast proposal round's time goes (H200 probe, issue 12): every kernel of FastRound's
+"""Where the fast proposal round's time goes: every kernel of FastRound's
 CUDA graph replay, from a CUPTI trace (torch.profiler), at both official geometries, plus each of
 the round's GEMM shapes timed alone against PyTorch's F.linear and its weight-streaming floor.
 
@@ -20,17 +20,19 @@ import statistics
 import sys
 import tempfile
 
+from kernels_cu.fast.perf import advances
+
 
 def kernel_class(name: str) -> str:
     n = name.lower()
     if n.startswith("fb_"):
-        return "glue (fast_block.cu)"
+        return "glue (fast/block.cu)"
     if n.startswith("fast_gemv"):
-        return "layer GEMMs (fast_gemv.cu)"
+        return "layer GEMMs (fast/gemv.cu)"
     if n.startswith(("fa_", "flash", "fast_attn")) or "attn" in n:
         return "attention"
     if n.startswith("fast_head"):
-        return "fused head (fast_head.cu)"
+        return "fused head (fast/head.cu)"
     if "topk" in n or n.startswith("fs_"):
         return "top-k"
     if "selector" in n or "rowdot" in n:
@@ -65,19 +67,6 @@ def trace_kernels(torch, fn, reps: int) -> list[list[dict]]:
             for i in range(reps)]
 
 
-def advances(call: list[dict]) -> list[float]:
-    """Per kernel (in start order), how far its end moves the call's completion frontier: its end less
-    the latest end of the kernels before it (0 if it ends earlier; the first kernel: its duration).
-    Under programmatic dependent launch a kernel's duration includes the time it waits after an early
-    start, so durations overlap; the advances do not, and they add up to the span."""
-    out, frontier = [], None
-    for k in call:
-        end = k["ts"] + k["dur"]
-        out.append(k["dur"] if frontier is None else max(0.0, end - frontier))
-        frontier = end if frontier is None else max(frontier, end)
-    return out
-
-
 def summarize(calls: list[list[dict]]) -> dict:
     span = statistics.median(c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls)
     busy = statistics.median(sum(k["dur"] for k in c) for c in calls)
@@ -105,7 +94,7 @@ def gemm_probe(cp, torch, timer, shapes, floor_bw) -> list[dict]:
     import torch.nn.functional as F
 
     from benchmarks.gpu_bench import bits
-    from kernels_cu.fast_block import CaptureGemm
+    from kernels_cu.fast.block import CaptureGemm
 
     cg = CaptureGemm()
     out = []

@@ -3,8 +3,12 @@
 Options are chosen deliberately and recorded with every report (Vulkan-CTS
 habit): CuPy always appends ``-ftz=true`` to NVRTC compiles, and FMA
 contraction is on unless ``--fmad=false``. The CI compile test
-(tests/test_nvcc_compile.py) builds every .cu here with nvcc and the same
-options, for sm_90.
+(tests/test_nvcc_compile.py) builds every .cu under kernels_cu/ (exact/, fast/)
+with nvcc and the same options, for sm_90.
+
+Layout: device/ holds the shared device headers (.cuh, on the include path of
+every build), exact/ and fast/ the kernels of each mode. A module is named by
+its path under kernels_cu/ without the suffix: ``load_module("exact/select")``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import functools
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
+DEVICE_DIR = KERNEL_DIR / "device"  # the shared .cuh headers: every build's include path
 
 # NVRTC options passed by us. -ftz=true is appended by CuPy anyway; stating it
 # keeps the record honest and makes the nvcc compile test build the same code.
@@ -26,12 +31,26 @@ NVCC_ARCH = "sm_90"
 def nvcc_command(source: Path, output: Path) -> list[str]:
     """The nvcc command line that mirrors the NVRTC options for one source."""
     opts = [o for o in NVRTC_OPTIONS if o != "-std=c++17"]
-    return ["nvcc", "-std=c++17", f"-arch={NVCC_ARCH}", "-cubin", *opts, "-I", str(KERNEL_DIR),
+    return ["nvcc", "-std=c++17", f"-arch={NVCC_ARCH}", "-cubin", *opts, "-I", str(DEVICE_DIR),
             "-o", str(output), str(source)]
 
 
+def include_options() -> tuple[str, ...]:
+    """The NVRTC include option of every build (the shared device headers)."""
+    return (f"-I{DEVICE_DIR}",)
+
+
 def sources() -> list[Path]:
-    return sorted(KERNEL_DIR.glob("*.cu"))
+    """Every kernel source under kernels_cu/ (exact/, fast/ and any other folder), sorted by path."""
+    return sorted(KERNEL_DIR.rglob("*.cu"))
+
+
+def source_path(name: str) -> Path:
+    """kernels_cu/<name>.cu for a module name such as "exact/select" or "fast/block"."""
+    path = KERNEL_DIR / f"{name}.cu"
+    if not path.is_file():
+        raise FileNotFoundError(f"no kernel source {path} (module names are paths under kernels_cu/, e.g. 'fast/block')")
+    return path
 
 
 @functools.cache
@@ -39,9 +58,8 @@ def load_module(name: str):
     """cupy.RawModule for kernels_cu/<name>.cu (compiled once per process)."""
     import cupy
 
-    path = KERNEL_DIR / f"{name}.cu"
-    code = path.read_text()
-    return cupy.RawModule(code=code, options=(*NVRTC_OPTIONS, f"-I{KERNEL_DIR}"), name_expressions=None)
+    code = source_path(name).read_text()
+    return cupy.RawModule(code=code, options=(*NVRTC_OPTIONS, *include_options()), name_expressions=None)
 
 
 def nvrtc_arch_module(src: str, name: str, options: list[str]):

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (PDL) of the fast mode's own kernels (issue 12, session v10).
+"""Programmatic dependent launch (PDL) of the fast mode's own kernels.
 
 ``launch(fn, grid, block, args, shared_mem)`` launches a CuPy ``RawKernel`` through the driver's
 ``cuLaunchKernelEx`` with the attribute CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the
@@ -23,9 +23,6 @@ What a kernel launched this way must do (every kernel passed here does it):
   - fast_gemv stages its weight rows, which are prepared once and written by no kernel of a round.
 - a kernel may trigger before its wait: its successor still waits for it to complete, and it
   completes only after its own wait, so the wait in any kernel covers every kernel before it.
-- the wait may run in one thread only when every read and write of the others is ordered after it
-  by the kernel's own synchronisation: fast_wgemm's producer lane waits, then issues the x copies
-  whose completion (an mbarrier) every consumer waits for before it reads or writes anything.
 
 Without a device of compute capability 9.0+, with ``ENABLED`` False (environment variable
 ``DFLASH_PDL=0``), or with ``pdl=False``, ``launch`` is the ordinary CuPy call; the kernels' wait
@@ -60,25 +57,13 @@ _SCALARS = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32, np.int64: ctyp
             np.uint64: ctypes.c_uint64, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
 
 
-class ByValue:
-    """A struct kernel parameter passed by value, e.g. a ``__grid_constant__`` tensor map (fast_wgemm.cu):
-    its bytes, laid out as the kernel's parameter type. ``launch`` takes the driver's path for it."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = bytes(data)
-
-
 def kernel_arg(a):
     """The ctypes value CuPy's RawKernel would pass for ``a``: a device array's pointer, a NumPy
-    scalar's value at its own width; a ``ByValue``'s bytes (a struct parameter). Anything else (a Python
-    int has no width, a host array is no device pointer) is a TypeError."""
+    scalar's value at its own width. Anything else (a Python int has no width, a host array is no device
+    pointer) is a TypeError."""
     ptr = getattr(getattr(a, "data", None), "ptr", None)
     if ptr is not None and hasattr(a, "device"):
         return ctypes.c_void_p(int(ptr))
-    if isinstance(a, ByValue):
-        return (ctypes.c_ubyte * len(a.data)).from_buffer_copy(a.data)
     kind = _SCALARS.get(type(a))
     if kind is None:
         raise TypeError(f"pdl.launch: argument of type {type(a).__name__} (a CuPy array or a NumPy scalar "
@@ -106,7 +91,7 @@ def config(grid, block, shared_mem: int, stream_ptr: int, pdl: bool):
 
 @functools.cache
 def _driver():
-    from kernels_cu.fast_gemm import loaded_library
+    from kernels_cu.fast.gemm import loaded_library
 
     lib = loaded_library("libcuda")
     fn = lib.cuLaunchKernelEx
@@ -143,22 +128,19 @@ _LAUNCHED: set[int] = set()  # CUfunction handles launched under PDL here (end_c
 
 def launch(fn, grid, block, args, shared_mem: int = 0, *, pdl: bool = True) -> None:
     """``fn(grid, block, args, shared_mem=shared_mem)`` on the current CuPy stream, with the PDL
-    attribute where ``pdl`` and ``active()``. ``fn`` must follow the module docstring's rules. A
-    ``ByValue`` among ``args`` takes the driver's launch either way (CuPy's call has no struct argument)."""
+    attribute where ``pdl`` and ``active()``. ``fn`` must follow the module docstring's rules."""
     use = pdl and active()
-    by_value = any(isinstance(a, ByValue) for a in args)
-    if not (use or by_value):
+    if not use:
         fn(grid, block, tuple(args), shared_mem=shared_mem)
         return
     import cupy
 
     launch_ex, _ = _driver()
-    if use:
-        _LAUNCHED.add(int(fn.kernel.ptr))
+    _LAUNCHED.add(int(fn.kernel.ptr))
     values = [kernel_arg(a) for a in args]
     params = (ctypes.c_void_p * max(1, len(values)))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, use)
+    cfg, _attrs = config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr, True)
     _check(launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None),
            f"cuLaunchKernelEx ({getattr(fn, 'name', fn)})")
 
@@ -186,7 +168,7 @@ class _EdgeData(ctypes.Structure):  # cuda.h CUgraphEdgeData
 
 @functools.cache
 def _graph_api():
-    from kernels_cu.fast_gemm import loaded_library
+    from kernels_cu.fast.gemm import loaded_library
 
     lib = loaded_library("libcuda")
     p, sz = ctypes.c_void_p, ctypes.c_size_t

@@ -1,7 +1,7 @@
-"""The byte floors benchmarks/gpu_bench.py divides by (CPU, no GPU needed).
+"""The byte floors benchmarks/gpu_bench.py divides by (kernels_cu/fast/perf.py; CPU, no GPU needed).
 
 The KV rings the block's attention reads are part of the masked_block and proposal_round floors
-(issue 12's table counts them for masked_block; from session v8 the round counts the same bytes).
+(both count the same bytes: each layer's K and V of every batch row read once).
 Expected values worked by hand from the spec's geometry table: K is BF16 and V FP16 (2 bytes
 each), one ring per layer and batch row, capacity S where S < F (DFlash2 27B: S 2048) else F.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.gpu_bench import ring_bytes
 from conformance.geometry import GEOMETRIES, _capacity
+from kernels_cu.fast.perf import ring_bytes
 from reference.config import PRESETS
 
 

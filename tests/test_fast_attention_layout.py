@@ -1,4 +1,4 @@
-"""CPU check of the wgmma form's K/V tile layout in kernels_cu/fast_attention.cu (no GPU needed).
+"""CPU check of the wgmma form's K/V tile layout in kernels_cu/fast/attention.cu (no GPU needed).
 
 The kernel's element offset ``tile_el(row, col)`` (attn_body's ``el``) for the wgmma form is read from the .cu as text and evaluated here (its
 C expression is also a Python expression), so these properties are the kernel's own:
@@ -10,7 +10,7 @@ C expression is also a Python expression), so these properties are the kernel's 
 - the copies (a thread per 16-byte chunk: lch = t % 16, lrow = t / 16, as the kernel computes them) give each warp
   two whole ring rows, and the warp's 32 writes of 16 bytes meet every 4-byte bank exactly 4 times, the least that
   512 bytes allow (no bank conflict);
-- the unswizzled 8 x 8 core-matrix layout that session v17 measured first (about 1.5x slower) fails that bank
+- the unswizzled 8 x 8 core-matrix layout (measured about 1.5x slower) fails that bank
   check under the same copy mapping: 16 chunks of a row land in the same 4 banks.
 """
 
@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = (ROOT / "kernels_cu" / "fast_attention.cu").read_text()
+from kernels_cu.loader import source_path
+
+SRC = source_path("fast/attention").read_text()
 FA_NT, DP, THREADS = 64, 128, 128
 
 
 def _kernel_el():
     """The WG branch of tile_el (attn_body's el), as a Python function of (row, col) -> element offset."""
     m = re.search(r"int tile_el\(int row, int col\) \{\s*return WG \? (.+?)\s*:\s*row \* ST \+ col;", SRC, re.DOTALL)
-    assert m, "tile_el not found in fast_attention.cu"
+    assert m, "tile_el not found in fast/attention.cu"
     expr = " ".join(m.group(1).split())
     return eval(f"lambda row, col: {expr}", {"FA_NT": FA_NT})  # the kernel's own arithmetic, no outside input
 
@@ -80,7 +80,7 @@ def test_each_warps_copies_meet_no_bank_twice_per_wavefront():
 
 
 def test_the_unswizzled_core_matrix_layout_fails_the_bank_check():
-    def core(row, col):  # v17's first layout: 8 x 8 core matrices, the 16 of 8 rows in a row, no swizzle
+    def core(row, col):  # the unswizzled layout: 8 x 8 core matrices, the 16 of 8 rows in a row, no swizzle
         return (row >> 3) * (8 * DP) + (col >> 3) * 64 + (row & 7) * 8 + (col & 7)
 
     hits = _banks_of_warp_writes(core, 0)

@@ -1,4 +1,4 @@
-"""CPU check of the plan of kernels_cu/fast_attention.cu (no GPU needed).
+"""CPU check of the plan of kernels_cu/fast/attention.cu (no GPU needed).
 
 ``emulate`` mirrors the kernel's bookkeeping line for line in float64: the context key range
 n_ctx = min(F, C, S - 1) and its ring slots, the per-row masks (lo_ctx, [blo, bhi)) and the key
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from conformance import vectors as vec_io
+from kernels_cu.loader import source_path
 from reference.draft_attention import attend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,14 +264,13 @@ def test_plan_without_the_flag_gives_nan():
 
 
 def test_split_count_fills_one_wave_and_no_more(monkeypatch):
-    """kernels_cu.fast_attention.splits_for (no GPU: the SM count is given): the grid b x hk x chunks x
+    """kernels_cu.fast.attention.splits_for (no GPU: the SM count is given): the grid b x hk x chunks x
     splits never exceeds one wave of `resident` blocks per SM when it splits at all, each split keeps at
-    least MIN_TILES_PER_SPLIT context tiles, and with room it splits (the v5 rule's partial second wave,
-    3 splits of 64 (b, KV head) pairs on 132 SMs x 2, was the H200 sweep's slower choice)."""
+    least options.attention_min_tiles_per_split context tiles, and with room it splits (a partial second wave, 3
+    splits of 64 (b, KV head) pairs on 132 SMs x 2, measured slower on the H200)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
-
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import attention as fa
 
     class _Dev:
         id = 0
@@ -283,8 +283,6 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
 
     monkeypatch.setattr(fa, "cp", lambda: _Cp)
     monkeypatch.setattr(fa, "_sm_count", lambda dev_id: 132)
-    monkeypatch.setattr(fa, "SPLITS", None)
-    monkeypatch.setattr(fa, "BLOCKS_PER_SM", None)
     assert fa.splits_for(8, 8, 1, 2048, 2048, 2) == 4  # 27B B8 W16: 256 blocks of 264 slots
     assert fa.splits_for(1, 8, 1, 2048, 2048, 2) == 8  # 27B B1: 32 tiles, at least 4 per split
     assert fa.splits_for(1, 8, 1, 4096, 0, 2) == 16  # 35B B1 full attention: 64 tiles
@@ -299,9 +297,9 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
         assert ns >= 1
         if ns > 1:
             assert b * hk * chunks * ns <= resident * 132
-            assert tiles // ns >= fa.MIN_TILES_PER_SPLIT
+            assert tiles // ns >= fa.DEFAULT_OPTIONS.attention_min_tiles_per_split
         elif b * hk * chunks * 2 <= resident * 132:  # room for two splits: only too few tiles stop it
-            assert tiles // 2 < fa.MIN_TILES_PER_SPLIT
+            assert tiles // 2 < fa.DEFAULT_OPTIONS.attention_min_tiles_per_split
 
     check()
 
@@ -309,12 +307,11 @@ def test_split_count_fills_one_wave_and_no_more(monkeypatch):
 def test_combine_batch_holds_the_splits_and_matches_the_source():
     """fast_attention.combine_batch(ns): the combine instance whose batch holds all ns splits' loads at
     once (the smallest such, so no more registers than needed), the largest where none does; and the
-    instances it names are the ones fast_attention.cu builds (FA_COMBINE)."""
+    instances it names are the ones fast/attention.cu builds (FA_COMBINE)."""
     import re
+    from kernels_cu.fast import attention as fa
 
-    from kernels_cu import fast_attention as fa
-
-    src = (Path(__file__).resolve().parents[1] / "kernels_cu" / "fast_attention.cu").read_text()
+    src = source_path("fast/attention").read_text()
     built = re.search(r"#define FA_COMBINE\(DPV\) (.*)", src).group(1)
     assert tuple(int(c) for c in re.findall(r"FA_COMBINE_CB\(DPV, (\d+)\)", built)) == fa.COMBINE_BATCHES
     assert [fa.combine_batch(ns) for ns in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64)] == [2, 2, 4, 4, 8, 8, 16, 16, 16, 16]

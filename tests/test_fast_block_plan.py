@@ -1,7 +1,7 @@
-"""The fast masked_block / draft_layer plan (kernels_cu/fast_block.py) on the CPU.
+"""The fast masked_block / draft_layer plan (kernels_cu/fast/block.py) on the CPU.
 
 ``FastBlockMixin``'s Op methods and ``block_forward`` run unchanged here with a NumPy twin of
-the engine: each method of ``NumpyEngine`` is what one fast_block.cu kernel (or the BF16 GEMM)
+the engine: each method of ``NumpyEngine`` is what one fast/block.cu kernel (or the BF16 GEMM)
 computes, in float32 with the same BF16 rounding points, and the attention is the reference's
 float64 attend rounded to BF16 (the GPU test runs the real kernels and the real attention). It
 checks the plan (where the pipeline rounds, the hi/lo conv delta GEMM, the embedding gather, the
@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels_cu.fast_block import FastBlockMixin
+from kernels_cu.fast.block import FastBlockMixin
+from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
 from reference.draft_attention import attend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,8 @@ def _part_sum(a):
 
 
 class NumpyEngine:
-    """What each fast_block.cu kernel computes, in NumPy float32."""
+    options = DEFAULT_OPTIONS  # the K splits of the GEMM outputs (_split_out reads them from the engine)
+    """What each fast/block.cu kernel computes, in NumPy float32."""
 
     attention_name = "reference attend (float64) rounded to BF16"
 
@@ -85,10 +87,6 @@ class NumpyEngine:
 
     @staticmethod
     def gemv_takes(M, N, K):  # CudaEngine's small-M kernel: none here (every GEMM is ``gemm``)
-        return False
-
-    @staticmethod
-    def wgemm_takes(M, N, K):  # CudaEngine's wgmma kernel (whole outputs): none here either
         return False
 
     def layer_gemm(self, x_bits, w_bits, out):
@@ -161,7 +159,7 @@ class NumpyEngine:
             lo, hi = nx[..., : d // 2], nx[..., d // 2:]
             return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
 
-        def put(dst, x):  # one BF16 rounding, stored as bits or as the fp32 value (fast_block.QKV_BITS)
+        def put(dst, x):  # one BF16 rounding, stored as bits (fp32 values where a stand-in hands fp32 arrays)
             dst[...] = (to_bits(x) if dst.dtype == np.uint16 else rbf(x)).reshape(dst.shape)
 
         put(q, norm_rope(t[:, :hq], q_norm))
@@ -194,6 +192,7 @@ class NumpyBlock(FastBlockMixin):
     """The fast block's Op methods with NumPy arrays (inputs as the harness gives a NumPy impl)."""
 
     array_module = "numpy"
+    options = DEFAULT_OPTIONS
 
     def __init__(self):
         self._fb_eng = NumpyEngine()
@@ -288,31 +287,15 @@ def test_plan_larger_random_layer_inside_the_derived_bound(variant):
     assert comp <= 4.0 and norm <= 1.5, (comp, norm)
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
-def test_plan_qkv_as_bits_or_fp32_values_gives_the_same_hidden(monkeypatch, variant):
-    """fast_block.QKV_BITS: q, k, v handed to the attention as BF16 bits or as fp32 arrays of the same
-    BF16 values; the block's output must not change by a bit (the twin: one rounding either way)."""
-    import kernels_cu.fast_block as fb
-
-    case = larger_case(variant, seed=3)
-    outs = []
-    for flag in (False, True):
-        monkeypatch.setattr(fb, "QKV_BITS", flag)
-        outs.append(NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"])
-    assert np.array_equal(outs[0], outs[1])
-
-
 # The K-split GEMMs (fast_block.split_k): the larger case's o (256 x 256), down (256 x 768) and conv
 # delta (64 x 256) weights split into 4, 2 and 4 slices, the consumers (fb_resid_norm's branch,
 # fb_conv_prepare's delta) summing the partials.
-_SPLITS = {(256, 256): 4, (256, 768): 2, (64, 256): 4}
+_SPLITS = (((256, 256), 4), ((256, 768), 2), ((64, 256), 4))
 
 
 def _split_shapes(monkeypatch):
     """Run with _SPLITS and record the shapes of the split GEMM outputs."""
-    import kernels_cu.fast_block as fb
-
-    monkeypatch.setattr(fb, "GEMM_SPLITS", _SPLITS)
+    monkeypatch.setattr(NumpyEngine, "options", FastOptions(gemm_splits=_SPLITS))
     seen = []
     gemm = NumpyEngine.gemm
 
@@ -347,31 +330,33 @@ def test_plan_split_gemms_a_consumer_reading_one_part_fails(monkeypatch):
     assert comp > 4.0 and norm > 1.5, (comp, norm)
 
 
-def test_split_k_table_and_alignment(monkeypatch):
-    import kernels_cu.fast_block as fb
+def test_split_k_table_and_alignment():
+    from kernels_cu.fast import block as fb
 
     assert fb.split_k(256, 1280, 5120) == 4 and fb.split_k(8, 5120, 17408) == 2
     assert fb.split_k(512, 1280, 5120) == 1  # more rows than measured: one GEMM
     assert fb.split_k(128, 6144, 5120) == 1  # not in the table
-    monkeypatch.setattr(fb, "GEMM_SPLITS", {(64, 40): 4, (64, 64): 4})
-    assert fb.split_k(8, 64, 40) == 1  # 40 / 4 = 10 columns: not 16-byte slices
-    assert fb.split_k(8, 64, 64) == 4
+    opts = FastOptions(gemm_splits=(((64, 40), 4), ((64, 64), 4)))
+    assert fb.split_k(8, 64, 40, opts) == 1  # 40 / 4 = 10 columns: not 16-byte slices
+    assert fb.split_k(8, 64, 64, opts) == 4
+    assert fb.split_k(8, 64, 64) == 1  # the default options do not split this shape
+    assert fb.split_k(300, 64, 64, opts) == 1  # more rows than options.split_max_m
 
 
 @given(st.integers(1, 16384))
 def test_resid_norm_threads_cover_the_row_in_at_most_four_groups(h):
-    from kernels_cu.fast_block import resid_norm_threads
+    from kernels_cu.fast.block import resid_norm_threads
 
     t = resid_norm_threads(h)
     groups = -(-h // 4)
     assert t % 32 == 0 and 32 <= t <= 1024
-    assert -(-groups // t) <= 4  # fast_block.cu FB_RN_MAXV4: the registers path holds the row
+    assert -(-groups // t) <= 4  # fast/block.cu FB_RN_MAXV4: the registers path holds the row
     assert t < groups + 32 or t == 32  # no whole idle warp beyond the row's groups
 
 
 # fast_gemv's routing (CudaEngine.gemv_takes / layer_gemm): a shape the engine's small-M GEMM takes gets a whole
-# output in the workspace (_split_out) even where GEMM_SPLITS splits it, and layer_gemm writes it whole. The twin
-# engine below takes the o and down shapes of the larger case (which _SPLITS splits) and records what it ran.
+# output in the workspace (_split_out) even where options.gemm_splits splits it, and layer_gemm writes it whole. The
+# twin engine below takes the o and down shapes of the larger case (which _SPLITS splits) and records what it ran.
 class GemvEngine(NumpyEngine):
     def __init__(self, takes):
         self.takes, self.ran = takes, []
@@ -426,40 +411,13 @@ def test_plan_gemv_act_routing(monkeypatch, variant):
     assert comp <= 4.0 and norm <= 1.5, (comp, norm)  # the bound of the split test above
 
 
-def test_block_workspace_follows_the_gemv_switches(monkeypatch):
-    """A changed fast_gemv switch gets a new workspace (its GEMM outputs may change between whole and split)."""
-    import kernels_cu.fast_block as fb
-    from kernels_cu import fast_gemv
+def test_block_workspace_cached_per_shape():
+    """One workspace per shape, reused while it is among the last few shapes (the options are the backend's, fixed)."""
+    from kernels_cu.fast import block as fb
 
     block = NumpyBlock()
     dm = fb.Dims(1, 8, 256, 4, 2, 64, 768, False)
-    monkeypatch.setattr(fast_gemv, "GEMV", True)
     first = block._fb_workspace(dm)
     assert block._fb_workspace(dm) is first
-    monkeypatch.setattr(fast_gemv, "GEMV", False)
-    assert block._fb_workspace(dm) is not first
-    monkeypatch.setattr(fast_gemv, "GEMV", True)
-    assert block._fb_workspace(dm) is first  # still cached under its own key
-
-
-def test_probe_skip_leaves_the_post_attention_norm_out(monkeypatch):
-    """fast_block.PROBE_SKIP (round_ab's probe_no_post_norm, a timing probe with wrong results on purpose): the block
-    then runs one residual norm a layer fewer (the post-attention one), and its hidden rows change."""
-    from kernels_cu import fast_block
-
-    case = larger_case("dflash")
-    calls = []
-    real = NumpyEngine.resid_norm
-
-    def counted(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(NumpyEngine, "resid_norm", staticmethod(counted))
-    base = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
-    n_base = len(calls)
-    calls.clear()
-    monkeypatch.setattr(fast_block, "PROBE_SKIP", frozenset({"post_norm"}))
-    probed = NumpyBlock().masked_block(**{**case.inputs, **case.params})["hidden"]
-    assert n_base - len(calls) == len(case.params["windows"])  # one a layer
-    assert not np.array_equal(np.asarray(base), np.asarray(probed))
+    other = block._fb_workspace(fb.Dims(2, 8, 256, 4, 2, 64, 768, False))
+    assert other is not first and block._fb_workspace(dm) is first

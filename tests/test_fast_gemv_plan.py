@@ -1,4 +1,4 @@
-"""kernels_cu/fast_gemv.cu's layout and host plan, checked without a GPU (issue 12, session v11).
+"""kernels_cu/fast/gemv.cu's layout and host plan, checked without a GPU.
 
 The kernel feeds mma.sync m16n8k16 a permutation of each 32-wide K chunk: thread (g, t) uses the
 16 bytes at k0 + 8 t of w rows g, g + 8 and of x row g, and hands their four 32-bit words to two mma
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from kernels_cu.fast.options import DEFAULT_OPTIONS, FastOptions
 
 
 def _emulate_chunk(w16x32, x8x32):
@@ -51,7 +53,7 @@ def test_chunk_permutation_pairs_every_k_with_its_own_x():
 
 
 def test_staged_steps_by_hand():
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     assert fast_gemv.STEP_BYTES == 8 * 1024  # 8 warps x 32 threads x two 16-byte slots
     # the 35B layers: K 2048 / 4096 / 6144 are 64 / 128 / 192 chunks, 8 / 16 / 24 steps a warp, all staged
@@ -61,25 +63,25 @@ def test_staged_steps_by_hand():
     assert fast_gemv.staged_steps(96, 192 * 1024) == 1  # 3 chunks: one step (warps 0-2), warps 3-7 none
     assert fast_gemv.staged_steps(4096, 0) == 0 and fast_gemv.staged_steps(4096, 8 * 1024 - 1) == 0
     # the default budget fits under the H200's 227 KiB per block with the 8 KiB reduction of two n-tiles
-    assert fast_gemv.STAGE_BYTES + 8 * 1024 <= 227 * 1024
+    assert DEFAULT_OPTIONS.gemv_stage_bytes + 8 * 1024 <= 227 * 1024
+    assert fast_gemv.staged_steps(6144) == 24  # the default budget is the options' gemv_stage_bytes
 
 
-def test_takes_states_the_contract(monkeypatch):
-    from kernels_cu import fast_gemv
+def test_takes_states_the_contract():
+    from kernels_cu.fast import gemv as fast_gemv
 
-    monkeypatch.setattr(fast_gemv, "GEMV", True)
+    assert DEFAULT_OPTIONS.gemv
     assert fast_gemv.takes(8, 6144, 2048) and fast_gemv.takes(16, 1280, 5120) and fast_gemv.takes(1, 16, 32)
     assert not fast_gemv.takes(17, 6144, 2048)  # rows past two n-tiles: cuBLAS
     assert not fast_gemv.takes(8, 6144, 2040)  # K % 32
     assert not fast_gemv.takes(8, 6150, 2048)  # N % 16
     assert not fast_gemv.takes(0, 16, 32)
-    monkeypatch.setattr(fast_gemv, "GEMV", False)
-    assert not fast_gemv.takes(8, 6144, 2048)
+    assert not fast_gemv.takes(8, 6144, 2048, FastOptions(gemv=False))
 
 
 
 def test_kernel_by_rows():
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     assert [fast_gemv.kernel_name(m) for m in (1, 8, 9, 16)] == ["fast_gemv_n1"] * 2 + ["fast_gemv_n2"] * 2
     assert [fast_gemv.kernel_name(m, act=True) for m in (8, 9)] == ["fast_gemv_act_n1", "fast_gemv_act_n2"]
@@ -91,7 +93,7 @@ class _Spy:
     def __init__(self, takes, act_ok):
         self.takes, self.act_ok, self.calls = takes, act_ok, []
 
-    def act_into(self, x, w, act):
+    def act_into(self, x, w, act, options):
         self.calls.append("act_into")
         return self.act_ok
 
@@ -104,8 +106,8 @@ class _Spy:
 def test_engine_mlp_act_routing(monkeypatch, takes, act_ok, expected):
     """CudaEngine.mlp_act itself (the twins in test_fast_block_plan.py copy its rule): the fused kernel where
     gemv_takes the [gate; up] shape (M, 2I, K) and act_into launches; else layer_gemm into gu, then silu_mul."""
-    import kernels_cu.fast_block as fb
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import block as fb
+    from kernels_cu.fast import gemv as fast_gemv
 
     spy = _Spy(takes, act_ok)
     monkeypatch.setattr(fb, "cp", lambda: np)

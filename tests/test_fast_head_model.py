@@ -1,4 +1,4 @@
-"""A NumPy model of kernels_cu/fast_head.cu's per-block selection, checked against a plain top-k of the keys.
+"""A NumPy model of kernels_cu/fast/head.cu's per-block selection, checked against a plain top-k of the keys.
 
 The kernel keeps, per hidden row, a buffer of HT_CAP keys and a threshold key; per tile it seeds the first
 tile's thresholds from 16 group maxima, offers every live logit through a float pre-filter (!(z < f), f the
@@ -12,7 +12,7 @@ must fail on an all-zero row: the -0 pitfall the GPU test caught.
 
 The ping-pong kernel (fast_head_topk_pp) selects differently: over 128-row tiles staged in shared memory, a row's
 first threshold from the k-th largest of the maxima of its 32 groups of 4 head rows, keys above the threshold to
-the buffer in head-row order, compaction when the buffer is full with keys left. Its v14 form (hp_select, the
+the buffer in head-row order, compaction when the buffer is full with keys left. Its warp form (hp_select, the
 HP_WARP_ROWS switch) gives a hidden row to a warp, its default form (hp_select_lanes) to a lane; both offer the
 keys in the order this model does. Its model is checked the same way, over an eligible-row cut too, and two seed
 mutants (a rank or a word too high) must lose a key of the top k. The lane form adds two steps of its own, each
@@ -64,7 +64,7 @@ def group_of(r: int) -> int:
 
 
 def keyfilter_passes(zz: np.float32, v: int, thr: int) -> bool:
-    """fast_select.cu's KeyFilter (the first fast_head epilogue's exact test): value and row through float compares."""
+    """fast/topk.cu's KeyFilter (the first fast_head epilogue's exact test): value and row through float compares."""
     if thr == 0 or (thr >> 32) == 1:
         return True
     f = key_float(thr)
@@ -191,7 +191,7 @@ def test_the_first_seed_fails_where_the_gpu_test_caught_it():
     assert model_block(z, 3, rng, seed_minus_one=True) == want
 
 
-# ---- the ping-pong kernel's selection (fast_head.cu hp_select): tiles of 128 head rows staged in shared memory, a
+# ---- the ping-pong kernel's selection (fast/head.cu hp_select): tiles of 128 head rows staged in shared memory, a
 # warp a hidden row, lane l reading the tile's rows 4 l .. 4 l + 3; rows at or past the eligible count get key 0.
 PP_VT = 128
 
@@ -304,8 +304,8 @@ def test_pp_seed_mutants_drop_keys_the_top_k_needs():
 def test_pp_seed_lets_few_keys_through_on_gaussian_logits():
     """Why the lanes' maxima: the 16th largest of 32 lane maxima sits near the median of a 4-logit maximum, so a
     logit passes with probability about 1 - 0.5 ** (1 / 4) = 0.159: 20.4 of 128 expected at k 16 (the kernel's
-    comment), and a row's first tile fills its 32 slots once, without a compaction (v14-f measured the bisection's
-    exact k-th slower: 0.714 against 0.675 ms at 120 rows). The mean of 200 rows is checked against 24, well
+    comment), and a row's first tile fills its 32 slots once, without a compaction (the bisection's exact k-th
+    measured slower: 0.714 against 0.675 ms at 120 rows). The mean of 200 rows is checked against 24, well
     above 20.4 plus its sampling spread (the count's standard deviation is about 3, so the mean's is about 0.2);
     k keys always pass (the seed's claim)."""
     rng = np.random.default_rng(4)
@@ -318,7 +318,7 @@ def test_pp_seed_lets_few_keys_through_on_gaussian_logits():
     assert 16 <= min(passed) and np.mean(passed) < 24 and max(passed) <= CAP
 
 
-# ---- the lane form's own steps (fast_head.cu hp_select_lanes)
+# ---- the lane form's own steps (fast/head.cu hp_select_lanes)
 SET = 16  # HP_SET float4: values a set
 
 
@@ -423,7 +423,7 @@ def test_tile_compaction_mutant_that_drops_the_displaced_key():
     assert sorted(b2[:4], reverse=True) != [9, 8, 7, 5]
 
 
-# ---- shared thresholds (fast_head.cu HP_SHARED_THR): the blocks publish each row's threshold, every block filters
+# ---- shared thresholds (fast/head.cu HP_SHARED_THR): the blocks publish each row's threshold, every block filters
 # by the highest it has read
 def model_shared(z: np.ndarray, k: int, nv_total: int, blocks: int, rng, stale: float = 0.3,
                  publish: str = "threshold", schedule: list[int] | None = None) -> list[list[int]]:

@@ -1,15 +1,15 @@
-"""CPU checks of kernels_cu/fast_head.py (the fused head's host side; the kernel itself: tests/gpu/test_fast_head.py
+"""CPU checks of kernels_cu/fast/head.py (the fused head's host side; the kernel itself: tests/gpu/test_fast_head.py
 and tests/test_nvcc_compile.py)."""
 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from kernels_cu import fast_head
+from kernels_cu.fast import head as fast_head
+from kernels_cu.fast.options import FastOptions
+from kernels_cu.loader import source_path
 
 # An H200 (and H100) block may opt in to 227 KiB of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin 232448).
 H200_SMEM_OPTIN = 232448
@@ -20,10 +20,10 @@ def test_n_rounds_rows_up_to_the_wgmma_n():
 
 
 def _cu_value(n: int, name: str = "HT_SMEM_BYTES") -> int:
-    """A constant of fast_head.cu (HT_SMEM_BYTES, the ping-pong kernel's HP_SMEM_BYTES, ...) for HT_N = n: its
+    """A constant of fast/head.cu (HT_SMEM_BYTES, the ping-pong kernel's HP_SMEM_BYTES, ...) for HT_N = n: its
     #defines read from the source and evaluated."""
     defines = {"HT_N": str(n)}
-    for line in (fast_head.KERNEL_DIR / "fast_head.cu").read_text().splitlines():
+    for line in source_path("fast/head").read_text().splitlines():
         m = re.match(r"#define (H[TP]_\w+) (.+?)\s*(//.*)?$", line)
         if m and m.group(1) not in defines:
             defines[m.group(1)] = m.group(2)
@@ -43,27 +43,12 @@ def test_shared_memory_fits_one_block_at_every_n():
         assert fast_head.smem_bytes_pp(n) == _cu_value(n, "HP_SMEM_BYTES"), n
 
 
-def test_probe_reads_the_clocks_as_the_kernel_writes_them():
-    """benchmarks/fast_head_probe.py sizes and parses the ping-pong kernel's clock words by its own constants: they
-    must be the kernel's (HP_PC words a warpgroup: the 8 sums, then 8 tiles x 4 events)."""
-    from benchmarks import fast_head_probe
-
-    assert fast_head_probe.PP_CLOCK_WORDS == _cu_value(8, "HP_PC") == len(fast_head_probe.PP_CLOCKS) + 8 * 4
-
-
-def test_probe_and_round_switches_are_the_kernels():
-    """Every define a probe variant (benchmarks/fast_head_probe.py) or round_ab's head_warp_rows builds with is a
-    switch fast_head.cu tests (#ifdef / #ifndef / #if): a misspelt one would build the default kernel silently and
-    time it under another name."""
-    from benchmarks import fast_head_probe, round_ab
-
-    src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
+def test_the_ops_switches_are_the_kernels():
+    """Every define the Ops' build adds (select_defines' warp form, the tests' HT_DUMP) is a switch fast/head.cu tests
+    (#ifdef / #ifndef / #if): a misspelt one would build the default kernel silently."""
+    src = source_path("fast/head").read_text()
     switches = set(re.findall(r"^#\s*(?:ifdef|ifndef|if)\s+(\w+)", src, re.MULTILINE))
-    names = {name for _, _, defines in fast_head_probe.VARIANTS for name, _ in defines}
-    names |= {name for name, _ in round_ab.CONFIGS["head_warp_rows"]["kernels_cu.fast_head.SELECT_DEFINES"]}
-    names |= {name for name, _ in fast_head.WARP_FORM}
-    assert {"HP_WARP_ROWS", "HP_TILE_COMPACT", "HP_PAIR", "HP_SET", "HP_AHEAD"} <= names
-    assert names <= switches, sorted(names - switches)
+    assert {name for name, _ in fast_head.WARP_FORM} | {"HT_DUMP"} <= switches
 
 
 @pytest.mark.parametrize("n", [8, 64, 120, 256])
@@ -95,24 +80,24 @@ def test_routing_rules_without_a_gpu(monkeypatch):
     shortlist decide."""
     assert fast_head.applies(7, 1000, 128, 16, op="candidate_topk") is False or fast_head._device_ok()
     monkeypatch.setattr(fast_head, "_device_ok", lambda: True)
-    monkeypatch.setattr(fast_head, "MAX_ROWS", {"candidate_topk": 16, "proposal_head": 0})
-    assert fast_head.applies(16, 1000, 128, 16, op="candidate_topk")
-    assert not fast_head.applies(17, 1000, 128, 16, op="candidate_topk")
-    assert not fast_head.applies(7, 1000, 128, 1, op="proposal_head")
+    few = FastOptions(fused_head_max_rows_topk=16, fused_head_max_rows_proposal=0)
+    assert fast_head.applies(16, 1000, 128, 16, op="candidate_topk", options=few)
+    assert not fast_head.applies(17, 1000, 128, 16, op="candidate_topk", options=few)
+    assert not fast_head.applies(7, 1000, 128, 1, op="proposal_head", options=few)
+    assert fast_head.applies(7, 1000, 128, 1, op="proposal_head")
     assert not fast_head.applies(7, 1000, 128, 17, op="candidate_topk")  # k past the buffers
     assert not fast_head.applies(7, 1000, 96, 16, op="candidate_topk")  # H not a multiple of 64
     assert not fast_head.applies(7, 1000, 128, 16, shortlist=object(), op="candidate_topk")
     assert fast_head.applies(128, 1000, 128, 16) and not fast_head.applies(129, 1000, 128, 16)
-    monkeypatch.setattr(fast_head, "ENABLED", False)
-    assert not fast_head.applies(7, 1000, 128, 16, op="candidate_topk")
+    assert not fast_head.applies(7, 1000, 128, 16, op="candidate_topk", options=FastOptions(fused_head=False))
 
 
 def test_fast_round_routes_its_head_as_the_ops_do(monkeypatch):
     """FastRound's per-Op composition (graph=False, speculative_step) calls the Op methods and its graph round
-    decides per workspace by the same rule (fast_head.applies with the Op's name: kernels_cu/fast_round.py
-    RoundWorkspace), so both run the same kernels (tests/gpu/test_fast_round.py compares them bit for bit)."""
+    decides per workspace by the same rule (fast_head.applies with the Op's name and the object's options:
+    kernels_cu/fast/round.py RoundWorkspace), so both run the same kernels (tests/gpu/test_fast_round.py compares them bit for bit)."""
     from kernels_cu.fast import FastCudaBackend
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     monkeypatch.setattr(fast_head, "_device_ok", lambda: True)
     for be in (FastCudaBackend(), FastRound()):
@@ -120,45 +105,27 @@ def test_fast_round_routes_its_head_as_the_ops_do(monkeypatch):
         assert be._head_route(120, 248320, 5120, 16, None, "candidate_topk")
         assert be._head_route(120, 248320, 2048, 1, None, "proposal_head")
         assert not be._head_route(129, 248320, 2048, 1, None, "proposal_head")
-    monkeypatch.setattr(FastRound, "fused_head", False)  # off for the round: its Ops off too
-    assert not FastRound()._head_route(7, 248320, 5120, 16, None, "candidate_topk")
+    off = FastOptions(fused_head=False)  # off for the round: its Ops off too
+    assert not FastRound(options=off)._head_route(7, 248320, 5120, 16, None, "candidate_topk")
+    assert not FastCudaBackend(options=off)._head_route(7, 248320, 5120, 16, None, "candidate_topk")
 
 
-def test_the_ops_take_the_warp_form_up_to_its_rows(monkeypatch):
-    """fast_head.select_defines: v14's warp form up to WARP_FORM_MAX_ROWS hidden rows (faster there, session v15),
-    the lane form above; SELECT_DEFINES, where set, at every row count; WARP_FORM_MAX_ROWS 0, the lane form
-    everywhere."""
+def test_the_ops_take_the_warp_form_up_to_its_rows():
+    """fast_head.select_defines: the warp form up to options.head_warp_form_max_rows hidden rows (faster there), the
+    lane form above; 0, the lane form everywhere; 128, the warp form everywhere."""
     assert fast_head.select_defines(1) == fast_head.select_defines(8) == fast_head.WARP_FORM
     assert fast_head.select_defines(9) == fast_head.select_defines(128) == ()
-    monkeypatch.setattr(fast_head, "WARP_FORM_MAX_ROWS", 0)
-    assert fast_head.select_defines(1) == ()
-    monkeypatch.setattr(fast_head, "SELECT_DEFINES", (("HP_PAIR", 1),))
-    assert fast_head.select_defines(1) == fast_head.select_defines(128) == (("HP_PAIR", 1),)
+    assert fast_head.select_defines(1, FastOptions(head_warp_form_max_rows=0)) == ()
+    assert fast_head.select_defines(128, FastOptions(head_warp_form_max_rows=128)) == fast_head.WARP_FORM
 
 
-def test_shared_threshold_words_are_the_kernels(monkeypatch):
-    """device_maps' words after the maps are fast_head.cu's: HP_GTHR_ROWS thresholds (NMAX, a u64 a hidden row) and
-    the count of blocks done with them at gthr[HP_GTHR_ROWS] (HP_CLEAN), so MAPS_WORDS = MAP_WORDS + NMAX + 1; and
-    the zeroing switch reaches the build (CLEAN False adds HP_CLEAN 0) and the launch (a memset exactly where CLEAN is
-    off, so no launch runs with neither)."""
-    src = (fast_head.KERNEL_DIR / "fast_head.cu").read_text()
+def test_shared_threshold_words_are_the_kernels():
+    """device_maps' words after the maps are fast/head.cu's: HP_GTHR_ROWS thresholds (NMAX, a u64 a hidden row) and
+    the count of blocks done with them at gthr[HP_GTHR_ROWS] (the kernel's last block zeroes them for the next
+    launch), so MAPS_WORDS = MAP_WORDS + NMAX + 1; the Ops' build never turns the zeroing off."""
+    src = source_path("fast/head").read_text()
     assert _cu_value(8, "HP_GTHR_ROWS") == fast_head.NMAX
     assert fast_head.MAPS_WORDS == fast_head.MAP_WORDS + fast_head.NMAX + 1
     assert "gthr + HP_GTHR_ROWS" in src and re.search(r"^#if HP_SHARED_THR && HP_CLEAN\b", src, re.MULTILINE)
-    assert fast_head.CLEAN  # the default: the kernel zeroes, no memset
-    assert ("HP_CLEAN", 0) not in fast_head.select_defines(120)
-    monkeypatch.setattr(fast_head, "CLEAN", False)
-    assert ("HP_CLEAN", 0) in fast_head.select_defines(120) and ("HP_CLEAN", 0) in fast_head.select_defines(7)
-    calls = []
-    monkeypatch.setattr(fast_head, "_zero_shared_thresholds", calls.append)
-    monkeypatch.setattr(fast_head, "grid", lambda vr: 1)  # no device here
-    maps = np.arange(fast_head.MAPS_WORDS, dtype=np.uint64)  # stands in for device_maps' array: only sliced here
-    x, w = SimpleNamespace(shape=(8, 64)), SimpleNamespace(shape=(100, 64))
-    memsets = {}
-    for clean in (True, False):
-        monkeypatch.setattr(fast_head, "CLEAN", clean)
-        calls.clear()
-        fast_head.launch(lambda *a, **kw: None, 8, x, w, 100, 4, None, None, 0, maps=maps)
-        assert len(calls) <= 1 and all(np.array_equal(c, maps[fast_head.MAP_WORDS:]) for c in calls)
-        memsets[clean] = bool(calls)
-    assert memsets == {True: False, False: True}  # the memset exactly where the kernel does not zero
+    assert all(name not in ("HP_CLEAN", "HP_SHARED_THR") for m in (1, 8, 9, 128)
+               for name, _ in fast_head.select_defines(m))

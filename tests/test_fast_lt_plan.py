@@ -1,4 +1,4 @@
-"""kernels_cu/fast_lt.py's per-shape cache (``tuned``), without a GPU (issue 12).
+"""kernels_cu/fast/lt.py's per-shape cache (``tuned``), without a GPU.
 
 The head GEMM's algorithm is chosen by timing at a shape's first call and reused after, so one owner
 (a FastRound, a FastCudaBackend) keeps one algorithm per shape; a cuBLASLt failure leaves the shape on
@@ -27,7 +27,7 @@ class _FakeCp:
 
 @pytest.fixture
 def lt(monkeypatch):
-    from kernels_cu import fast_lt
+    from kernels_cu.fast import lt as fast_lt
 
     log = {"tune": [], "call": [], "free": []}
 
@@ -97,8 +97,7 @@ def test_loaded_library_finds_what_the_process_loaded_and_names_what_it_cannot()
     """fast_gemm.loaded_library (CaptureGemm's libcublas, LtGemm's libcublasLt): a library this process
     already mapped is found (libm: Python's own); an absent one is a RuntimeError naming it."""
     import sys
-
-    from kernels_cu.fast_gemm import loaded_library
+    from kernels_cu.fast.gemm import loaded_library
 
     if not sys.platform.startswith("linux"):
         pytest.skip("reads /proc/self/maps (Linux)")

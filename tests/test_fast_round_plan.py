@@ -1,11 +1,11 @@
-"""kernels_cu/fast_round.py's launches into given buffers (no GPU: CuPy is replaced by NumPy and
+"""kernels_cu/fast/round.py's launches into given buffers (no GPU: CuPy is replaced by NumPy and
 every kernel by a recorder that keeps the grid, block and arguments, arrays by shape and dtype).
 
 - the split top-k's plan and launches (kernels_cu.fast.topk_plan / topk_into, shared by the Ops and
   FastRound): the in-block merge flag, the partial buffer and the merge's list count;
-- the selector's launches: rowdot_bits_into and selector_walk_into launch kernels_cu/fast_selector.cu
+- the selector's launches: rowdot_bits_into and selector_walk_into launch kernels_cu/fast/selector.cu
   (fast_selector.rowdot_plan / walk_plan; tests/test_fast_selector_plan.py checks the plans), and
-  with exact=True (or EXACT_SELECTOR) exactly the Op's launches: ops_select._rowdot(bits_out=True)
+  with exact=True (FastOptions.exact_selector) exactly the Op's launches: ops_select._rowdot(bits_out=True)
   and SelectionOps.candidate_selector's walk;
 """
 
@@ -14,9 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels_cu.fast_round as fr
-import kernels_cu.ops_select as sel
-from kernels_cu import fast, fast_selector
+from kernels_cu.exact import select as sel
+from kernels_cu.fast import backend as fast
+from kernels_cu.fast import round as fr
+from kernels_cu.fast import selector as fast_selector
+from kernels_cu.fast.options import DEFAULT_OPTIONS
 
 
 def _desc(a):
@@ -64,6 +66,7 @@ def test_topk_plan_and_launches(rec, M, Vr, k, scores, merged):
     assert S * chunk >= Vr and (S - 1) * chunk < Vr and warp == (k <= 32) and got_merged == merged
     assert lists == (S if merged or not warp else 8 * S)
     backend = fast.FastSelectBackend.__new__(fast.FastSelectBackend)
+    backend.options = fast.DEFAULT_OPTIONS
     backend._topk_rows(np.zeros((M, Vr), np.float32), None, Vr - 1, k, 0.5, 30.0, want_scores=scores)
     vec = warp and Vr % 4 == 0  # NumPy's allocations here are 16-byte aligned, no shortlist
     calls = [(c[1], c[2], c[4]) for c in rec.calls]
@@ -97,20 +100,21 @@ def test_rowdot_bits_into_launches_as_the_op(rec, M, R, H):
     fr.rowdot_bits_into(x, w, out)  # the fast kernel: one launch, g into out, bits (fp32 out null)
     [(module, name, grid, block, args, kw)] = rec.calls
     want_name, bm, grid_xy, want_block = fast_selector.rowdot_plan(M, R, H, x.ctypes.data, w.ctypes.data)
-    assert (module, name, grid, block) == ("fast_selector", want_name, (*grid_xy, -(-M // bm)), want_block)
+    assert (module, name, grid, block) == ("fast/selector", want_name, (*grid_xy, -(-M // bm)), want_block)
     assert args == (("array", (M, H), "uint16"), ("array", (R, H), "uint16"), ("int32", M), ("int32", R),
                     ("int32", H), ("uint64", 0), ("array", (M, R), "uint16")) and kw == ()
 
 
-def test_exact_selector_flag_routes_both_launches_to_select_cu(rec, monkeypatch):
-    monkeypatch.setattr(fr, "EXACT_SELECTOR", True)
+def test_exact_selector_flag_routes_both_launches_to_select_cu(rec):
     B, K, k, R, H = 2, 3, 4, 8, 32
-    fr.rowdot_bits_into(np.zeros((B * K, H), np.uint16), np.zeros((R, H), np.uint16), np.empty((B * K, R), np.uint16))
+    fr.rowdot_bits_into(np.zeros((B * K, H), np.uint16), np.zeros((R, H), np.uint16), np.empty((B * K, R), np.uint16),
+                        exact=True)
     fr.selector_walk_into(np.zeros((B, K, R), np.uint16), np.zeros((B, K, k), np.float32), np.zeros((B, K, k), np.int32),
                           np.zeros(B, np.int32), np.zeros((9, R), np.uint16), np.zeros((9, R), np.uint16),
                           np.zeros(B, np.float32), np.zeros(B, np.uint64), np.zeros(B, np.int64),
-                          np.empty((B, K), np.int32), np.empty((B, K), np.int32), np.empty((B, K, k), np.float32))
-    assert [(c[0], c[1]) for c in rec.calls] == [("select", "bf16_rowdot"), ("select", "selector_walk")]
+                          np.empty((B, K), np.int32), np.empty((B, K), np.int32), np.empty((B, K, k), np.float32),
+                          exact=True)
+    assert [(c[0], c[1]) for c in rec.calls] == [("exact/select", "bf16_rowdot"), ("exact/select", "selector_walk")]
 
 
 @pytest.mark.parametrize("B,K,k,R,H", [(1, 7, 16, 256, 64), (8, 15, 16, 8, 32), (2, 3, 4, 4, 32),
@@ -137,7 +141,7 @@ def test_selector_walk_into_launches_as_the_op(rec, B, K, k, R, H):
     [(module, name, grid, block, args, kw)] = rec.calls
     if fast_selector.walk_supported(K, k, R):  # the fast walk: the Op's arguments, its grid and smem
         want_name, want_grid, want_block, smem = fast_selector.walk_plan(B, K, k, R)
-        assert (module, name, grid, block, kw) == ("fast_selector", want_name, want_grid, want_block,
+        assert (module, name, grid, block, kw) == ("fast/selector", want_name, want_grid, want_block,
                                                    (("shared_mem", smem),))
         assert args == op_calls[1][4]
     else:  # k > 32 or R > 256: selector_walk itself
@@ -229,7 +233,7 @@ class _Eng:
     empty = staticmethod(lambda shape, dtype: np.zeros(shape, dtype))
     full = staticmethod(lambda shape, value, dtype: np.full(shape, value, dtype))
     gemv_takes = staticmethod(lambda M, N, K: False)  # the workspace's whole-or-split choice: split_k's
-    wgemm_takes = staticmethod(lambda M, N, K: False)
+    options = DEFAULT_OPTIONS
 
     def __init__(self, fake):
         self.fake, self.fail_capture = fake, False
@@ -246,7 +250,7 @@ class _Eng:
 def flow(monkeypatch):
     fake = _Fake()
     monkeypatch.setattr(fr, "cp", lambda: fake)
-    monkeypatch.setattr(fr.fast_head, "applies", lambda *a: False)  # GEMM + top-k, also on a GPU machine
+    monkeypatch.setattr(fr.fast_head, "applies", lambda *a, **kw: False)  # GEMM + top-k, also on a GPU machine
 
     def block_forward(eng, ws, dm, wts, layers, *, frontier, live, eps, freqs, entry, exit):
         if eng.fail_capture and fake.current[-1].capturing:
@@ -259,7 +263,7 @@ def flow(monkeypatch):
 
         fake.launch("block", effect)
 
-    def topk_into(logits, sl, vocab, k, mult, cap, partial, scores, ids, bound):
+    def topk_into(logits, sl, vocab, k, mult, cap, partial, scores, ids, bound, options):
         assert bound.shape == (logits.shape[0],) and bound.dtype == np.uint64  # the workspace's, not allocated
 
         def effect():
@@ -269,10 +273,11 @@ def flow(monkeypatch):
 
         fake.launch("topk", effect)
 
-    def rowdot_bits_into(x, w, out):
+    def rowdot_bits_into(x, w, out, *, exact):
         fake.launch("rowdot", lambda: out.fill(1))
 
-    def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q):
+    def selector_walk_into(g, scores, ids, anchor, w_pred, w_succ, temperature, seed, frontier, path, tokens, q, *,
+                           exact):
         def effect():
             tokens[...] = ids[..., 0] + 1000 * seed[:, None].astype(np.int32)
             q[...] = 0.25
@@ -358,12 +363,13 @@ def test_fused_head_replaces_gemm_and_topk_with_device_resident_maps(flow, monke
     drafter's head, not per step: a capture cannot copy from the host), and the same flow eager / capture / replay."""
     rnd, fake = flow
     asked, made, maps_made = [], [], []
-    monkeypatch.setattr(fr.fast_head, "applies", lambda M, Vr, H, k, sl, op: asked.append((M, Vr, H, k, sl, op)) or True)
+    monkeypatch.setattr(fr.fast_head, "applies",
+                        lambda M, Vr, H, k, sl, op, options: asked.append((M, Vr, H, k, sl, op)) or options.fused_head)
     monkeypatch.setattr(fr.fast_head, "grid", lambda Vr: 5)
     monkeypatch.setattr(fr.fast_head, "device_maps",
                         lambda x, w: made.append((x, w)) or maps_made.append(np.zeros(32, np.uint64)) or maps_made[-1])
 
-    def head_topk_into(x, w, maps, vocab, k, mult, cap, partial, scores, ids):
+    def head_topk_into(x, w, maps, vocab, k, mult, cap, partial, scores, ids, options):
         assert maps is maps_made[-1] and w is rnd.drafter.head and vocab == rnd.drafter.vocab_size
         assert partial.shape == (x.shape[0], 5, k) and partial.dtype == np.uint64
 
@@ -383,7 +389,7 @@ def test_fused_head_replaces_gemm_and_topk_with_device_resident_maps(flow, monke
     assert ws.fused and ws.logits is None and ws.partial is None
     assert all(np.array_equal(o, np.broadcast_to(_want(a), (2, 3))) for o in outs)
     assert [c[0] for c in fake.calls if c[2]] == ["block", "head_topk", "rowdot", "walk"]  # one capture
-    monkeypatch.setattr(fr.FastRound, "fused_head", False)  # the Ops off: a new workspace keeps GEMM + top-k
+    rnd.options = fr.DEFAULT_OPTIONS.replace(fused_head=False)  # the Ops off: a new workspace keeps GEMM + top-k
     rnd.step(**_args(1, 3))
     assert not rnd._ws[(1, 4, 16)].fused and rnd._ws[(1, 4, 16)].logits is not None
 
@@ -415,7 +421,7 @@ def test_rings_passed_as_the_workspace_arrays_are_not_copied(flow, monkeypatch):
 
 
 def test_below_sm90_both_selector_launches_are_select_cu(rec, monkeypatch):
-    """fast_selector.cu's kernels use thread-block clusters (sm_90+; below it the module is built
+    """fast/selector.cu's kernels use thread-block clusters (sm_90+; below it the module is built
     without them): on such a device g and the walk take select.cu's launches, as exact=True."""
     B, K, k, R, H = 2, 3, 4, 8, 32
     hidden = np.zeros((B, K, H), np.uint16)

@@ -1,5 +1,5 @@
-"""kernels_cu/fast_selector.py's launch plans on the CPU (no GPU: kernels replaced by a recorder,
-CuPy by NumPy): the constants shared with fast_selector.cu, the rowdot's kernel choice, grid and
+"""kernels_cu/fast/selector.py's launch plans on the CPU (no GPU: kernels replaced by a recorder,
+CuPy by NumPy): the constants shared with fast/selector.cu, the rowdot's kernel choice, grid and
 arguments (16-byte path only for H % 8 == 0 and aligned pointers; grid z split past 65535 blocks),
 the h slices of the cluster covering every unit once, and the walk's limits and shared memory.
 The kernels' numbers are checked on a GPU (tests/gpu/test_fast_selector.py)."""
@@ -7,14 +7,14 @@ The kernels' numbers are checked on a GPU (tests/gpu/test_fast_selector.py)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernels_cu import fast_selector as fs
+from kernels_cu.fast import selector as fs
+from kernels_cu.loader import source_path
 
-SRC = (Path(fs.__file__).resolve().parent / "fast_selector.cu").read_text()
+SRC = source_path("fast/selector").read_text()
 
 
 def _define(name: str) -> int:
@@ -67,7 +67,7 @@ def test_rowdot_plan_named_kernel(kernel):
 
 @pytest.mark.parametrize("H", [8, 31, 32, 200, 5120, 5128, 8192, 40000])
 def test_rowdot_slices_cover_every_unit_once(H):
-    """fast_selector.cu rowdot_body: slice g of G = 8 WK takes units [g n / G, (g + 1) n / G) of
+    """fast/selector.cu rowdot_body: slice g of G = 8 WK takes units [g n / G, (g + 1) n / G) of
     n = ceil(H / 32); together they cover each unit exactly once."""
     n = (H + 31) // 32
     for G in {v[3] * v[5] for v in _instances().values()}:
@@ -135,7 +135,7 @@ def test_walk_into_launch_and_refusal(rec):
             np.zeros((B, K, k), np.float32)]
     fs.walk_into(*arrays, *rest)
     [(module, name, grid, block, args, kw)] = rec.calls
-    assert (module, name, grid, block) == ("fast_selector", "fast_selector_walk", (fs.CLUSTER, B), (512,))
+    assert (module, name, grid, block) == ("fast/selector", "fast_selector_walk", (fs.CLUSTER, B), (512,))
     assert kw == {"shared_mem": fs.walk_smem_bytes(K, k)} and [int(a) for a in args[9:13]] == [B, K, k, R]
 
     with pytest.raises(ValueError):

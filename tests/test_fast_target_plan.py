@@ -1,16 +1,16 @@
-"""The split path of the fast target_distribution (kernels_cu/fast.py _ftd_split_plan): launch
+"""The split path of the fast target_distribution (kernels_cu/fast/backend.py _ftd_split_plan): launch
 shapes planned on the CPU (no GPU, no CuPy needed)."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from kernels_cu import fast
+from kernels_cu.fast import backend as fast
+from kernels_cu.loader import source_path
 
-SRC = (Path(fast.__file__).resolve().parent / "fast_target.cu").read_text()
+SRC = source_path("fast/target_distribution").read_text()
 
 
 def _define(name: str) -> int:
@@ -55,8 +55,9 @@ def test_plan_rejects_empty():
 
 
 def test_dispatch_keeps_the_single_block_kernel_where_it_wins():
-    assert fast.FastCudaBackend.target_split_max_rows == fast._FTD_SPLIT_MAX_ROWS
-    assert 8 <= fast._FTD_SPLIT_MAX_ROWS < 128  # N 8 splits, N 128 keeps one block per row
+    rows = fast.DEFAULT_OPTIONS.target_split_max_rows
+    assert fast.FastCudaBackend().options.target_split_max_rows == rows
+    assert 8 <= rows < 128  # N 8 splits, N 128 keeps one block per row
 
 
 def _launches(monkeypatch, N=8, Vr=248320):

@@ -1,9 +1,9 @@
-"""benchmarks/profile_round.advances by hand (issue 12, session v11): how far each kernel's end moves
-the completion frontier of a traced call, for overlapping (PDL) and sequential kernels."""
+"""kernels_cu.fast.perf.advances (what benchmarks/profile_round.py reports) by hand: how far each kernel's end
+moves the completion frontier of a traced call, for overlapping (PDL) and sequential kernels."""
 
 from __future__ import annotations
 
-from benchmarks.profile_round import advances
+from kernels_cu.fast.perf import advances
 
 
 def test_sequential_kernels_advance_by_their_durations_plus_gaps():

@@ -50,6 +50,6 @@ def cupy():
 
 @pytest.fixture(scope="session")
 def backend(cupy):
-    from kernels_cu.backend import CudaBackend
+    from kernels_cu.exact.backend import CudaBackend
 
     return CudaBackend()

@@ -1,4 +1,4 @@
-"""The fast draft attention (kernels_cu/fast_attention.py, issue 12) on a GPU.
+"""The fast draft attention (kernels_cu/fast/attention.py) on a GPU.
 
 - the conformance suite over every committed draft_attention vector, the Op on
   ``FastCudaBackend`` (FastAttentionMixin composed): no FAIL, no ERROR (C2 v2), with the split
@@ -11,14 +11,11 @@
   float64 with a bound derived from the kernel's arithmetic (``derived_bound``); planted keys of
   large score at the window edge, the ring's ends and tile edges make a mask error visible above
   that bound;
-- a non-finite V that a window gives to one row and not the next (context tile and block tile), in the
-  default and the aliased shared-memory layout (fast_attention.ALIAS: the slow path's P scratch in a K tile);
+- a non-finite V that a window gives to one row and not the next (context tile and block tile);
 - masked_block's inputs (FP32 arrays holding BF16 values) give the BF16-bit path's bits, at the proposal
-  round's shapes; 2, 3 and 4 K/V stages, in either layout, give the same bits; the aliased layout holds two
-  blocks a multiprocessor at 3 stages (D 128) where shared memory allows; split counts 1 .. 64 (more splits
-  than tiles too) within the bound, repeated calls and
-  a captured graph's replays give the eager bits; the combine kernel in one pass (fast_attention.COMBINE_ONE_PASS)
-  gives the two-pass kernel's bits.
+  round's shapes; 2, 3 and 4 K/V stages give the same bits; split counts 1 .. 64 (more splits than tiles too)
+  within the bound, repeated calls and a captured graph's replays give the eager bits;
+- the wgmma form (FastOptions.attention_wgmma) against the reference and the mma.sync kernel's bits.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers.
 FAST_ATTENTION_REPORT=<path> writes the suite counts and the bound ratios as JSON.
 """
@@ -44,39 +41,59 @@ REPORT: dict = {"suite": {}, "random": {}}
 U = 2.0**-24  # FP32 unit roundoff
 
 
-@pytest.fixture(scope="module")
-def fa(cupy):
-    """The module with the wgmma form off (WGMMA False): the tests below that name no form check the mma.sync
-    kernels; the wgmma form's tests (the last section) turn it on."""
-    from kernels_cu import fast_attention
+class _Attention:
+    """kernels_cu.fast.attention under the options a test sets (``set``, on FastOptions' attention_* fields):
+    ``attention_fast`` runs with them unless a call passes its own; every other name is the module's."""
 
-    wgmma = fast_attention.WGMMA
-    fast_attention.WGMMA = False
+    def __init__(self, module, options):
+        self.module, self.options = module, options
+
+    def set(self, **changes):
+        self.options = self.options.replace(**changes)
+
+    def attention_fast(self, *a, **kw):
+        kw.setdefault("options", self.options)
+        return self.module.attention_fast(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+@pytest.fixture(scope="module")
+def fa_module(cupy):
+    from kernels_cu.fast import attention as fast_attention
+
     yield fast_attention
-    fast_attention.WGMMA = wgmma
     path = os.environ.get("FAST_ATTENTION_REPORT")
     if path:
         Path(path).write_text(json.dumps(REPORT, indent=1, default=str))
 
 
+@pytest.fixture
+def fa(fa_module):
+    """The module with the wgmma form off (attention_wgmma False): the tests below that name no form check the
+    mma.sync kernels; the wgmma form's tests (the last section) turn it on."""
+    from kernels_cu.fast import FastOptions
+
+    return _Attention(fa_module, FastOptions(attention_wgmma=False))
+
+
 @pytest.fixture(scope="module")
-def composed(fa):
+def composed(fa_module):
+    """The Op's backends, made per options: "bf16" (the Op as the fast backend runs it) and "fp32" (q/k/v converted
+    to FP32 first: attention_fast's FP32 (split BF16) path)."""
     from kernels_cu.fast import FastCudaBackend
 
-    class _B(FastCudaBackend):  # FastAttentionMixin composed in kernels_cu.fast
-        pass
-
-    class _F32Inputs(_B):
-        """The Op with q/k/v converted to FP32 first: attention_fast's FP32 (split BF16) path."""
-
+    class _F32Inputs(FastCudaBackend):
         def draft_attention(self, *, q, k, v, k_cache, v_cache, frontier, live, window=0):
-            from kernels_cu.ops_attention import bf16_bits, device, f16_bits, f32
+            from kernels_cu.exact.attention import bf16_bits, device, f16_bits, f32
 
-            _, out = fa.attention_fast(f32(q), f32(k), f32(v), bf16_bits(k_cache), f16_bits(v_cache),
-                                       device(frontier), device(live), int(window), f32_out=False, bf16_out=True)
+            _, out = fa_module.attention_fast(f32(q), f32(k), f32(v), bf16_bits(k_cache), f16_bits(v_cache),
+                                              device(frontier), device(live), int(window), f32_out=False,
+                                              bf16_out=True, options=self.options)
             return {"out": out}
 
-    return {"bf16": _B(), "fp32": _F32Inputs()}
+    return {"bf16": FastCudaBackend, "fp32": _F32Inputs}
 
 
 @pytest.mark.parametrize("splits", [None, 3])
@@ -85,17 +102,17 @@ def test_suite_draft_attention_no_fail(fa, composed, monkeypatch, inputs, splits
     from conformance.compare import Result
     from conformance.runner import run_suite
 
-    monkeypatch.setattr(fa, "SPLITS", splits)
+    fa.set(attention_splits=splits)
     paths = Counter()
-    impl = composed[inputs]
-    real = fa.attention_fast
+    impl = composed[inputs](options=fa.options)
+    real = fa.module.attention_fast
 
     def counted(*a, **kw):
         out = real(*a, **kw)
         paths[fa.last_path()] += 1
         return out
 
-    monkeypatch.setattr(fa, "attention_fast", counted)
+    monkeypatch.setattr(fa.module, "attention_fast", counted)
     results = run_suite(impl, ROOT / "vectors", ops_pattern="draft_attention")
     counts = Counter(r.result.name for r in results)
     REPORT["suite"][f"{inputs}_splits{splits}"] = {"counts": dict(counts), "paths": dict(paths)}
@@ -109,8 +126,8 @@ def test_drop_in_for_the_layer_ops(fa, monkeypatch):
     masked_block (FP32 q/k/v from the layer, the caches as bits): the suite gives no FAIL, no ERROR."""
     from conformance.compare import Result
     from conformance.runner import run_suite
-    from kernels_cu import ops_attention
-    from kernels_cu.backend import CudaBackend
+    from kernels_cu.exact import attention as ops_attention
+    from kernels_cu.exact.backend import CudaBackend
 
     paths = Counter()
 
@@ -133,7 +150,7 @@ def test_drop_in_for_the_layer_ops(fa, monkeypatch):
 
 def derived_bound(q, k, v, kc, vc, frontier, live, window, *, fp32_inputs: bool, ns_max: int):
     """Per-element bound on |y_fast - y| for the FP32 output y_fast of attention_fast, y the float64
-    attention (rows < live). Each line is one step of the kernel (fast_attention.cu), u = 2^-24:
+    attention (rows < live). Each line is one step of the kernel (fast/attention.cu), u = 2^-24:
 
     scores, log2 units sigma_k = c q.k, c = fl(log2(e) / sqrt(D)): the BF16 x BF16 products are exact
       in FP32; the tensor core's FP32 sums over D terms are allowed 2u per addition (its alignment may
@@ -279,10 +296,10 @@ def _device_args(cp, case, fp32_inputs):
 @pytest.mark.parametrize("stages", [None, 2, 4])
 @pytest.mark.parametrize("splits", [None, 5, 64])
 @pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
-def test_random_against_float64_reference(cupy, fa, monkeypatch, random_case, fp32_inputs, splits, stages):
+def test_random_against_float64_reference(cupy, fa, random_case, fp32_inputs, splits, stages):
     name, by_mode = random_case
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    monkeypatch.setattr(fa, "STAGES", stages)
+    fa.set(attention_splits=splits)
+    fa.set(attention_stages=stages or 2)
     _against_reference(cupy, fa, by_mode[fp32_inputs], fp32_inputs, "fast",
                        f"{name}/{'fp32' if fp32_inputs else 'bf16'}/splits{splits}/stages{stages}")
 
@@ -308,31 +325,22 @@ def _against_reference(cupy, fa, prepared, fp32_inputs, path, key):
     assert np.array_equal(cupy.asnumpy(ob), _bf16(cupy.asnumpy(of)).view(np.uint16))
 
 
-# (stages, aliased layout): the aliased one at every stage count, the default one at 2 and 4
-STAGES_ALIAS = [(2, False), (4, False), (2, True), (3, True), (4, True)]
-
-
-@pytest.mark.parametrize("stages,alias", STAGES_ALIAS)
+@pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("where", ["ctx_cut", "block_cut"])
 @pytest.mark.parametrize("splits", [None, 2])
 @pytest.mark.parametrize("fp32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
 @pytest.mark.parametrize("hq,d,form", [(4, 128, "mma"), (8, 120, "mma"), (8, 128, "wgmma")],
                          ids=["mt2_d128", "mt4_d120", "mt4_d128_wgmma"])
-def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits, stages, alias, fp32_inputs, hq, d,
-                                           form):
+def test_nonfinite_v_given_to_one_row_only(cupy, fa, where, splits, stages, fp32_inputs, hq, d, form):
     """An inf V allowed for one row and not for the next: the allowed rows are inf there, the others
-    finite and within the bound (a masked 0 * inf on the tensor cores would be NaN). Aliased, the slow
-    PV's scratch is the K tile: 4 m-tiles (Hq 8) fill it nearly (16 of 17 KB), and at D 120 the scratch
-    covers K's pad columns, which the block tile loaded into that stage (1 split: right after the slow
-    context tile, into its stage) must find zero again. mt4_d128_wgmma asks for the wgmma form (WGMMA True): it
-    takes BF16 bits in the default layout (the slow PV reads V from the core-matrix layout), and leaves FP32 inputs
-    and the aliased layout to the mma.sync kernel."""
+    finite and within the bound (a masked 0 * inf on the tensor cores would be NaN). mt4_d128_wgmma asks for the
+    wgmma form (attention_wgmma True): it takes BF16 bits (the slow PV reads V from the core-matrix layout), and
+    leaves FP32 inputs to the mma.sync kernel."""
     if form == "wgmma":
         _need_wg(fa)
-        monkeypatch.setattr(fa, "WGMMA", True)
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    monkeypatch.setattr(fa, "STAGES", stages)
-    monkeypatch.setattr(fa, "ALIAS", alias)
+        fa.set(attention_wgmma=True)
+    fa.set(attention_splits=splits)
+    fa.set(attention_stages=stages or 2)
     rng = np.random.default_rng(5)
     b, w, hk, cap, f = 1, 8, 1, 200, 500
     window = 70 if where == "ctx_cut" else 3
@@ -355,7 +363,7 @@ def test_nonfinite_v_given_to_one_row_only(cupy, fa, monkeypatch, where, splits,
     if fp32_inputs:  # the same values as FP32 arrays: the split path (fast_attn_*_f)
         args = (*(cupy.asarray(case[n].astype(np.float32)) for n in ("q", "k", "v")), *args[3:])
     of, _ = fa.attention_fast(*args, f32_out=True)
-    assert fa.last_path() == ("fast-wgmma" if form == "wgmma" and not fp32_inputs and not alias else "fast")
+    assert fa.last_path() == ("fast-wgmma" if form == "wgmma" and not fp32_inputs else "fast")
     out = cupy.asnumpy(of).astype(np.float64)
     fin = np.isfinite(ref)
     assert not fin[0, hit_rows].all() and fin[0, [i for i in range(w) if i not in hit_rows]].all()
@@ -396,10 +404,10 @@ ROUND_SHAPES = {"27B_B1_W8": (1, 8, 2048, 2048, False), "27B_B2_W16": (2, 16, 20
 
 @pytest.mark.parametrize("splits", [None, 1, 7])
 @pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
-def test_fp32_holding_bf16_values_gives_the_bf16_bits(cupy, fa, monkeypatch, shape, splits):
+def test_fp32_holding_bf16_values_gives_the_bf16_bits(cupy, fa, shape, splits):
     """masked_block hands FP32 q/k/v that hold BF16 values: Q_lo = K_lo = V_lo = 0, so the FP32 path
     (fast_attn_*_f) must give the BF16-bit path's (fast_attn_*_b) bits, FP32 and BF16 outputs alike."""
-    monkeypatch.setattr(fa, "SPLITS", splits)
+    fa.set(attention_splits=splits)
     f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
     a32, a16 = fa.attention_fast(*f32, *rest, f32_out=True, bf16_out=True)
     b32, b16 = fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)
@@ -408,19 +416,17 @@ def test_fp32_holding_bf16_values_gives_the_bf16_bits(cupy, fa, monkeypatch, sha
     assert np.array_equal(cupy.asnumpy(a16), cupy.asnumpy(b16))
 
 
-@pytest.mark.parametrize("stages,alias", STAGES_ALIAS)
+@pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
-def test_split_counts_and_repeats(cupy, fa, monkeypatch, shape, stages, alias):
+def test_split_counts_and_repeats(cupy, fa, shape, stages):
     """Every split count 1 .. 64 (more splits than context tiles too) within the derived bound of the float64
-    attention, with 2 and 4 K/V stages (the block tile loaded in the loop or after it) and the aliased layout
-    at 2, 3 and 4 (the last stage's first tile issued after q is read: splits of fewer tiles than stages, and
-    of none); a call repeated gives the same bits."""
-    monkeypatch.setattr(fa, "STAGES", stages)
-    monkeypatch.setattr(fa, "ALIAS", alias)
-    _split_sweep(cupy, fa, monkeypatch, ROUND_SHAPES[shape], "fast")
+    attention, with 2, 3 and 4 K/V stages (the block tile loaded in the loop or after it: splits of fewer tiles
+    than stages, and of none); a call repeated gives the same bits."""
+    fa.set(attention_stages=stages)
+    _split_sweep(cupy, fa, ROUND_SHAPES[shape], "fast")
 
 
-def _split_sweep(cupy, fa, monkeypatch, shape, path):
+def _split_sweep(cupy, fa, shape, path):
     _, bits, rest, case = _round_case(cupy, *shape)
     ref = attend(case["q"], case["k"], case["v"], case["k_cache"], case["v_cache"], case["frontier"], case["live"],
                  case["window"])
@@ -428,7 +434,7 @@ def _split_sweep(cupy, fa, monkeypatch, shape, path):
                              case["live"], case["window"], fp32_inputs=False, ns_max=64)
     rows = np.arange(ref.shape[1])[None, :] < case["live"][:, None]
     for ns in (1, 2, 3, 5, 16, 33, 64):
-        monkeypatch.setattr(fa, "SPLITS", ns)
+        fa.set(attention_splits=ns)
         first = cupy.asnumpy(fa.attention_fast(*bits, *rest, f32_out=True)[0])
         assert fa.last_path() == path
         for _ in range(2):
@@ -441,52 +447,33 @@ def _split_sweep(cupy, fa, monkeypatch, shape, path):
 
 @pytest.mark.parametrize("splits", [1, 7, 16])
 @pytest.mark.parametrize("shape", sorted(ROUND_SHAPES))
-def test_stage_count_does_not_change_the_bits(cupy, fa, monkeypatch, shape, splits):
-    """2, 3 and 4 K/V stages, in the default and the aliased shared-memory layout, run the same operations in
-    the same order (only when and where tiles, the block tile and q's rows land differs): the same bits, FP32
-    and BF16 outputs, BF16-bit and FP32 inputs, at a given split count (the heuristic's count follows the
-    occupancy, which the stage count and the layout change)."""
-    monkeypatch.setattr(fa, "SPLITS", splits)
+def test_stage_count_does_not_change_the_bits(cupy, fa, shape, splits):
+    """2, 3 and 4 K/V stages run the same operations in the same order (only when tiles and the block tile land
+    differs): the same bits, FP32 and BF16 outputs, BF16-bit and FP32 inputs, at a given split count (the
+    heuristic's count follows the occupancy, which the stage count changes)."""
+    fa.set(attention_splits=splits)
     f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
     outs = {}
     for stages in (2, 3, 4):
-        monkeypatch.setattr(fa, "STAGES", stages)
-        for alias in (False, True):
-            monkeypatch.setattr(fa, "ALIAS", alias)
-            for name, inputs in (("bits", bits), ("f32", f32)):
-                a32, a16 = fa.attention_fast(*inputs, *rest, f32_out=True, bf16_out=True)
-                outs[(stages, alias, name)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))
-    base = outs[(2, False, "bits")]
+        fa.set(attention_stages=stages)
+        for name, inputs in (("bits", bits), ("f32", f32)):
+            a32, a16 = fa.attention_fast(*inputs, *rest, f32_out=True, bf16_out=True)
+            outs[(stages, name)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))
+    base = outs[(2, "bits")]
     for key, (a32, a16) in outs.items():
-        assert np.array_equal(a32, base[0]) and np.array_equal(a16, base[1]), \
-            f"stages {key[0]}, aliased {key[1]}, {key[2]} inputs"
-
-
-@pytest.mark.parametrize("f32_inputs", [False, True], ids=["bf16_inputs", "fp32_inputs"])
-def test_aliased_layout_fits_two_blocks_at_three_stages(cupy, fa, f32_inputs):
-    """The aliased layout's point: at D 128, 4 m-tiles and 3 stages its shared memory (fast_attention.smem_bytes)
-    lets two blocks share a multiprocessor where the default layout's leaves room for one (the occupancy
-    calculator's count, registers included), on a device with the H200's 228 KB a multiprocessor."""
-    attrs = cupy.cuda.Device().attributes
-    per_sm = int(attrs.get("MaxSharedMemoryPerMultiprocessor", 0))
-    reserved = int(attrs.get("ReservedSharedMemoryPerBlock", 1024))
-    aliased = fa.resident_blocks(128, 4, f32_inputs, 3, alias=True)
-    default = fa.resident_blocks(128, 4, f32_inputs, 3, alias=False)
-    assert aliased >= default
-    if 2 * (fa.smem_bytes(128, 4, 3, alias=True) + reserved) <= per_sm < 2 * (fa.smem_bytes(128, 4, 3) + reserved):
-        assert (aliased, default) == (2, 1)
+        assert np.array_equal(a32, base[0]) and np.array_equal(a16, base[1]), f"stages {key[0]}, {key[1]} inputs"
 
 
 @pytest.mark.parametrize("form", ["mma_fp32_inputs", "wgmma_bf16_bits"])
-def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
+def test_graph_replay_gives_the_eager_bits(cupy, fa, form):
     """A call captured in a CUDA graph (after an eager call on that stream, as FastRound and masked_block
     capture) and replayed several times gives the eager call's bits (split kernel and combine): the mma.sync
-    kernel on FP32 inputs, and the wgmma form on BF16 bits (WGMMA True)."""
+    kernel on FP32 inputs, and the wgmma form on BF16 bits (attention_wgmma True)."""
     f32, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES["35B_local_B2_W16"])
     inputs = f32
     if form.startswith("wgmma"):
         _need_wg(fa)
-        monkeypatch.setattr(fa, "WGMMA", True)
+        fa.set(attention_wgmma=True)
         inputs = bits
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
@@ -503,23 +490,7 @@ def test_graph_replay_gives_the_eager_bits(cupy, fa, monkeypatch, form):
             assert np.array_equal(cupy.asnumpy(out), eager)
 
 
-@pytest.mark.parametrize("splits", [2, 3, 5, 8, 12, 16, 24])
-@pytest.mark.parametrize("shape", ["35B_local_B2_W16", "27B_B1_W8"])
-def test_combine_in_one_pass_gives_the_two_pass_bits(cupy, fa, monkeypatch, shape, splits):
-    """The combine kernel with (m, l) and o loaded together where one batch holds every split (up to 16 splits;
-    fast_attention.COMBINE_ONE_PASS) runs the two-pass kernel's operations in its order: the same bits, FP32 and BF16
-    outputs (24 splits take two batches of 16, so both builds run the two passes there)."""
-    _, bits, rest, _ = _round_case(cupy, *ROUND_SHAPES[shape])
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    outs = []
-    for one_pass in (False, True):
-        monkeypatch.setattr(fa, "COMBINE_ONE_PASS", one_pass)
-        outs.append([cupy.asnumpy(x) for x in fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)])
-    assert np.array_equal(outs[0][0].view(np.uint32), outs[1][0].view(np.uint32))
-    assert np.array_equal(outs[0][1], outs[1][1])
-
-
-# ------------------------------------------------------------------------ the wgmma form (fast_attention.WGMMA)
+# ---------------------------------------------------------- the wgmma form (FastOptions.attention_wgmma)
 
 # the random cases the form takes: D 128 and more than 32 query rows (W x Hq / Hk = 64: one warpgroup)
 WG_CASES = [n for n, c in sorted(CASES.items()) if c[4] == 128 and c[1] * c[2] // c[3] > 32]
@@ -528,9 +499,9 @@ WG_ROUND_SHAPES = {"27B_B2_W16": ROUND_SHAPES["27B_B2_W16"], "35B_local_B2_W16":
 
 
 @pytest.fixture
-def wg(fa, monkeypatch):
+def wg(fa):
     _need_wg(fa)
-    monkeypatch.setattr(fa, "WGMMA", True)
+    fa.set(attention_wgmma=True)
     return fa
 
 
@@ -542,41 +513,41 @@ def test_wgmma_cases_exist():
 @pytest.mark.parametrize("stages", [None, 3])
 @pytest.mark.parametrize("splits", [None, 5, 64])
 @pytest.mark.parametrize("name", WG_CASES)
-def test_wgmma_form_against_float64_reference(cupy, wg, monkeypatch, name, splits, stages):
+def test_wgmma_form_against_float64_reference(cupy, wg, name, splits, stages):
     """The wgmma form on the random cases it takes (ring wrap, frontiers past 2^31 / 2^32, a window of 2048 cutting
     tiles, planted keys at the edges, live tails), BF16 bits: every live element within the same derived bound as
     the mma.sync kernel (its sums are FP32 tensor-core chains over the same D and key counts), 2 and 3 stages."""
-    monkeypatch.setattr(wg, "SPLITS", splits)
-    monkeypatch.setattr(wg, "STAGES", stages)
+    wg.set(attention_splits=splits)
+    wg.set(attention_stages=stages or 2)
     _against_reference(cupy, wg, _prepared(name)[False], False, "fast-wgmma",
                        f"{name}/bf16/wgmma/splits{splits}/stages{stages}")
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-def test_wgmma_form_split_counts_and_repeats(cupy, wg, monkeypatch, stages):
+def test_wgmma_form_split_counts_and_repeats(cupy, wg, stages):
     """Split counts 1 .. 64 within the derived bound, each repeated with the same bits, at 2 and 3 stages."""
-    monkeypatch.setattr(wg, "STAGES", stages)
-    _split_sweep(cupy, wg, monkeypatch, ROUND_SHAPES["35B_local_B2_W16"], "fast-wgmma")
+    wg.set(attention_stages=stages or 2)
+    _split_sweep(cupy, wg, ROUND_SHAPES["35B_local_B2_W16"], "fast-wgmma")
 
 
 @pytest.mark.parametrize("splits", [None, 1, 7])
 @pytest.mark.parametrize("shape", sorted(WG_ROUND_SHAPES))
-def test_wgmma_form_gives_the_mma_kernels_bits(cupy, fa, monkeypatch, shape, splits):
+def test_wgmma_form_gives_the_mma_kernels_bits(cupy, fa, shape, splits):
     """At masked_block's shapes of 64 query rows the wgmma form and the mma.sync kernel run the same products in the
     same order: every tile's QK^T as 8 k16 steps over D accumulated in FP32 from 0, its PV as 4 k16 steps of 16 keys
     into the running output, the softmax and the epilogue unchanged. The tensor cores' k16 step is one operation in
     both, so the outputs are the same bits (FP32 and BF16), at 2 stages and (at a forced split count) 3 stages of the
     wgmma form. The heuristic's split count follows the occupancy (3 stages hold one block a multiprocessor: 2 splits
     at B8 against 4), and another partition of the keys is another sum in the combine, so 3 stages are compared at
-    forced counts only (v17's first run compared them at the heuristic's and found 126,058 to 473,674 elements
-    differing, all of them from 2 splits against 4)."""
+    forced counts only (at the heuristic's counts 126,058 to 473,674 elements differ, all of them from 2 splits
+    against 4)."""
     _need_wg(fa)
-    monkeypatch.setattr(fa, "SPLITS", splits)
+    fa.set(attention_splits=splits)
     _, bits, rest, _ = _round_case(cupy, *WG_ROUND_SHAPES[shape])
     outs = {}
     for form, stages in (("mma", 2), ("wgmma", 2), *((("wgmma", 3),) if splits else ())):
-        monkeypatch.setattr(fa, "WGMMA", form == "wgmma")
-        monkeypatch.setattr(fa, "STAGES", stages)
+        fa.set(attention_wgmma=form == "wgmma")
+        fa.set(attention_stages=stages or 2)
         a32, a16 = fa.attention_fast(*bits, *rest, f32_out=True, bf16_out=True)
         assert fa.last_path() == ("fast-wgmma" if form == "wgmma" else "fast")
         outs[(form, stages)] = (cupy.asnumpy(a32).view(np.uint32), cupy.asnumpy(a16))

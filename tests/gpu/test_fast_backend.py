@@ -1,4 +1,4 @@
-"""The fast mode of the CUDA backend (kernels_cu/fast.py, issue 12) on a GPU.
+"""The fast mode of the CUDA backend (kernels_cu/fast/backend.py) on a GPU.
 
 - over every committed vector it gives no FAIL and no ERROR (CONTRACTS C2; ACCEPTABLE allowed);
   FAST_SUITE_REPORT=<path> writes the per-case results there as JSON;

@@ -1,4 +1,4 @@
-"""The fast masked_block / draft_layer (kernels_cu/fast_block.py, issue 12) on a GPU.
+"""The fast masked_block / draft_layer (kernels_cu/fast/block.py) on a GPU.
 
 - every masked_block and draft_layer vector: no FAIL, no ERROR (CONTRACTS C2; ACCEPTABLE counted);
   FAST_BLOCK_REPORT=<path> writes the per-case results and the counts there as JSON;
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def fast(cupy):
     from kernels_cu.fast import FastCudaBackend
-    from kernels_cu.fast_block import FastBlockMixin
+    from kernels_cu.fast.block import FastBlockMixin
 
     if issubclass(FastCudaBackend, FastBlockMixin):  # already composed by the fast backend
         return FastCudaBackend()
@@ -113,16 +113,16 @@ def test_repeat_call_moves_no_weights(fast, cupy):
 
 def test_fast_block_suite_with_every_block_gemm_split(cupy, monkeypatch):
     """Every GEMM of the block whose K allows it split in two (fast_block.split_k forced; the vectors'
-    shapes are not in GEMM_SPLITS): the consumers sum the partials, and the suite still gives no FAIL
+    shapes are not in FastOptions.gemm_splits): the consumers sum the partials, and the suite still gives no FAIL
     or ERROR, the same verdicts as the unsplit run (also a fresh backend, so no workspace made
     without the splits is reused)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
     from conformance.compare import Result
     from conformance.runner import run_suite
     from kernels_cu.fast import FastCudaBackend
 
     calls = []
-    monkeypatch.setattr(fb, "split_k", lambda M, N, K: 2 if K % 16 == 0 else 1)
+    monkeypatch.setattr(fb, "split_k", lambda M, N, K, options=None: 2 if K % 16 == 0 else 1)
     gemm = fb.CaptureGemm.split
 
     def spy(self, x, w, out):
@@ -179,15 +179,17 @@ def _resid_norm_inputs(cp, mode, M, h):
     return src, cp.abs(f32(h)) + 0.5
 
 
-def _resid_norm_run(cp, fb, monkeypatch, path, src, norm_w, M, h, skip_first=False):
-    monkeypatch.setattr(fb, "RESID_NORM_PATH", path)
+def _resid_norm_run(cp, fb, path, src, norm_w, M, h, skip_first=False):
+    from kernels_cu.fast import FastOptions
+
     kw = dict(src)
     if "resid_in" in kw:
         kw["resid_in"] = kw["resid_in"].copy()  # written in place
     o = {"resid_out": kw.get("resid_in", cp.empty((M, h), dtype=np.float32)),
          "resid_bits": cp.empty((M, h), dtype=np.uint16), "norm_f32": cp.zeros((M, h), dtype=np.float32),
          "norm_hi": cp.zeros((M, h), dtype=np.uint16), "norm_lo": cp.zeros((M, h), dtype=np.uint16)}
-    fb.CudaEngine().resid_norm(M, h, 8, **kw, **o, norm_w=norm_w, eps=1e-6, skip_first=skip_first)
+    eng = fb.CudaEngine(options=FastOptions(resid_norm_path=path))
+    eng.resid_norm(M, h, 8, **kw, **o, norm_w=norm_w, eps=1e-6, skip_first=skip_first)
     return {k: v.get() for k, v in o.items()}
 
 
@@ -197,19 +199,19 @@ def _bits(a):
 
 @pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
 @pytest.mark.parametrize("h", [256, 2048, 5120, 8192, 8448, 16384, 16448])
-def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode, h):
+def test_resid_norm_register_rows_equal_the_strided_loop(cupy, mode, h):
     """The single-CTA fb_resid_norm holds rows up to 16 T wide in registers (fb_resid_norm_vec; T
     threads, fast_block.resid_norm_threads): every output must be bitwise its strided loop's (same
     element ownership and per-thread order, same block sum). Each source / branch mode of the kernel
     at the 35B and 27B widths, 1, 2, 3 and 4 groups per thread, and one width past the register
     limit (both runs take the strided loop there, so that width only checks that the fallback runs,
     not a difference between paths)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M = 24
     src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
-    vec = _resid_norm_run(cupy, fb, monkeypatch, "block", src, norm_w, M, h)
-    strided = _resid_norm_run(cupy, fb, monkeypatch, "strided", src, norm_w, M, h)
+    vec = _resid_norm_run(cupy, fb, "block", src, norm_w, M, h)
+    strided = _resid_norm_run(cupy, fb, "strided", src, norm_w, M, h)
     for k in vec:
         assert np.array_equal(_bits(vec[k]), _bits(strided[k])), k
 
@@ -217,7 +219,7 @@ def test_resid_norm_register_rows_equal_the_strided_loop(cupy, monkeypatch, mode
 @pytest.mark.parametrize("skip_first", [False, True])
 @pytest.mark.parametrize("mode", ["embed", "plain", "conv"])
 @pytest.mark.parametrize("h", [256, 2048, 5120, 8192])
-def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, monkeypatch, mode, h, skip_first):
+def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, mode, h, skip_first):
     """fb_resid_norm_cluster (a row over 8 CTAs, the sum of squares combined through distributed
     shared memory) against the single-CTA kernel. resid_out / resid_bits: the same per-element
     arithmetic, so bitwise equal. The norm: only the fp32 sum of the H squares is grouped
@@ -228,12 +230,12 @@ def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, monkeypatch, mode
     gamma_H / 2 + 4u, so |y_a - y_b| <= (gamma_H + 8u) |y|, with gamma_H^2 added for the second-order
     terms and |y| <= |y_b| / (1 - gamma_H / 2 - 4u) (4.9e-4 relative at H 8192). BF16 hi: one BF16
     step (<= 2^-7 |y|) at most; rows skipped by skip_first stay untouched in both."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M = 24
     src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
-    cl = _resid_norm_run(cupy, fb, monkeypatch, "cluster", src, norm_w, M, h, skip_first)
-    one = _resid_norm_run(cupy, fb, monkeypatch, "block", src, norm_w, M, h, skip_first)
+    cl = _resid_norm_run(cupy, fb, "cluster", src, norm_w, M, h, skip_first)
+    one = _resid_norm_run(cupy, fb, "block", src, norm_w, M, h, skip_first)
     for k in ("resid_out", "resid_bits"):
         assert np.array_equal(_bits(cl[k]), _bits(one[k])), k
     u = 2.0**-24
@@ -250,41 +252,14 @@ def test_resid_norm_cluster_equals_the_single_cta_kernel(cupy, monkeypatch, mode
         assert not cl["norm_f32"][M * 7 // 8:].any() and not one["norm_f32"][M * 7 // 8:].any()
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
-def test_qkv_as_bits_gives_the_fp32_paths_bits(cupy, monkeypatch, variant):
-    """fast_block.QKV_BITS (the default): fb_qkv_post writes q, k, v as BF16 bits and the fast
-    attention reads them on its BF16 path; with the flag off they travel as fp32 arrays holding the
-    same BF16 values through its FP32 path. h200-attention-v5.md measured the two attention paths
-    bit-equal on such inputs; the whole block must be too (masked_block and draft_layer)."""
-    import kernels_cu.fast_block as fb
-    from kernels_cu.fast import FastCudaBackend
-
-    if issubclass(FastCudaBackend, fb.FastBlockMixin):  # composed by the fast backend (as the fixture)
-        _B = FastCudaBackend
-    else:
-        class _B(fb.FastBlockMixin, FastCudaBackend):
-            pass
-
-    outs = {}
-    for flag in (False, True):
-        monkeypatch.setattr(fb, "QKV_BITS", flag)
-        impl = _B()  # fresh workspaces: the flag is read when a workspace is made
-        mb = larger_case(variant, seed=4)
-        dl = larger_layer_case(variant, seed=4)
-        outs[flag] = (impl.masked_block(**_inputs(impl, mb))["hidden"].get(),
-                      impl.draft_layer(**_inputs(impl, dl))["x_next"].get())
-        assert impl._fb_ws and all((ws.Q.dtype == np.uint16) == flag for ws in impl._fb_ws.values())
-    assert np.array_equal(outs[False][0], outs[True][0]) and np.array_equal(outs[False][1], outs[True][1])
-
-
 @pytest.mark.parametrize("path", ["block", "cluster", "strided"])
 @pytest.mark.parametrize("mode", ["plain", "conv"])
 @pytest.mark.parametrize("parts", [2, 4])
-def test_resid_norm_branch_partials_equal_their_sum(cupy, monkeypatch, path, mode, parts):
+def test_resid_norm_branch_partials_equal_their_sum(cupy, path, mode, parts):
     """A branch given as K-slice partials [S, M, H] (a split GEMM, fast_block.split_k) is read as
     their fp32 sum in part order: every output bitwise the kernel's on the pre-summed branch (for the
     conv finish the preceding row's partials too)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M, h = 32, 5120
     src, norm_w = _resid_norm_inputs(cupy, mode, M, h)
@@ -293,19 +268,20 @@ def test_resid_norm_branch_partials_equal_their_sum(cupy, monkeypatch, path, mod
     summed = p[0].copy()
     for q in range(1, parts):
         summed += p[q]  # one fp32 add at a time, in part order
-    split = _resid_norm_run(cupy, fb, monkeypatch, path, {**src, "branch": p}, norm_w, M, h)
-    whole = _resid_norm_run(cupy, fb, monkeypatch, path, {**src, "branch": summed}, norm_w, M, h)
+    split = _resid_norm_run(cupy, fb, path, {**src, "branch": p}, norm_w, M, h)
+    whole = _resid_norm_run(cupy, fb, path, {**src, "branch": summed}, norm_w, M, h)
     for k in split:
         assert np.array_equal(_bits(split[k]), _bits(whole[k])), k
 
 
 @pytest.mark.parametrize("h", [5120, 2064])
-def test_conv_prepare_delta_partials_equal_their_sum(cupy, monkeypatch, h):
+def test_conv_prepare_delta_partials_equal_their_sum(cupy, h):
     """fb_conv_prepare on the conv delta as K-slice partials [S, 2M, 4G]: the hi rows' parts summed in
     order, the lo rows' likewise, then hi + lo; bitwise the kernel's on the pre-summed delta; and its
-    4-columns-per-thread path (CONV_PREPARE_VEC) bitwise its one-column path, both ways (2064: a
+    4-columns-per-thread path (FastOptions.conv_prepare_vec) bitwise its one-column path, both ways (2064: a
     width whose last slice is partial)."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import FastOptions
+    from kernels_cu.fast import block as fb
 
     M, W, S = 32, 16, 4
     rng = cupy.random.default_rng(11)
@@ -317,10 +293,10 @@ def test_conv_prepare_delta_partials_equal_their_sum(cupy, monkeypatch, h):
         summed += dl[q]
     outs = []
     for vec in ("always", False):
-        monkeypatch.setattr(fb, "CONV_PREPARE_VEC", vec)
+        eng = fb.CudaEngine(options=FastOptions(conv_prepare_vec=vec))
         for d in (dl, summed):
             prepared, fd = cupy.zeros((M, h), np.uint16), cupy.zeros((M, 2 * (h // 16)), np.uint16)
-            fb.CudaEngine.conv_prepare(x, d, base0, W, M, h, prepared, fd)
+            eng.conv_prepare(x, d, base0, W, M, h, prepared, fd)
             outs.append((prepared.get(), fd.get()))
     for o in outs[1:]:
         assert np.array_equal(outs[0][0], o[0]) and np.array_equal(outs[0][1], o[1])
@@ -334,7 +310,7 @@ def test_split_gemm_partials_are_the_k_slices(cupy, shape, engine):
     partial is a sum of K / S exact BF16 products accumulated in fp32; any order of that sum is within
     gamma_{K/S} sum |x w| (u = 2^-24, recursive summation; blocked or tensor-core orders are shorter
     chains), checked against float64 per slice, plus one fp32 rounding of the output."""
-    import kernels_cu.fast_block as fb
+    from kernels_cu.fast import block as fb
 
     M, N, K, S = shape
     rng = cupy.random.default_rng(3)
@@ -347,7 +323,7 @@ def test_split_gemm_partials_are_the_k_slices(cupy, shape, engine):
     if engine == "block":
         eng = fb.CudaEngine(attention=(None, "none"))
     else:  # FastRound's engine: every GEMM, eager too, through CaptureGemm
-        from kernels_cu.fast_round import RoundEngine
+        from kernels_cu.fast.round import RoundEngine
 
         eng = RoundEngine()
     eng.gemm(x, w, out)

@@ -1,4 +1,4 @@
-"""The fast mode's feature_capture gather and grouped_conv (kernels_cu/fast_capture.py) on a GPU.
+"""The fast mode's feature_capture gather and grouped_conv (kernels_cu/fast/capture.py) on a GPU.
 
 The gather is a copy of BF16 bits, so it must equal an independent formulation (CuPy fancy
 indexing, transpose, reshape) bit for bit: the 16-byte path (Ht % 8 == 0, aligned), the 2-byte
@@ -30,7 +30,7 @@ def _bits(cp, rng, shape):
 @pytest.mark.parametrize("ht, ids, offset", [(5120, [0, 1, 2, 3, 4], 0), (2048, [7, 2, 2, 5], 0),
                                              (100, [1, 0], 0), (64, [3, 1], 1)])
 def test_gather_equals_fancy_indexing(cupy, ht, ids, offset):
-    from kernels_cu.fast_capture import gather_blocks
+    from kernels_cu.fast.capture import gather_blocks
 
     cp = cupy
     rng = np.random.default_rng(ht)

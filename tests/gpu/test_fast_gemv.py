@@ -1,4 +1,4 @@
-"""kernels_cu/fast_gemv.cu on a GPU (issue 12, session v11): the block's layer GEMMs at few rows.
+"""kernels_cu/fast/gemv.cu on a GPU: the block's layer GEMMs at few rows.
 
 - out = x @ w^T for M 1 .. 16 (one and two n-tiles), K from one chunk (32) to the 35B / 27B layers'
   widths, a chunk count that is not a multiple of the warps x unroll: every element within the FP32
@@ -10,7 +10,7 @@
   addition: no staging, part of K staged and all of it give the same bits, with PDL and without;
 - the same bits on every call and inside a captured graph;
 - shapes and arrays outside the kernel's contract are refused (False), so the caller runs cuBLAS;
-- the SiLU-mul form (session v12, ``act_into``: block c computes gate rows 8c.. and up rows I + 8c..)
+- the SiLU-mul form (``act_into``: block c computes gate rows 8c.. and up rows I + 8c..)
   gives the bits of the plain kernel followed by fb_silu_mul, at every staging budget, PDL on and off,
   eager and in a graph.
 The race against a late producer of x (x read only after the wait) is in tests/gpu/test_pdl.py.
@@ -42,7 +42,7 @@ def _case(M, N, K):
 @pytest.mark.parametrize("M,N,K", [(1, 16, 32), (8, 2048, 4096), (8, 6144, 2048), (7, 48, 96), (9, 32, 2048),
                                    (16, 1280, 5120), (16, 64, 6144), (3, 5120, 17408), (8, 16, 1056)])
 def test_gemv_within_the_fp32_bound_and_repeatable(cupy, M, N, K):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     xh, wh = _case(M, N, K)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
@@ -63,8 +63,9 @@ def test_gemv_within_the_fp32_bound_and_repeatable(cupy, M, N, K):
 
 
 @pytest.mark.parametrize("M,N,K", [(8, 2048, 6144), (16, 1280, 5120), (5, 64, 17408), (8, 32, 96)])
-def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
-    from kernels_cu import fast_gemv
+def test_staging_and_pdl_do_not_change_the_bits(cupy, M, N, K):
+    from kernels_cu.fast import DEFAULT_OPTIONS, FastOptions
+    from kernels_cu.fast import gemv as fast_gemv
 
     xh, wh = _case(M, N, K)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
@@ -72,12 +73,11 @@ def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
     seen = {}
     # the last budgets exceed what a block may hold at K 17408: the plan caps them at the device's limit
     for budget in (0, fast_gemv.STEP_BYTES, 3 * fast_gemv.STEP_BYTES, steps * fast_gemv.STEP_BYTES,
-                   fast_gemv.STAGE_BYTES):
+                   DEFAULT_OPTIONS.gemv_stage_bytes):
         for use_pdl in (True, False):
-            monkeypatch.setattr(fast_gemv, "STAGE_BYTES", budget)
-            monkeypatch.setattr(fast_gemv, "PDL", use_pdl)
+            opts = FastOptions(gemv_stage_bytes=budget, gemv_pdl=use_pdl)
             out = cupy.full((M, N), np.nan, np.float32)
-            assert fast_gemv.gemv_into(x, w, out)
+            assert fast_gemv.gemv_into(x, w, out, opts)
             seen[(budget, use_pdl)] = cupy.asnumpy(out).view(np.uint32).copy()
     ref = seen[(0, False)]
     for key, bits in seen.items():
@@ -85,12 +85,12 @@ def test_staging_and_pdl_do_not_change_the_bits(cupy, monkeypatch, M, N, K):
 
 
 def test_gemv_in_a_graph_gives_the_eager_bits(cupy):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     x, w = cupy.asarray(_bits(1, (8, 2048))), cupy.asarray(_bits(2, (12288, 2048)))
     out = cupy.empty((8, 12288), np.float32)
     # the copies above ran on the legacy stream, which a non-blocking stream does not wait for (a pageable
-    # copy returns before its DMA lands; without this the eager call raced w's upload: session v9's failure)
+    # copy returns before its DMA lands; without this the eager call races w's upload)
     cupy.cuda.Device().synchronize()
     eager, replayed = eager_and_replayed(cupy, lambda: fast_gemv.gemv_into(x, w, out), out)
     assert np.array_equal(replayed, eager)
@@ -106,12 +106,14 @@ def _silu_case(M, inter, K, seed):
 
 
 @pytest.mark.parametrize("M,inter,K", [(8, 6144, 2048), (1, 8, 32), (9, 1024, 2048), (16, 40, 96), (3, 64, 17408)])
-def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, inter, K):
+def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, M, inter, K):
     """act_into == gemv_into into gu, then fb_silu_mul (CudaEngine.silu_mul), bit for bit: a row's sum does not
     depend on where the row sits in the block's tile, and the activation is the same device function. A wrong
     gate/up row pairing, a column index off by one or a skipped SiLU differs in most elements. At every staging
     budget (K 17408 leaves steps past the budget) and PDL on and off."""
-    from kernels_cu import fast_block, fast_gemv
+    from kernels_cu.fast import DEFAULT_OPTIONS, FastOptions
+    from kernels_cu.fast import block as fast_block
+    from kernels_cu.fast import gemv as fast_gemv
 
     xh, wh = _silu_case(M, inter, K, M + inter)
     x, w = cupy.asarray(xh), cupy.asarray(wh)
@@ -122,20 +124,20 @@ def test_act_form_gives_the_plain_gemm_then_silu_mul_bits(cupy, monkeypatch, M, 
     ref = cupy.asnumpy(ref)
     assert len(np.unique(ref)) > min(ref.size // 2, 8)  # not a constant that any wrong kernel could match
     steps = -(-(K // 32) // fast_gemv.WARPS)
-    for budget in (0, fast_gemv.STEP_BYTES, steps * fast_gemv.STEP_BYTES, fast_gemv.STAGE_BYTES):
+    for budget in (0, fast_gemv.STEP_BYTES, steps * fast_gemv.STEP_BYTES, DEFAULT_OPTIONS.gemv_stage_bytes):
         for use_pdl in (True, False):
-            monkeypatch.setattr(fast_gemv, "STAGE_BYTES", budget)
-            monkeypatch.setattr(fast_gemv, "PDL", use_pdl)
+            opts = FastOptions(gemv_stage_bytes=budget, gemv_pdl=use_pdl)
             buf = cupy.full((16, inter), 0x7fc0, np.uint16)  # rows M .. 15: sentinels no store may touch
-            assert fast_gemv.act_into(x, w, buf[:M])
+            assert fast_gemv.act_into(x, w, buf[:M], opts)
             got, rest = cupy.asnumpy(buf[:M]), cupy.asnumpy(buf[M:])
             assert np.array_equal(got, ref), (
                 f"budget {budget} B, PDL {use_pdl}: {int((got != ref).sum())} of {ref.size} elements differ")
             assert (rest == 0x7fc0).all(), f"a store past row {M}"
 
 
-def test_act_form_in_a_graph_and_its_refusals(cupy, monkeypatch):
-    from kernels_cu import fast_gemv
+def test_act_form_in_a_graph_and_its_refusals(cupy):
+    from kernels_cu.fast import FastOptions
+    from kernels_cu.fast import gemv as fast_gemv
 
     x, w = cupy.asarray(_bits(3, (8, 2048))), cupy.asarray(_bits(4, (12288, 2048)))
     act = cupy.empty((8, 6144), np.uint16)
@@ -145,29 +147,31 @@ def test_act_form_in_a_graph_and_its_refusals(cupy, monkeypatch):
     assert not fast_gemv.act_into(x, w, cupy.empty((8, 6143), np.uint16))  # act is not [M, N / 2]
     assert not fast_gemv.act_into(x, w, cupy.empty((8, 6144), np.float32))  # act is not BF16 bits
     assert not fast_gemv.act_into(x, w[:, :2016].copy(), act)  # K differs from x's
-    monkeypatch.setattr(fast_gemv, "ACT", False)
-    assert not fast_gemv.act_into(x, w, act)  # switched off: the caller runs the GEMM and fb_silu_mul
+    # switched off: the caller runs the GEMM and fb_silu_mul
+    assert not fast_gemv.act_into(x, w, act, FastOptions(gemv_act=False))
 
 
-def test_the_block_chooses_one_wave_grids(cupy, monkeypatch):
-    """CudaEngine sends a layer GEMM here only when its grid fits MAX_WAVES at the staged footprint: the 35B
+def test_the_block_chooses_one_wave_grids(cupy):
+    """CudaEngine sends a layer GEMM here only when its grid fits options.gemv_max_waves at the staged footprint: the 35B
     qkv (384 blocks of 64 KiB, three a multiprocessor on the H200's 132) and o (128 blocks) do; the 27B
     qkv (384 blocks of 160 KiB, one a multiprocessor) does not."""
-    from kernels_cu import fast_block, fast_gemv
+    from kernels_cu.fast import FastOptions
+    from kernels_cu.fast import block as fast_block
+    from kernels_cu.fast import gemv as fast_gemv
 
-    monkeypatch.setattr(fast_gemv, "MAX_WAVES", 1.0)  # the 35B gate/up (1.9 waves) then stays out
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert fast_gemv.waves(8, 2048, 4096) == pytest.approx(128 / sms)
     assert fast_gemv.waves(8, 6144, 5120) == pytest.approx(384 / sms)
-    eng = fast_block.CudaEngine(attention=(None, "none"))
+    # one wave at most: the 35B gate/up (1.9 waves) then stays out
+    eng = fast_block.CudaEngine(attention=(None, "none"), options=FastOptions(gemv_max_waves=1.0))
     if sms >= 128:
         assert eng.gemv_takes(8, 6144, 2048) and eng.gemv_takes(8, 2048, 4096)
     assert not eng.gemv_takes(8, 6144, 5120) and not eng.gemv_takes(128, 6144, 2048)
-    assert not eng.gemv_takes(16, 1280, 5120)  # 80 blocks: under MIN_FILL of the multiprocessors
+    assert not eng.gemv_takes(16, 1280, 5120)  # 80 blocks: under gemv_min_fill of the multiprocessors
 
 
 def test_gemv_refuses_what_it_cannot_run(cupy):
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     def call(M, N, K, off=0):
         x = cupy.zeros(M * K + off, np.uint16)[off:].reshape(M, K)
@@ -184,29 +188,27 @@ def test_block_suite_on_fast_gemv_wherever_it_takes_the_shape(cupy, monkeypatch)
     """The block's layer GEMMs on fast_gemv wherever ``takes`` accepts the shape (the wave and fill rules
     off: the vectors' grids are far smaller than the GPU, so the default rules never choose it there),
     through the masked_block and draft_layer vectors: no FAIL or ERROR, as on cuBLAS, and the kernel ran.
-    A fresh backend, so no workspace made under other switches is reused (added after the session v11
-    review: until then only the full geometry's B1 cases ran the block on fast_gemv)."""
-    import kernels_cu.fast_gemv as fg
+    A fresh backend with these options."""
+    from kernels_cu.fast import FastOptions
+    from kernels_cu.fast import gemv as fg
 
-    monkeypatch.setattr(fg, "MIN_FILL", 0.0)
-    monkeypatch.setattr(fg, "MAX_WAVES", float("inf"))
     ran = []
     real = fg.gemv_into
 
-    def spy(x, w, out):
-        ok = real(x, w, out)
+    def spy(x, w, out, options):
+        ok = real(x, w, out, options)
         ran.append((ok, tuple(out.shape)))
         return ok
 
     monkeypatch.setattr(fg, "gemv_into", spy)
     real_act = fg.act_into
 
-    def spy_act(x, w, act):
-        ok = real_act(x, w, act)
+    def spy_act(x, w, act, options):
+        ok = real_act(x, w, act, options)
         ran.append((ok, ("act", *act.shape)))
         return ok
 
     monkeypatch.setattr(fg, "act_into", spy_act)
-    block_suite_clean()
+    block_suite_clean(FastOptions(gemv_min_fill=0.0, gemv_max_waves=float("inf")))
     assert any(ok for ok, _ in ran), f"fast_gemv never ran: {ran[:5]}"
     assert any(ok and shape[0] == "act" for ok, shape in ran), f"the SiLU-mul form never ran: {ran[:5]}"

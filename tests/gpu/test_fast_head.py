@@ -1,4 +1,4 @@
-"""The head GEMM with the top-k in its epilogue (kernels_cu/fast_head.cu, fast_head.py) on a GPU.
+"""The head GEMM with the top-k in its epilogue (kernels_cu/fast/head.cu, fast/head.py) on a GPU.
 
 - Selection: the kernel's own logits (written to a dump array, the tests' switch) fed to a NumPy
   statement of C4 (tests/gpu/test_fast_topk.py's c4_topk) give exactly the fused path's ids, and its scores
@@ -7,15 +7,15 @@
   buffers overflow, Inf and NaN logits), vocab_size below the head's rows, k from 1 to 16, 1 to 128 rows,
   fewer eligible rows than k (id -1, score -inf), heads smaller than one tile a block.
 - Logits: within the FP32-accumulation bound of float64 (derived below).
-- Both kernels (fast_head_topk and the ping-pong fast_head_topk_pp, fast_head.PINGPONG) give the same logits; the
-  selection test runs the ping-pong kernel's v14 form (fast_head.SELECT_DEFINES) too.
+- Both kernels (fast_head_topk and the ping-pong fast_head_topk_pp, FastOptions.head_pingpong) give the same logits;
+  the selection test runs the ping-pong kernel's lane form and warp form at every row count.
 - Routing: FastCudaBackend.candidate_topk / proposal_head take the kernel where fast_head.applies, and
   give what the dump + C4 gives; a shortlist, k > 16 or more than 128 rows keeps the cuBLAS path.
 - Capture: with tensor maps made once in device memory (FastRound's workspaces) a captured launch gives the
   host-copy launch's top k and replays values written in place.
-- Shared thresholds (the lane form's, fast_head.cu HP_SHARED_THR): zeroed by each launch's last block (HP_CLEAN) or
-  by a memset before it, so a launch with maps made once never drops keys below an earlier launch's thresholds (and
-  the test fails where neither zeroes them).
+- Shared thresholds (the lane form's, fast/head.cu HP_SHARED_THR): zeroed by each launch's last block (HP_CLEAN),
+  so a launch with maps made once never drops keys below an earlier launch's thresholds (and the test fails on a
+  build without the zeroing).
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers. The kernel needs a
 compute-capability 9.0 GPU (wgmma): elsewhere these tests skip, saying so.
 """
@@ -31,7 +31,7 @@ from tests.gpu.test_fast_topk import c4_topk
 
 @pytest.fixture(scope="module")
 def fh(cupy):
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
 
     if not fast_head._device_ok():
         pytest.skip("fast_head needs a compute-capability 9.0 GPU with 226 KiB of shared memory a block (wgmma)")
@@ -77,7 +77,7 @@ def _inputs(kind: str, m: int, vr: int, h: int, seed: int):
 
 def _merged(cp, partial, vr, k, multiplier=0.0, softcap=0.0):
     """The blocks' lists merged (fast.py's merge_into): (ids, scores) on the host."""
-    from kernels_cu.fast import merge_into
+    from kernels_cu.fast.backend import merge_into
 
     m = partial.shape[0]
     scores, ids = cp.empty((m, k), np.float32), cp.empty((m, k), np.int32)
@@ -90,13 +90,15 @@ def _same_top_k(a, b) -> bool:
     return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
-def _fused(cp, fh, xb, wb, n_elig, k, multiplier=0.0, softcap=0.0):
-    """fast.py's fused route (head_topk_into) by hand, with the dump: (ids, scores, logits)."""
+def _fused(cp, fh, xb, wb, n_elig, k, multiplier=0.0, softcap=0.0, options=None):
+    """The backend's fused route (head_topk_into) by hand, with the dump: (ids, scores, logits)."""
+    from kernels_cu.fast import DEFAULT_OPTIONS
+
     x, w = cp.asarray(xb), cp.asarray(wb)
     m, vr = x.shape[0], w.shape[0]
     dump = cp.full((m, vr), np.nan, np.float32)
     partial = cp.zeros((m, fh.grid(vr), k), np.uint64)
-    fh.topk_partial_into(x, w, n_elig, k, partial, dump)
+    fh.topk_partial_into(x, w, n_elig, k, partial, dump, options=options or DEFAULT_OPTIONS)
     return (*_merged(cp, partial, vr, k, multiplier, softcap), cp.asnumpy(dump))
 
 
@@ -116,20 +118,18 @@ CASES = [  # (kind, M, Vr, H, k, n_elig)
 ]
 
 
-@pytest.mark.parametrize(("pingpong", "select"), [(False, ()), (True, ()), (True, (("HP_WARP_ROWS", 1),)),
-                                                (True, (("HP_SHARED_THR", 0),))],
-                         ids=["single", "pingpong", "pingpong_warp_rows", "pingpong_own_thresholds"])
+@pytest.mark.parametrize("form", ["single", "pingpong", "pingpong_warp_rows"])
 @pytest.mark.parametrize(("kind", "m", "vr", "h", "k", "n_elig"), CASES)
-def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, monkeypatch, kind, m, vr, h, k, n_elig, pingpong, select):
-    """Both kernels: fast_head_topk and the ping-pong fast_head_topk_pp (fast_head.PINGPONG), the latter with its
-    default selection (a lane a hidden row, thresholds shared between the blocks), v14's (a warp a hidden row:
-    fast_head.SELECT_DEFINES, round_ab's head_warp_rows) and the lane form with each block's own thresholds only
-    (HP_SHARED_THR 0, sessions v15-v17)."""
-    monkeypatch.setattr(fh, "PINGPONG", pingpong)
-    monkeypatch.setattr(fh, "SELECT_DEFINES", select)
-    monkeypatch.setattr(fh, "WARP_FORM_MAX_ROWS", 0)  # the lane form at few rows too (the Ops route the warp form)
+def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, kind, m, vr, h, k, n_elig, form):
+    """Both kernels: fast_head_topk and the ping-pong fast_head_topk_pp (FastOptions.head_pingpong), the latter with
+    the lane form (a lane a hidden row, thresholds shared between the blocks) at every row count and with the warp
+    form (a warp a hidden row) at every row count (head_warp_form_max_rows 0 / 128; the Ops switch at 8 rows)."""
+    from kernels_cu.fast import FastOptions
+
+    options = {"single": FastOptions(head_pingpong=False), "pingpong": FastOptions(head_warp_form_max_rows=0),
+               "pingpong_warp_rows": FastOptions(head_warp_form_max_rows=128)}[form]
     xb, wb = _inputs(kind, m, vr, h, seed=m * 7919 + vr)
-    ids, scores, z = _fused(cupy, fh, xb, wb, n_elig, k)
+    ids, scores, z = _fused(cupy, fh, xb, wb, n_elig, k, options=options)
     assert not np.isnan(z).all(axis=1).any(), "the dump missed whole rows"
     for n in range(m):
         ref_ids, ref_scores = c4_topk(z[n], k, n_elig)
@@ -142,15 +142,16 @@ def test_fused_selection_is_c4_on_its_own_logits(cupy, fh, monkeypatch, kind, m,
 @pytest.mark.parametrize("pingpong", [False, True], ids=["single", "pingpong"])
 @pytest.mark.parametrize(("kind", "m", "vr", "h"), [("gauss", 120, 60_000, 512), ("gauss", 7, 20_000, 2048),
                                                      ("grid", 128, 30_000, 256)])
-def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, monkeypatch, kind, m, vr, h, pingpong):
+def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, kind, m, vr, h, pingpong):
     """Each logit sums h exact products (BF16 x BF16 fits FP32) in FP32. Whatever the order and grouping, and
     with every addition rounded toward zero (NVIDIA tensor cores have been measured to truncate when they align
     and add: Fasi, Higham, Mikaitis, Pranesh 2021), |fl - exact| <= gamma_h sum |x||w| with unit 2^-23,
     gamma_h = h u / (1 - h u). Integer grids are exact (every partial sum an integer below 2^24). The two kernels
     run the same wgmma chain per logit, so their logits are the same bits."""
-    monkeypatch.setattr(fh, "PINGPONG", pingpong)
+    from kernels_cu.fast import FastOptions
+
     xb, wb = _inputs(kind, m, vr, h, seed=3)
-    _, _, z = _fused(cupy, fh, xb, wb, vr, 1)
+    _, _, z = _fused(cupy, fh, xb, wb, vr, 1, options=FastOptions(head_pingpong=pingpong))
     xf, wf = _f64(xb), _f64(wb)
     exact = xf @ wf.T
     u = 2.0**-23
@@ -160,19 +161,18 @@ def test_fused_logits_within_fp32_accumulation_bound(cupy, fh, monkeypatch, kind
     if kind == "grid":
         assert np.array_equal(z, exact)
     if pingpong:  # against the other kernel's logits, once a case
-        monkeypatch.setattr(fh, "PINGPONG", False)
-        assert np.array_equal(_fused(cupy, fh, xb, wb, vr, 1)[2], z, equal_nan=True)
+        single = FastOptions(head_pingpong=False)
+        assert np.array_equal(_fused(cupy, fh, xb, wb, vr, 1, options=single)[2], z, equal_nan=True)
 
 
 def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, monkeypatch):
-    """The Ops take the fused kernel where it applies (a spy counts the launches; MAX_ROWS opened to both Ops here,
-    fast_head.py's defaults route by measured speed) and return what its logits give under C4, the multiplier and
+    """The Ops take the fused kernel where it applies (a spy counts the launches; the default options route both Ops
+    there at 15 rows) and return what its logits give under C4, the multiplier and
     softcap applied to the selected logits in double as the merge does."""
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
     from kernels_cu.fast import FastCudaBackend
 
     cp = cupy
-    monkeypatch.setattr(fast_head, "MAX_ROWS", {"candidate_topk": 128, "proposal_head": 128})
     calls = []
     real = fast_head.topk_partial_into
     monkeypatch.setattr(fast_head, "topk_partial_into", lambda *a, **kw: (calls.append(a[0].shape), real(*a, **kw)))
@@ -198,7 +198,7 @@ def test_candidate_topk_and_proposal_head_route_through_the_kernel(cupy, fh, mon
 
 
 def test_shortlist_large_k_and_many_rows_keep_the_gemm_path(cupy, fh, monkeypatch):
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
     from kernels_cu.fast import FastCudaBackend
 
     cp = cupy
@@ -207,9 +207,9 @@ def test_shortlist_large_k_and_many_rows_keep_the_gemm_path(cupy, fh, monkeypatc
     xb, wb = _inputs("gauss", 4, 3000, 128, seed=5)
     hid, head = cp.asarray(xb), cp.asarray(wb)
     fast.candidate_topk(hidden=hid, head=head, vocab_size=3000, top_k=17)
-    many = cp.asarray(_inputs("gauss", fast_head.MAX_ROWS["candidate_topk"] + 1, 3000, 128, seed=6)[0])
+    many = cp.asarray(_inputs("gauss", fast.options.fused_head_max_rows_topk + 1, 3000, 128, seed=6)[0])
     fast.candidate_topk(hidden=many, head=head, vocab_size=3000, top_k=4)
-    if not fast_head.MAX_ROWS["proposal_head"]:
+    if not fast.options.fused_head_max_rows_proposal:
         fast.proposal_head(hidden=hid, head=head, vocab_size=3000)
     sl = cp.arange(3000, dtype=cp.int32)[::-1].copy()
     fast.candidate_topk(hidden=hid, head=head, vocab_size=3000, top_k=4, shortlist=sl)
@@ -269,32 +269,27 @@ def test_device_maps_make_the_launch_capturable_with_the_same_top_k(cupy, fh):
         fh.topk_partial_into(x, w, elig, k, out, maps=cp.zeros(32, cp.uint64))
 
 
-@pytest.mark.parametrize("clean,sound", [(True, True), (False, True), (False, False)],
-                         ids=["kernel_cleans", "memset_before_launch", "mutant_neither"])
-def test_shared_thresholds_do_not_outlive_a_launch(cupy, fh, monkeypatch, clean, sound):
+@pytest.mark.parametrize("sound", [True, False], ids=["kernel_cleans", "mutant_no_zeroing"])
+def test_shared_thresholds_do_not_outlive_a_launch(cupy, fh, sound):
     """Maps made once (FastRound's) carry the shared thresholds from launch to launch: the kernel's last block zeroes
-    them at its end (fast_head.CLEAN, the default; fast_head.cu HP_CLEAN), or, with CLEAN off, a memset does before
-    each launch (v18's way). Launches alternate hidden rows 4096 times larger and smaller through the same maps; each
-    must give its rows' own top k (as a launch with maps made anew). With neither (the mutant: CLEAN off and the memset
-    replaced) the large rows' thresholds are above every small logit and a small launch's lists come back empty: the
-    check fails, so it can."""
+    them at its end (fast/head.cu HP_CLEAN). Launches alternate hidden rows 4096 times larger and smaller through the
+    same maps; each must give its rows' own top k (as a launch with maps made anew). The mutant is the kernel built
+    with HP_CLEAN 0 (no zeroing): the large rows' thresholds are above every small logit and a small launch's lists
+    come back empty, so the check fails: it can."""
     cp = cupy
-    monkeypatch.setattr(fh, "CLEAN", clean)
-    if not sound:
-        monkeypatch.setattr(fh, "_zero_shared_thresholds", lambda gthr: None)
-    m, vr, h, k, elig = 24, 60_000, 256, 8, 60_000  # 24 rows: the lane form (above WARP_FORM_MAX_ROWS)
+    m, vr, h, k, elig = 24, 60_000, 256, 8, 60_000  # 24 rows: the lane form (above head_warp_form_max_rows)
     xs, wb = _inputs("gauss", m, vr, h, seed=5)
     x_small = _bits(_f64(xs) / 64.0)
     x_large = _bits(_f64(xs) * 64.0)
     x, w = cp.asarray(x_large), cp.asarray(wb)
     g = fh.grid(vr)
     maps = fh.device_maps(x, w)
+    n = fh.n_for(m)
+    mutant = fh._kernel(n, fh.select_defines(m) + (("HP_CLEAN", 0),), None, True)[1]
 
     def own_top_k():
         fresh = cp.zeros((m, g, k), cp.uint64)
-        with monkeypatch.context() as mp:  # the reference: the default kernel on maps of its own
-            mp.setattr(fh, "CLEAN", True)
-            fh.topk_partial_into(x, w, elig, k, fresh, maps=fh.device_maps(x, w))
+        fh.topk_partial_into(x, w, elig, k, fresh, maps=fh.device_maps(x, w))  # the default kernel, maps of its own
         return _merged(cp, fresh, vr, k)
 
     def each_launch_is_its_own():
@@ -302,11 +297,14 @@ def test_shared_thresholds_do_not_outlive_a_launch(cupy, fh, monkeypatch, clean,
         for rows in (x_large, x_small, x_large, x_small):
             out = cp.zeros((m, g, k), cp.uint64)
             x[...] = cp.asarray(rows)
-            fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+            if sound:
+                fh.topk_partial_into(x, w, elig, k, out, maps=maps)
+            else:
+                fh.launch(mutant, n, x, w, elig, k, out, None, fh.smem_bytes_pp(n), fh.PP_THREADS, maps)
             want = own_top_k()
             assert (want[0] >= 0).all()
             ok = ok and _same_top_k(_merged(cp, out, vr, k), want)
-        if clean:  # the kernel left the thresholds and its count at zero
+        if sound:  # the kernel left the thresholds and its count at zero
             ok = ok and not maps[fh.MAP_WORDS:].any()
         return ok
 

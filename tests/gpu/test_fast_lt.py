@@ -1,4 +1,4 @@
-"""kernels_cu/fast_lt.py on a GPU (issue 12): the head GEMM on a timed cuBLASLt algorithm.
+"""kernels_cu/fast/lt.py on a GPU : the head GEMM on a timed cuBLASLt algorithm.
 
 - every algorithm the heuristic offers (FP32 reductions only) computes x @ w^T within the FP32
   summation bound of the float64 product, in any order: BF16 x BF16 products are exact in FP32, so
@@ -32,9 +32,9 @@ U = 2.0**-24
 
 @pytest.fixture(scope="module", params=[(7, 65536, 2048), (120, 32768, 5120)], ids=["M7", "M120"])
 def case(cupy, request):
-    from kernels_cu.fast_block import CaptureGemm
-    from kernels_cu.fast_gemm import gemm_bf16
-    from kernels_cu.fast_lt import LtGemm
+    from kernels_cu.fast.block import CaptureGemm
+    from kernels_cu.fast.gemm import gemm_bf16
+    from kernels_cu.fast.lt import LtGemm
 
     M, N, K = request.param
     gemm_bf16(cupy.zeros((2, 8), np.uint16), cupy.zeros((2, 8), np.uint16))  # loads libcublas (and Lt)
@@ -110,10 +110,10 @@ def test_tuned_call_gives_the_chosen_paths_bits_eager_and_replayed(cupy, case):
 
 
 def test_round_environment_names_the_head_policy(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     rec = FastRound().environment()
-    assert "HEAD_LT=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
+    assert "round_head_lt=" in rec["fast_round_head"] and "cuBLASLt" in rec["fast_round_head"]
 
 
 def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypatch):
@@ -121,13 +121,12 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
     tuning forced onto a cuBLASLt algorithm (margin -1: any algorithm under twice gemmEx's time is kept),
     tunes the shape once and returns the float64 argmax on every row whose top-2 margin exceeds twice the
     FP32 summation bound; the second call reuses the tuning and gives the same ids."""
-    from kernels_cu import fast_head, fast_lt
-    from kernels_cu.fast import FastCudaBackend
+    from kernels_cu.fast import FastCudaBackend, FastOptions
+    from kernels_cu.fast import lt as fast_lt
 
     monkeypatch.setattr(fast_lt, "MARGIN", -1.0)
-    monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 7, 65536, 2048
-    be = FastCudaBackend()
+    be = FastCudaBackend(options=FastOptions(fused_head=False))  # the GEMM path (the fused head takes these rows)
     hh, wh = _bits(4, (M, K)), _bits(5, (N, K))
     assert wh.nbytes >= fast_lt.MIN_BYTES
     head = cupy.asarray(wh)
@@ -149,9 +148,9 @@ def test_proposal_head_on_the_tuned_gemm_gives_the_float64_argmax(cupy, monkeypa
 def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatch):
     """A cuBLASLt failure (here: the tuning raises) leaves the shape on gemmEx: the ids are gemmEx's, the
     error is recorded, and the next call does not try again."""
-    from kernels_cu import fast_head, fast_lt
-    from kernels_cu.fast import FastCudaBackend
-    from kernels_cu.fast_gemm import gemm_bf16
+    from kernels_cu.fast import FastCudaBackend, FastOptions
+    from kernels_cu.fast import lt as fast_lt
+    from kernels_cu.fast.gemm import gemm_bf16
 
     calls = []
 
@@ -160,10 +159,9 @@ def test_proposal_head_falls_back_to_gemmex_when_cublaslt_fails(cupy, monkeypatc
         raise RuntimeError("LtGemm: cublasLtMatmul returned cuBLAS status 7")
 
     monkeypatch.setattr(fast_lt.LtGemm, "tune", broken)
-    monkeypatch.setattr(fast_head, "ENABLED", False)  # the GEMM path (the fused head takes these rows since v14)
     M, N, K = 3, 65536, 2048
     hh, wh = cupy.asarray(_bits(6, (M, K))), cupy.asarray(_bits(7, (N, K)))
-    be = FastCudaBackend()
+    be = FastCudaBackend(options=FastOptions(fused_head=False))  # the GEMM path (the fused head takes these rows)
     for _ in range(2):
         ids = cupy.asnumpy(be.proposal_head(hidden=hh, head=wh, vocab_size=N)["tokens"])
         ref = cupy.asnumpy(gemm_bf16(hh, wh).argmax(axis=1))

@@ -1,4 +1,4 @@
-"""kernels_cu/fast_round.py on a GPU (issue 12): the proposal round's device part as one CUDA graph
+"""kernels_cu/fast/round.py on a GPU: the proposal round's device part as one CUDA graph
 per (B, W).
 
 - the suite over the committed proposal_round vectors with ``FastRound`` (every device part through
@@ -67,21 +67,21 @@ def _same_bits(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def rnd(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     return FastRound()
 
 
 @pytest.fixture(scope="module")
 def per_op(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     return FastRound(graph=False)
 
 
 @pytest.fixture(scope="module")
 def exact(cupy):
-    from kernels_cu.round import CudaRound
+    from kernels_cu.exact.round import CudaRound
 
     return CudaRound()
 
@@ -143,16 +143,16 @@ def _equal(a, b):
 
 @pytest.mark.parametrize("launch_order_rows", [None, 0], ids=["default", "launch_order_always"])
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
-def test_replay_equals_eager_and_follows_new_inputs(cupy, monkeypatch, variant, launch_order_rows):
+def test_replay_equals_eager_and_follows_new_inputs(cupy, variant, launch_order_rows):
     """launch_order_always: the graph's PDL edges relaxed to launch order at these small shapes too
-    (fast_round.LAUNCH_ORDER_MIN_ROWS 0; by default only blocks of 64+ rows get it)."""
-    from kernels_cu import fast_round, pdl
-    from kernels_cu.fast_round import FastRound
+    (FastOptions.launch_order_min_rows 0; by default only blocks of 64+ rows get it)."""
+    from kernels_cu import pdl
+    from kernels_cu.fast import FastOptions
+    from kernels_cu.fast.round import FastRound
 
-    if launch_order_rows is not None:
-        monkeypatch.setattr(fast_round, "LAUNCH_ORDER_MIN_ROWS", launch_order_rows)
     cp = cupy
-    rnd = FastRound()
+    opts = FastOptions() if launch_order_rows is None else FastOptions(launch_order_min_rows=launch_order_rows)
+    rnd = FastRound(options=opts)
     vec = BY_VARIANT[variant]
     args = _step_inputs(rnd, vec)
     eager = _snap(rnd.step(**args, graph=False))
@@ -176,7 +176,7 @@ def test_replay_equals_eager_and_follows_new_inputs(cupy, monkeypatch, variant, 
 
 
 def test_new_batch_shape_captures_its_own_graph(cupy):
-    from kernels_cu.fast_round import FastRound
+    from kernels_cu.fast.round import FastRound
 
     cp = cupy
     rnd = FastRound()
@@ -204,57 +204,41 @@ def test_new_batch_shape_captures_its_own_graph(cupy):
     assert _equal(_snap(rnd.step(**args)), base) and rnd.last_path == "graph"
 
 
-def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy, monkeypatch):
-    """FastRound's graph keeps the fused head's tensor maps and shared thresholds (fast_head.cu HP_SHARED_THR) from
-    replay to replay; the kernel's last block zeroes the thresholds at its end (fast_head.CLEAN), with no memset in the
-    graph. Replays alternating two inputs (anchors A, B) must each equal that input's eager step. The committed round
-    vectors have H 32, which the fused head does not take, so this runs the 35B geometry's round (random weights, as
-    benchmarks/round_ab.py) at B2 W8: 14 hidden rows, the lane form, which shares thresholds; the thresholds and the
-    kernel's count must end at zero. With neither the kernel's zeroing nor a memset (the mutant: CLEAN off and the
-    memset replaced, its graph captured anew) a replay keeps the other input's thresholds (each row's best logit: the
-    proposal head's k is 1) and loses the rows whose best is below them: the check fails, so it can."""
-    torch = pytest.importorskip("torch", reason="the round's random full-width weights are built with torch")
-    from benchmarks.gpu_bench import round_drafter, round_inputs
+def test_round_replays_do_not_share_the_fused_heads_thresholds(cupy):
+    """FastRound's graph keeps the fused head's tensor maps and shared thresholds (fast/head.cu HP_SHARED_THR) from
+    replay to replay; the kernel's last block zeroes the thresholds at its end, with no memset in the graph. Replays
+    alternating two inputs (anchors A, B) must each equal that input's eager step. The committed round vectors have
+    H 32, which the fused head does not take, so this runs the 35B geometry's round (random weights) at B2 W8: 14
+    hidden rows, the lane form, which shares thresholds; the thresholds and the kernel's count must end at zero (a
+    replay that kept the other input's thresholds would lose the rows whose best logit is below them)."""
     from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
-    from kernels_cu import fast_head
+    from kernels_cu.fast import head as fast_head
     from reference.config import PRESETS
+    from tests.gpu.round_setup import random_round, random_round_inputs
 
     cp = cupy
     cfg = PRESETS[GEOMETRIES["dflash-35b-a3b"]]
     b, w = 2, 8
-    fr = round_drafter(cp, torch, cfg)[0]
-    kw, _ = round_inputs(cp, torch, cfg, b, w, 4096)
+    fr, _ = random_round(cp, cfg)
+    kw = random_round_inputs(cp, cfg, b, w, 4096)
     cap = _capacity(cfg, 4096)
-    V = cfg.vocab_size - PUBLIC_VOCAB_MARGIN  # the anchors' range (round_inputs')
-    want = {}
-
-    def replays_are_their_own() -> bool:
-        fr._ws.clear()  # a new workspace: new maps, a new graph
+    V = cfg.vocab_size - PUBLIC_VOCAB_MARGIN  # the anchors' range
+    try:
         ws = fr.workspace(b, w, cap)
         if not ws.fused:
             pytest.skip("the fused head does not take the 35B head here (fast_head.applies)")
-        assert b * (w - 1) > fast_head.WARP_FORM_MAX_ROWS  # the lane form: the one that shares thresholds
+        assert b * (w - 1) > fr.options.head_warp_form_max_rows  # the lane form: the one that shares thresholds
         fr.step(**kw, graph=False)  # copies the rings in
         args = {"A": dict(kw, context_k=ws.ck, context_v=ws.cv)}
         args["B"] = dict(args["A"], anchor=(args["A"]["anchor"] + 1) % V)
-        if not want:  # the sound kernel's eager steps, once
-            want.update({n: _snap(fr.step(**a, graph=False)) for n, a in args.items()})
-            # the rows differ, so their best logits do (the tokens of random weights may not)
-            assert not np.array_equal(want["A"]["hidden"], want["B"]["hidden"])
+        want = {n: _snap(fr.step(**a, graph=False)) for n, a in args.items()}
+        # the rows differ, so their best logits do (the tokens of random weights may not)
+        assert not np.array_equal(want["A"]["hidden"], want["B"]["hidden"])
         fr.step(**args["A"])  # the capture
-        same = []
         for n in "BABA":
-            same.append(_equal(_snap(fr.step(**args[n])), want[n]))
+            assert _equal(_snap(fr.step(**args[n])), want[n]), n
             assert fr.last_path == "graph"
-        if fast_head.CLEAN:  # the kernel left the thresholds and its count at zero
-            assert not ws.fh_maps[fast_head.MAP_WORDS:].any()
-        return all(same)
-
-    try:
-        assert replays_are_their_own()
-        monkeypatch.setattr(fast_head, "CLEAN", False)
-        monkeypatch.setattr(fast_head, "_zero_shared_thresholds", lambda gthr: None)
-        assert not replays_are_their_own(), "stale thresholds went unnoticed: the check above cannot fail"
+        assert not ws.fh_maps[fast_head.MAP_WORDS:].any()  # the kernel left the thresholds and its count at zero
     finally:
         fr.drop()
         cp.cuda.Device().synchronize()

@@ -1,4 +1,4 @@
-"""kernels_cu/fast_selector.cu on a GPU: the fast DFlash2 selector against the exact mode's kernels
+"""kernels_cu/fast/selector.cu on a GPU: the fast DFlash2 selector against the exact mode's kernels
 (select.cu bf16_rowdot and selector_walk, launched through fast_round's exact=True path), bit for bit.
 
 - fast_rowdot_*: g = BF16(x @ w.T) equals bf16_rowdot's bits (and the fp32 variant its fp32 out, any
@@ -9,7 +9,7 @@
   fast_rowdot_l, at H 5120 only: H % 8 != 0 is not run), and on hand-built rows whose exact sum is a
   BF16 midpoint (ties to even), just off one, subnormal, past the largest BF16, signed zeros, inf
   and NaN. Why equality is expected although the double sum runs in another order:
-  fast_selector.cu's header (every product is exact in double; the two sums differ by ~2^-53
+  fast/selector.cu's header (every product is exact in double; the two sums differ by ~2^-53
   relative, so the one BF16 rounding agrees except when the exact sum lies within that of a rounding
   boundary; the hand-built rows are sums that are exact in double in any order, so both round the
   same value). Repeated launches give identical bits (the cluster reduction adds in a fixed order).
@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels_cu import fast_round as fr
-from kernels_cu import fast_selector as fs
+from kernels_cu.fast import round as fr
+from kernels_cu.fast import selector as fs
 
 EDGE_SEEDS = [0, 2**32 - 1, 2**32, 2**64 - 1]
 
@@ -53,7 +53,7 @@ def exact_bits(values) -> np.ndarray:
 
 def _rowdots(cupy, x, w, *, bits_out=True, kernel=None):
     """(fast, exact) outputs of x @ w.T for device BF16 bits."""
-    from kernels_cu.ops_select import _rowdot
+    from kernels_cu.exact.select import _rowdot
 
     M, N = x.shape[0], w.shape[0]
     dtype = np.uint16 if bits_out else np.float32

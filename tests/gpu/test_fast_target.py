@@ -1,7 +1,7 @@
-"""The fast target_distribution (kernels_cu/fast_target.cu) on a GPU, both paths: the split path
+"""The fast target_distribution (kernels_cu/fast/target_distribution.cu) on a GPU, both paths: the split path
 (few rows, each row cut over many blocks: ftd_split_*) and the single-block kernel
 (fast_target_distribution_rows). Both must give the exact mode's probabilities bit for bit
-(kernels_cu/accept.cu target_distribution_rows), over mixed filters (top-k, top-p, min-p,
+(kernels_cu/exact/accept.cu target_distribution_rows), over mixed filters (top-k, top-p, min-p,
 penalties, temperature including greedy), massive ties (bins too full to compact: the split
 path's radix fallback), rows with no finite logit, and repeated calls.
 Marked ``gpu`` by tests/gpu/conftest.py; skipped with the reason where no GPU answers."""
@@ -65,13 +65,13 @@ def _case(cp, n, vr, seed, ties=False, configs=None, dead_row=None):
 
 def _run(fast, kw, split: bool | None):
     """split None: the default dispatch; True / False: force the split / single-block path."""
-    keep = fast.target_split_max_rows
+    keep = fast.options
     try:
         if split is not None:
-            fast.target_split_max_rows = 1 << 30 if split else 0
+            fast.options = keep.replace(target_split_max_rows=1 << 30 if split else 0)
         return fast.target_distribution(**kw)["probs"]
     finally:
-        fast.target_split_max_rows = keep
+        fast.options = keep
 
 
 def _assert_same(cp, a, b, what):
@@ -114,7 +114,7 @@ def test_one_row_every_config(cupy, fast, backend, vr, ties):
 
 
 def test_split_plan_fills_the_gpu_at_few_rows():
-    from kernels_cu.fast import _ftd_split_plan
+    from kernels_cu.fast.backend import _ftd_split_plan
 
     p = _ftd_split_plan(8, 248320)
     assert 8 * p["C"] >= 132 and 8 * p["HC"] >= 132

@@ -1,4 +1,4 @@
-"""The fast mode's split top-k (kernels_cu.fast.topk_into, fast_select.cu) against a NumPy
+"""The fast mode's split top-k (kernels_cu.fast.topk_into, fast/topk.cu) against a NumPy
 statement of the C4 order on adversarial rows: exact ties everywhere (values on a coarse grid),
 NaN and -inf logits, -0 next to +0, rows sorted ascending and descending (the warp's k-th-key
 threshold's worst and best case), ids cut at vocab_size, a shortlist, widths that are not a multiple
@@ -58,42 +58,40 @@ def _rows(rng, kind: str, m: int, vr: int) -> np.ndarray:
 
 
 @pytest.fixture(params=["bound", "vec", "warp"])
-def kernels(request, monkeypatch):
+def kernels(request):
     """The kernel sets where k <= 32: "bound" (fast_topk_bound's per-row bound, then
     fast_topk_partial_vec where it applies, and fast_topk_merge_warp: what the Ops and FastRound run),
     "vec" (the same without the bound) and "warp" (fast_topk_partial_warp and fast_topk_merge, the
-    v5 kernels)."""
-    from kernels_cu import fast
+    per-thread-list merge), each as FastOptions."""
+    from kernels_cu.fast import FastOptions
 
     on = request.param != "warp"
-    monkeypatch.setattr(fast, "TOPK_VEC", on)
-    monkeypatch.setattr(fast, "TOPK_MERGE_WARP", on)
-    return request.param
+    return request.param, FastOptions(topk_vec=on, topk_merge_warp=on)
 
 
 def _bound(cp, kernels, m):
-    return cp.empty(m, dtype=np.uint64) if kernels == "bound" else None
+    return cp.empty(m, dtype=np.uint64) if kernels[0] == "bound" else None
 
 
 @pytest.mark.parametrize("kind", ["gauss", "grid", "ascending", "descending", "nan_inf"])
 @pytest.mark.parametrize(("m", "vr"), [(1, 248320), (7, 248320), (32, 248320), (33, 50001), (120, 248320)])
 @pytest.mark.parametrize("k", [1, 16, 32, 40])
 def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
-    if k > 32 and kernels != "bound":
+    if k > 32 and kernels[0] != "bound":
         pytest.skip("k > 32 runs the per-thread-list kernels in every set")
     rng = np.random.default_rng(m * 1000 + k)
     z = _rows(rng, kind, m, vr)
     vocab = vr - 5
-    plan = fast.topk_plan(m, vr, k)
+    plan = fast.topk_plan(m, vr, k, kernels[1])
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
     zd = cp.asarray(z)
     # the vector kernel runs exactly where it should: k <= 32, no shortlist, rows of 4n floats
-    assert fast.topk_vec_applies(zd, None, k) == (kernels != "warp" and k <= 32 and vr % 4 == 0)
-    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m))
+    assert fast.topk_vec_applies(zd, None, k, kernels[1]) == (kernels[0] != "warp" and k <= 32 and vr % 4 == 0)
+    fast.topk_into(zd, None, vocab, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m), kernels[1])
     ids, scores = ids.get(), scores.get()
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vocab)
@@ -105,18 +103,18 @@ def test_topk_into_equals_the_c4_order(cupy, kernels, kind, m, vr, k):
 
 @pytest.mark.parametrize("k", [1, 16])
 def test_topk_into_with_a_shortlist(cupy, kernels, k):
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     rng = np.random.default_rng(5)
     m, vr, vocab = 9, 30000, 100000
     z = _rows(rng, "grid", m, vr)
     shortlist = rng.permutation(vocab + 50)[:vr].astype(np.int32)  # some ids >= vocab_size
-    plan = fast.topk_plan(m, vr, k)
+    plan = fast.topk_plan(m, vr, k, kernels[1])
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
     fast.topk_into(cp.asarray(z), cp.asarray(shortlist), vocab, k, 0.0, 0.0, partial, scores, ids,
-                   _bound(cp, kernels, m))
+                   _bound(cp, kernels, m), kernels[1])
     for r in range(m):
         want_ids, _ = c4_topk(z[r], k, vocab, shortlist)
         assert np.array_equal(ids.get()[r], want_ids), r
@@ -126,7 +124,7 @@ def test_topk_into_with_a_shortlist(cupy, kernels, k):
 def test_topk_into_on_a_misaligned_array(cupy, kernels, k):
     """Logits 4 bytes off a 16-byte boundary (a view into a larger buffer): the vector kernel's
     16-byte loads do not apply, the warp kernel runs, and the result is still the C4 order."""
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     rng = np.random.default_rng(11)
@@ -135,11 +133,11 @@ def test_topk_into_on_a_misaligned_array(cupy, kernels, k):
     buf = cp.empty(m * vr + 1, dtype=np.float32)
     zd = buf[1:].reshape(m, vr)
     zd[...] = cp.asarray(z)
-    assert zd.data.ptr % 16 != 0 and not fast.topk_vec_applies(zd, None, k)
-    plan = fast.topk_plan(m, vr, k)
+    assert zd.data.ptr % 16 != 0 and not fast.topk_vec_applies(zd, None, k, kernels[1])
+    plan = fast.topk_plan(m, vr, k, kernels[1])
     partial = cp.empty((m, plan[4], k), dtype=np.uint64)
     scores, ids = cp.empty((m, k), dtype=np.float32), cp.empty((m, k), dtype=np.int32)
-    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m))
+    fast.topk_into(zd, None, vr, k, 0.0, 0.0, partial, scores, ids, _bound(cp, kernels, m), kernels[1])
     for r in range(m):
         want_ids, want_scores = c4_topk(z[r], k, vr)
         assert np.array_equal(ids.get()[r], want_ids), r
@@ -161,13 +159,13 @@ def test_topk_bound_is_at_most_the_rows_kth_key(cupy, kind, vr, vocab, k):
     """fast_topk_bound's per-row bound is a key at or below the row's k-th best (the column it names
     ranks k-th or later in the C4 order: the filter `key >= bound` keeps every key of the top k), or 0
     (no bound) where fewer than k columns exist; on Gaussian rows it is selective (the case it is for)."""
-    from kernels_cu import fast
+    from kernels_cu.fast import backend as fast
 
     cp = cupy
     m = 5
     z = _rows(np.random.default_rng(vr + k), kind, m, vr)
     bound = cp.empty(m, dtype=np.uint64)
-    fast._fn("fast_select", "fast_topk_bound")((m,), (fast._FT_THREADS,), (cp.asarray(z), np.int32(m), np.int32(vr),
+    fast._fn("fast/topk", "fast_topk_bound")((m,), (fast._FT_THREADS,), (cp.asarray(z), np.int32(m), np.int32(vr),
                                                                            np.int32(vocab), np.int32(k), bound))
     for r, b in enumerate(bound.get().tolist()):
         order = _c4_rank_keys(z[r], vocab)

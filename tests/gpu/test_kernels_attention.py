@@ -1,4 +1,4 @@
-"""GPU: the attention-path kernels (kernels_cu.ops_attention via CudaBackend) against the float64
+"""GPU: the attention-path kernels (kernels_cu.exact.attention via CudaBackend) against the float64
 reference, with bounds derived from the float32 baseline (CONTRACTS C2).
 
 For each case the reference runs twice on the same inputs: in float64 (the expected values) and
@@ -17,7 +17,7 @@ Cases: every ``generate()`` case of conformance/cases/<op>.py that exists, plus 
 cases here for what the kernels add (ring wrap, 2^31/2^32 positions, tail extents, shortlist,
 both layer variants, composed blocks), plus hypothesis sweeps of the mask boundaries. When
 DFLASH_GPU_RESULTS names a file, every comparison's numbers and the backend's environment are
-written there as JSON (the source of docs/reports/h200-kernels-attention.md).
+written there as JSON.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def results_file():
     yield
     path = os.environ.get("DFLASH_GPU_RESULTS")
     if path:
-        from kernels_cu.backend import CudaBackend
+        from kernels_cu.exact.backend import CudaBackend
 
         with open(path, "w") as fh:
             json.dump({"environment": CudaBackend().environment(), "results": RESULTS}, fh, indent=1, default=str)
@@ -406,9 +406,9 @@ def _conversion_module(cupy, variant):
     from kernels_cu import loader
 
     if variant == "headers":
-        return loader.load_module("norm_rope")
-    src = (loader.KERNEL_DIR / "norm_rope.cu").read_text()
-    opts = (*loader.NVRTC_OPTIONS, f"-I{loader.KERNEL_DIR}", "-DDFLASH_NO_CUDA_FP_HEADERS")
+        return loader.load_module("exact/norm_rope")
+    src = loader.source_path("exact/norm_rope").read_text()
+    opts = (*loader.NVRTC_OPTIONS, *loader.include_options(), "-DDFLASH_NO_CUDA_FP_HEADERS")
     return cupy.RawModule(code=src, options=opts)
 
 
@@ -477,7 +477,7 @@ def test_represented_rounding_matches_numerics(cupy, variant):
 
 
 def test_16bit_expansions_are_exact(cupy):
-    from kernels_cu import ops_attention as ops
+    from kernels_cu.exact import attention as ops
 
     bits = np.arange(1 << 16, dtype=np.uint16)
     got = ops.f32(bits).get()
@@ -594,7 +594,7 @@ def test_context_kv_leaves_inputs_untouched(backend, cupy):
 def attention_kernel(request, monkeypatch):
     """Both attention kernels answer every draft_attention, draft_layer and masked_block case,
     so either may be the automatic choice (ops_attention.attention_kernel)."""
-    from kernels_cu import ops_attention
+    from kernels_cu.exact import attention as ops_attention
 
     monkeypatch.setattr(ops_attention, "ATTENTION_KERNEL", request.param)
     return request.param
@@ -642,7 +642,7 @@ def test_draft_attention(backend, attention_kernel):
 def test_draft_attention_wide_group_falls_back(backend):
     """Hq/Hk = 16 at D = 128 exceeds the gqa kernel's tiles: the automatic choice is the
     per-query-head kernel, and it answers within the bound."""
-    from kernels_cu import ops_attention
+    from kernels_cu.exact import attention as ops_attention
 
     assert ops_attention.attention_kernel(16, 1, 128) == "draft_attention_fwd"
     assert ops_attention.attention_kernel(32, 8, 128) == "draft_attention_gqa"  # both official geometries
@@ -724,7 +724,7 @@ def attention_geometry(draw):
 @given(geometry=attention_geometry())
 def test_draft_attention_property(backend, kernel, geometry):
     """Tail extents (live 1..W), window edges S-1/S, ring wrap and short contexts, GQA ratios 1..8."""
-    from kernels_cu import ops_attention
+    from kernels_cu.exact import attention as ops_attention
 
     kw, seed = geometry
     kwargs, masks = attention_case(seed, **kw)

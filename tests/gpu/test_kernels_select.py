@@ -1,4 +1,4 @@
-"""The selection / sampling / verification kernels (kernels_cu/ops_select.py) against the
+"""The selection / sampling / verification kernels (kernels_cu/exact/select.py) against the
 float64 reference, through the conformance harness's own comparison (CONTRACTS C2).
 
 Every case goes the way a golden vector does: ``generate.case_bytes`` runs the reference
@@ -12,7 +12,7 @@ Cases: every registered case of these Ops (conformance/cases/*.py), plus local o
 what those do not sweep (target_distribution and preview_commit have local specs while
 they have no case module), plus a few hypothesis draws per Op, plus kernel-only
 properties (batch-row permutation, determinism). With DFLASH_SELECT_REPORT set, the
-per-case results are written there as JSON for docs/reports/h200-kernels-select.md.
+per-case results are written there as JSON.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ _RESULTS: list = []
 
 
 def _impl():
-    from kernels_cu.ops_select import SelectionOps
+    from kernels_cu.exact.select import SelectionOps
 
     class SelectImpl(SelectionOps):
         array_module = "cupy"
-        name = "kernels_cu.ops_select.SelectionOps"
+        name = "kernels_cu.exact.select.SelectionOps"
 
     return SelectImpl()
 

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (kernels_cu/pdl.py, issue 12 session v10) on a GPU.
+"""Programmatic dependent launch (kernels_cu/pdl.py) on a GPU.
 
 - ``pdl.launch`` really overlaps: a probe kernel launched with it starts (globaltimer) before a
   producer kernel ahead of it, which calls launch_dependents and then spins, has finished; launched
@@ -154,30 +154,30 @@ def _attention_case(cp, b, w, window, seed):
 @pytest.mark.parametrize("inputs", ["bits", "f32"])
 @pytest.mark.parametrize("splits", [1, None])
 @pytest.mark.parametrize("shape", [(1, 8, 4096), (8, 16, 0)], ids=["B1W8_local", "B8W16_full"])
-def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, monkeypatch, shape, splits, inputs, stages):
+def test_attention_reads_q_k_v_only_after_the_wait(cupy, mod, shape, splits, inputs, stages):
     """BF16-bit q/k/v (the Op's) and FP32 ones holding BF16 values (the FP32 path), 2 and 4 K/V stages."""
-    from kernels_cu import fast_attention as fa
+    from kernels_cu.fast import FastOptions
+    from kernels_cu.fast import attention as fa
 
     cp = cupy
-    monkeypatch.setattr(fa, "SPLITS", splits)
-    monkeypatch.setattr(fa, "STAGES", stages)
+    opts = FastOptions(attention_splits=splits, attention_stages=stages)
     b, w, window = shape
     new, old, rest = _attention_case(cp, b, w, window, seed=[b, w])
     if inputs == "f32":
         new, old = ([(x.astype(np.uint32) << 16).view(np.float32) for x in xs] for xs in (new, old))
-    want = cp.asnumpy(fa.attention_fast(*new, *rest, f32_out=True, bf16_out=True, pdl=False)[0])
+    want = cp.asnumpy(fa.attention_fast(*new, *rest, f32_out=True, bf16_out=True, pdl=False, options=opts)[0])
     for last in range(3):  # only the last producer runs beside the attention: each of q, k, v in turn
         bufs = [x.copy() for x in old]
         for j in [j for j in range(3) if j != last] + [last]:
             _produce(cp, mod, new[j], bufs[j])
-        got = cp.asnumpy(fa.attention_fast(*bufs, *rest, f32_out=True, bf16_out=True, pdl=True)[0])
-        # the fast kernel, not the exact fallback; at B8 W16 with BF16 bits on an H200 its wgmma form (v17)
+        got = cp.asnumpy(fa.attention_fast(*bufs, *rest, f32_out=True, bf16_out=True, pdl=True, options=opts)[0])
+        # the fast kernel, not the exact fallback; at B8 W16 with BF16 bits on an H200 its wgmma form
         assert fa.last_path() in ("fast", "fast-wgmma"), fa.last_path()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"input {'qkv'[last]} read early"
 
 
 def test_glue_kernels_read_only_after_the_wait(cupy, mod):
-    from kernels_cu import fast_block as fb
+    from kernels_cu.fast import block as fb
 
     cp = cupy
     rng = np.random.default_rng(5)
@@ -250,9 +250,9 @@ def _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, junk,
 @pytest.mark.parametrize("form,M,N,K", [("plain", 8, 2048, 6144), ("plain", 16, 1280, 5120), ("act", 8, 12288, 2048)])
 def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form, M, N, K):
     """fast_gemv stages its weight rows before the wait (constants); x must be read, and the output (out, or act
-    for the SiLU-mul form of session v12 at the 35B [gate; up] shape) written, only after it. A producer that
+    for the SiLU-mul form at the 35B [gate; up] shape) written, only after it. A producer that
     triggers at once writes x (or garbage into the output) 20 ms later."""
-    from kernels_cu import fast_gemv
+    from kernels_cu.fast import gemv as fast_gemv
 
     cp = cupy
     rng = np.random.default_rng(11 if form == "plain" else 12)
@@ -262,25 +262,3 @@ def test_gemv_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, form,
     # NaN patterns as the late junk in the output
     junk = cp.full(out.shape, np.nan, np.float32) if form == "plain" else cp.full(out.shape, 0x7fc0, np.uint16)
     _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, junk, form)
-
-
-@pytest.mark.parametrize("M,N,K,blocks", [(128, 2048, 4096, None), (24, 384, 640, 7)])
-def test_wgemm_reads_x_and_writes_its_output_only_after_the_wait(cupy, mod, M, N, K, blocks):
-    """fast_wgemm (session v16) asks for its first weight stages before the wait (constants); x must be read, and
-    the output and its cut tiles' scratch written, only after it. A producer that triggers at once writes x (or
-    garbage into the output) 20 ms later."""
-    from kernels_cu import fast_wgemm
-
-    if not fast_wgemm._device_ok():
-        pytest.skip("fast_wgemm needs a compute-capability 9.0 GPU")
-    assert fast_wgemm.PDL, "fast_wgemm launched without PDL: this race check would be vacuous"
-    cp = cupy
-    rng = np.random.default_rng(13)
-    w, x, xb = (cp.asarray(gauss_bits(rng, shape)) for shape in ((N, K), (M, K), (M, K)))
-    out = cp.empty((M, N), np.float32)
-
-    def run(x_, w_, out_):
-        return fast_wgemm.gemm_into(x_, w_, out_, blocks=blocks)
-
-    _x_read_and_output_written_after_the_wait(cp, mod, run, w, x, xb, out, cp.full(out.shape, np.nan, np.float32),
-                                              "wgemm")

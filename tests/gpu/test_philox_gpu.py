@@ -1,4 +1,4 @@
-"""The GPU Philox4x32-10 (kernels_cu/philox.cuh) against Random123's known answers and
+"""The GPU Philox4x32-10 (kernels_cu/device/philox.cuh) against Random123's known answers and
 against reference/rng.py, bit for bit (CONTRACTS C3): the words, the keyed uniforms at
 the edges of the 64-bit seed and position, and the exponential race built on them."""
 
@@ -38,7 +38,7 @@ EDGE_POSITIONS = np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1, 2**32, 
 
 
 def _ops():
-    from kernels_cu import ops_select
+    from kernels_cu.exact import select as ops_select
 
     return ops_select
 

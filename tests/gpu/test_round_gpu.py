@@ -1,4 +1,4 @@
-"""kernels_cu/round.py on a GPU (issue 11 item 4): CudaRound, the CUDA backend with proposal_round
+"""kernels_cu/round.py on a GPU: CudaRound, the CUDA backend with proposal_round
 composed from its Op kernels.
 
 - over the committed proposal_round and speculative_step vectors it gives no FAIL and no ERROR
@@ -7,8 +7,8 @@ composed from its Op kernels.
 - greedy speculative decoding with its proposals (conformance/round_e2e.py) publishes exactly plain
   greedy decoding of the toy target for a few prompts at K = 1, 4, 15, both drafter kinds, with
   proposals accepted and rarely (near-ties only) different from the float64 round's.
-The full sweep (200 prompts, K 1..15) is `python -m conformance.round_e2e --impl cuda`
-(docs/reports/h200-round-e2e.md). Marked ``gpu`` by tests/gpu/conftest.py; skipped with the
+The full sweep (200 prompts, K 1..15) is `python -m conformance.round_e2e --impl cuda`.
+Marked ``gpu`` by tests/gpu/conftest.py; skipped with the
 reason where no GPU answers.
 """
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def cuda_round(cupy):
-    from kernels_cu.round import CudaRound
+    from kernels_cu.exact.round import CudaRound
 
     return CudaRound()
 
