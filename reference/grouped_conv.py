@@ -11,8 +11,10 @@ For a branch's normalized input X [B, W, H], groups of 16 channels
 ``prepare`` applies side 0 to X and emits the prepared input (BF16) and the
 side-1 delta (BF16). ``finish`` applies side 1 to the branch output Z using that
 represented delta: it never projects again. Column 0 has no preceding tap and
-nothing carries across calls. The coefficient is formed as (base + delta) and
-multiplied once; base*x + delta*x rounded separately is a known bug.
+nothing carries across calls. The reference forms the coefficient (base + delta) and
+multiplies once, in float64; base*x + delta*x with the products rounded separately, and a
+finish with the unrounded delta, are legitimate reformulations (CONTRACTS C2 v3: their
+room is in reference.magnitude.conv's s), not other results.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Running error magnitudes: the ``s`` of the accuracy envelope (CONTRACTS C2 v2).
+"""Running error magnitudes: the ``s`` of the accuracy envelope (CONTRACTS C2 v2, the conv as amended by v3).
 
 A represented output is ACCEPTABLE when |out_i - ref_i| <= K * u * s_i. This module
 computes s_i next to the value by forward running-error analysis: every tracked value
@@ -36,9 +36,32 @@ Rules, each one line of the analysis (every "+" between terms below is rss):
   rounded to BF16 for the PV product) + w_k S_k |V_k| + w_k S_k |out| + |out|, each over
   k, with S_k = rss_d(s_qd k_d, q_d s_kd) / sqrt(D) the score's magnitude from BF16 q and
   k; scores and row sums stay FP32 (no term of their own);
-- the grouped conv (base + delta) x: the coefficient rounds once, s_coef = s_delta +
-  |base + delta|; never |base x| + |delta x| (the separately rounded products are the
-  z-lab bug, which must stay visible).
+- the grouped conv, one tap (base + delta) x (CONTRACTS C2 v3): s = |x| s_delta +
+  |base + delta| s_x + (|base x| + |delta x|) + |(base + delta) x|, where the third term
+  is the coefficient's split, written once as a linear sum; the two taps' sum adds |out|.
+  Derivation (u the BF16 unit roundoff, b = base, d = delta, c = b + d). Two legitimate
+  forms of a tap differ in where they round:
+    (A) c first:   fl(fl(b + d) x)        errors u |c| |x| (the coefficient) and u |c x|;
+    (B) z-lab:     fl(fl(b x) + fl(d x))  errors u |b x|, u |d x| (each product) and
+                                          u |b x + d x| = u |c x| (their sum).
+  Both share the upstream terms |x| s_d and |c| s_x (x's error enters through b x + d x
+  = c x either way) and the rounding of the tap's value, |c x|. They differ in one point:
+  A rounds |c x| there, B rounds |b x| and |d x| independently (rss). An implementation
+  picks one form, so s must cover the larger: |b x| + |d x| >= |c x| and
+  >= rss(|b x|, |d x|), hence the split's term (|b| + |d|) |x|, linear because it stands
+  for alternatives, not for independent points of one chain. Where b and d share a sign
+  it equals |c| |x|, the coefficient rounded once (v2); it grows only where they cancel,
+  and where b + d = 0 exactly it keeps a tap whose value is 0 from demanding an exact 0.
+  (B's worst case, 1.12 u (|b x| + |d x|) as measured on z-lab's drafter, is then 1.12 u s:
+  K = 8 needs no change.)
+    (C) the finish with the unrounded FP32 delta where the stored finish delta is its BF16
+  copy: |d_fp32 - bf16(d)| <= u |d|, so a term |d| |x| enters through s_d. Inside a
+  layer the delta's s already holds it (magnitude.linear's |y|, the GEMM output stored
+  BF16); where an Op is judged against the implementation's own BF16 finish delta
+  (followed), the caller passes that delta as ``rounded``, not ``exact``
+  (reference.scales.grouped_conv). Nothing else about the conv is legitimate: a tap read
+  from the wrong column, a delta indexed per channel instead of per group of 16, or a
+  first column that reads a tap it does not have contribute nothing to s, so they show.
 
 UNIT is the BF16 unit roundoff 2^-8: chains whose outputs are BF16 count in it. Ops with
 FP32 outputs (scores, probabilities) count in FP32 units and write their own terms.
@@ -188,7 +211,9 @@ def conv(x: Tracked, base_side, delta: Tracked, group: int) -> Tracked:
     g = h // group
     base = np.asarray(base_side, np.float64).reshape(1, 1, 2, g, group)
     coef_v = base + delta.v[..., None]
-    coef_s = rss(delta.s[..., None], coef_v)  # (base + delta) rounded once
+    # the coefficient's split (module docstring): (base + delta) rounded once (|c|) or the products
+    # base x and delta x rounded separately (rss(|b|, |d|) per |x|); |b| + |d| covers either
+    coef_s = rss(delta.s[..., None], np.abs(base) + np.abs(delta.v[..., None]))
     xv, xs = x.v.reshape(bsz, w, g, group), x.s.reshape(bsz, w, g, group)
     t0 = mul(Tracked(coef_v[:, :, 0], coef_s[:, :, 0]), Tracked(xv, xs))
     out_v, out_s = t0.v.copy(), t0.s.copy()

@@ -1,4 +1,4 @@
-"""The magnitude s of every represented output, per Op (CONTRACTS C2 v2).
+"""The magnitude s of every represented output, per Op (CONTRACTS C2 v2; the conv's as amended by v3).
 
 Each function takes the Op's keyword arguments and the reference's outputs (for the
 decisions that select what is gathered) and returns {output: s}, s shaped as the
@@ -6,7 +6,8 @@ output. BF16 chains count in ``magnitude.UNIT`` (the rules are in reference.magn
 Ops with FP32 outputs count in FP32 units (2^-24) with the terms written below. Where an
 Op is given an implementation's represented intermediate (``follow``: the conv's finish
 delta, the selector's g) the caller passes it in place of the reference's, and the
-downstream magnitudes are those of that chain.
+downstream magnitudes are those of that chain; a followed value that is itself a rounded copy
+of something an implementation may use unrounded (the conv's finish delta) enters as ``rounded``.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ def prepare(x: mg.Tracked, base, proj) -> tuple[mg.Tracked, mg.Tracked]:
 
 
 def grouped_conv(kw, out) -> dict:
-    """``out`` must hold the finish delta the implementation used (follow): finished reads it."""
+    """``out`` must hold the finish delta the implementation returned (follow): finished reads it.
+    That delta is the BF16 copy; an implementation may finish with the FP32 delta it rounded
+    (CONTRACTS C2 v3), which differs from it by up to u |delta|: so it enters as a rounding point
+    (``rounded``: s = |delta|), not as an exact input."""
     prepared, delta = prepare(mg.exact(kw["x"]), kw["base"], kw["proj"])
-    finish = mg.conv(mg.exact(kw["z"]), np.asarray(kw["base"], np.float64)[1], mg.exact(out["finish_delta"]), GROUP)
+    finish = mg.conv(mg.exact(kw["z"]), np.asarray(kw["base"], np.float64)[1], mg.rounded(out["finish_delta"]), GROUP)
     return {"prepared": prepared.s, "finish_delta": delta.s, "finished": finish.s}
 
 

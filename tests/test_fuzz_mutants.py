@@ -18,7 +18,7 @@ SEED = 0
 # mutant key -> a parameter (or parameter=value) the shrunk example must name
 SAMPLE = {
     "window_le_S": "window",
-    "conv_separate_rounding": None,
+    "conv_delta_per_channel": None,
     "k_bf16_before_norm": None,  # a precision-only deviation: ACCEPTABLE(precision), caught with --strict
     "positions_2p32": "frontier",
     "rng_key-speculative_accept": None,

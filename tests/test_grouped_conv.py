@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from conformance.cases import grouped_conv as cases
+from conformance.compare import Result
+from conformance.controls import variants
 from reference import numerics, precision
 from reference.grouped_conv import GROUP, grouped_conv
 from reference.numerics import storage, to_bf16
@@ -200,7 +202,10 @@ def test_cases_cover_the_sweep(generated):
     assert {16, 32, 48, 128} <= hs and all(h % GROUP == 0 for h in hs)
     assert {1, 16} <= ws
     flags = {f for c in generated for f in c.flags}
-    assert {"conv_col0_tap", "conv_delta_per_channel", "conv_separate_rounding"} <= flags
+    assert {"conv_col0_tap", "conv_delta_per_channel"} <= flags
+    # the cancellation cases carry no flag: no pitfall since C2 v3, every legitimate form must pass them
+    cancel = [c for c in generated if "coef_near_cancel" in c.id or "coef_cancels" in c.id]
+    assert len(cancel) == 4 and not any(c.flags for c in cancel)
     for c in generated:
         assert c.op == "grouped_conv"
         assert set(c.inputs) == set(cases.SPEC.inputs)
@@ -229,9 +234,10 @@ def test_budget(generated):
 # -- pitfall cases: the buggy variant lands far outside the harness bound -------------------------
 
 
-def conv_variant(v, base_side, delta_side, *, prev="zero", per_channel=False, separate=False):
-    """A buggy conv: prev = "wrap" (column 0 reads column W-1) or a nonzero pad value;
-    per_channel: channel c uses delta[c mod G]; separate: every product and sum rounded to BF16."""
+def conv_variant(v, base_side, delta_side, *, prev="zero", per_channel=False, separate=False, swap_taps=False):
+    """A conv with one switch: prev = "wrap" (column 0 reads column W-1) or a nonzero pad value;
+    per_channel: channel c uses delta[c mod G]; swap_taps: tap 0's coefficient on the previous column
+    and tap 1's on the current one; separate (legitimate, C2 v3): every product and sum rounded to BF16."""
     nb, w, h = v.shape
     ng = h // GROUP
     vg = v.reshape(nb, w, ng, GROUP)
@@ -245,11 +251,12 @@ def conv_variant(v, base_side, delta_side, *, prev="zero", per_channel=False, se
     else:
         pad = 0.0 if prev == "zero" else float(prev)
         before = np.concatenate([np.full_like(vg[:, :1], pad), vg[:, :-1]], axis=1)
+    cur, tap = (before, vg) if swap_taps else (vg, before)
     if separate:
         r = to_bf16
-        out = r(r(r(bs[:, :, 0] * vg) + r(d[:, :, 0] * vg)) + r(r(bs[:, :, 1] * before) + r(d[:, :, 1] * before)))
+        out = r(r(r(bs[:, :, 0] * cur) + r(d[:, :, 0] * cur)) + r(r(bs[:, :, 1] * tap) + r(d[:, :, 1] * tap)))
     else:
-        out = (bs[:, :, 0] + d[:, :, 0]) * vg + (bs[:, :, 1] + d[:, :, 1]) * before
+        out = (bs[:, :, 0] + d[:, :, 0]) * cur + (bs[:, :, 1] + d[:, :, 1]) * tap
     return out.reshape(nb, w, h)
 
 
@@ -281,7 +288,6 @@ def harness_bounds(case):
 PITFALL_BUGS = {
     "conv_col0_tap": [{"prev": "wrap"}, {"prev": 1.0}],
     "conv_delta_per_channel": [{"per_channel": True}],
-    "conv_separate_rounding": [{"separate": True}],
 }
 
 
@@ -316,3 +322,172 @@ def test_pitfall_deltas_exact_in_bf16(generated):
         np.testing.assert_array_equal(to_bf16(delta), delta)
         _, bounds = harness_bounds(c)
         assert bounds["prepared"][0] == 1 and bounds["finished"][0] == 1, c.id
+
+
+# -- C2 v3: the envelope admits the conv's legitimate forms, and only those -----------------------
+
+
+class _Fixed:
+    """An implementation that returns given grouped_conv outputs (BF16 storage)."""
+
+    def __init__(self, **outputs):
+        self.outputs = {k: storage(np.asarray(v, np.float64), "bf16") for k, v in outputs.items()}
+
+    def grouped_conv(self, x, z, base, proj):
+        return dict(self.outputs)
+
+
+def _judge(impl, case):
+    from conformance import fuzz, registry
+
+    return fuzz.judge_with(impl, {"grouped_conv": registry.get("grouped_conv")})(case)
+
+
+def _hand_case(case_id, base_side1_tap0, proj_side1_tap0, z):
+    """B = 1, W = 1, H = 16 (one group): x = (1, 1, 0, ...), so delta[s, t] = proj row (2s + t) . (1, 1);
+    side 0 and tap 1 are zero (prepared is exactly 0; W = 1 has no tap 1 anyway)."""
+    from conformance.registry import Case
+
+    x = np.zeros((1, 1, 16))
+    x[..., :2] = 1.0
+    base = np.zeros((2, 2, 16))
+    base[1, 0] = base_side1_tap0
+    proj = np.zeros((4, 16))
+    proj[2, :2] = proj_side1_tap0
+    return Case(id=f"grouped_conv/{case_id}", inputs={"x": bf(x), "z": bf(z[None, None]), "base": bf(base),
+                                                      "proj": bf(proj)})
+
+
+def _v2_verdict(case, impl_out, s):
+    """``finished`` judged with a given s (the v2 rule's, by hand) through the same comparison."""
+    from conformance.compare import _represented
+    from conformance.registry import BF16_CONV_CHAIN, REPRESENTED, Output
+
+    from conformance import generate, registry
+
+    ref = np.asarray(grouped_conv(**case.kwargs())["finished"], np.float64)
+    bound = generate.case_vector(registry.get("grouped_conv"), case).bounds["finished"]  # the vector's tight bound
+    assert bound["envelope"]["k"] == BF16_CONV_CHAIN.k and bound["envelope"]["n"] == BF16_CONV_CHAIN.n
+    out = np.asarray(impl_out, np.float64)
+    return _represented(Output("finished", REPRESENTED, "bf16"), ref, out, np.ones(ref.shape, bool), bound, s)
+
+
+def test_v3_fp32_finish_delta_where_the_coefficient_cancels_exactly():
+    """base = 4; the FP32 delta is -4 + 2^-8 (proj (-4, 2^-8) on x = (1, 1)), its BF16 copy -4 (2^-8 is
+    under half the BF16 spacing 2^-6 below 4). z_j = 1 + j/8 (BF16 values).
+    Reference (with the BF16 finish delta): finished = (4 - 4) z = 0 exactly.
+    An FP32-delta finish (coefficient form or z-lab's FP32 products, both exact here): 2^-8 z_j, a BF16 value,
+    more than the tight bound's 1 ulp (the BF16 spacing at 0 is taken as 2^-8) for j >= 1.
+    v3 s (reference.magnitude.conv, finish delta ``rounded``: s_d = |d| = 4): coefficient term
+    rss(s_d, |b| + |d|) = rss(4, 8) = 4 sqrt 5, times |z|; |c| s_z = 0 and |c z| = 0: s_j = 4 sqrt(5) z_j.
+    Error / (u s) = 2^-8 / (2^-8 4 sqrt 5) = 1 / (4 sqrt 5) = 0.112 per element: 0.014 of K = 8, and
+    normwise the same ratio, 0.028 of N = 4: ACCEPTABLE(precision). v2 s: rss(|z| rss(0, |c|), |c z|) = 0:
+    any output off the tight bound FAILs."""
+    z = 1 + np.arange(16) / 8
+    case = _hand_case("hand_fp32_delta_cancels", 4.0, [-4.0, 2.0**-8], z)
+    ref = grouped_conv(**case.kwargs())
+    assert np.all(np.asarray(ref["finished"], np.float64) == 0)
+    np.testing.assert_array_equal(np.asarray(ref["finish_delta"], np.float64)[0, 0, :, 0], [-4.0, 0.0])  # taps 0, 1
+    got = 2.0**-8 * z
+    impl = _Fixed(prepared=ref["prepared"], finish_delta=ref["finish_delta"], finished=got[None, None])
+    r = _judge(impl, case)
+    assert r.result == Result.ACCEPTABLE and "precision" in r.acceptable_flags, r.detail
+    assert r.envelope_frac == pytest.approx(1 / (16 * np.sqrt(5)), rel=1e-6)
+    from reference import scales
+
+    s = scales.grouped_conv(case.kwargs(), ref)["finished"]
+    np.testing.assert_allclose(s, 4 * np.sqrt(5) * z[None, None], rtol=1e-12)
+    assert _v2_verdict(case, got[None, None], np.zeros_like(s)).result == Result.FAIL
+    # the engine controls of the same form give exactly this output
+    for v in (variants.BY_NAME["conv_fp32_finish_delta"], variants.BY_NAME["conv_fp32_finish_delta_fp32"]):
+        np.testing.assert_array_equal(np.asarray(v.grouped_conv(**case.kwargs())["finished"], np.float64),
+                                      got[None, None], err_msg=v.key)
+
+
+def test_v3_separately_rounded_products_where_the_coefficient_nearly_cancels():
+    """base = 1 + 2^-7, delta = -1 exactly (proj (-1, 0)), so c = 2^-7. z_j = 1 + j 2^-7 (BF16).
+    Reference: c z_j = 2^-7 + j 2^-14, a BF16 value for j < 128.
+    z-lab's BF16 form: BF16(b z_j) = BF16(1 + (j + 1) 2^-7 + j 2^-14) = 1 + (j + 1) 2^-7 (j 2^-14 is under
+    half the spacing 2^-7), BF16(d z_j) = -z_j exactly, their sum 2^-7: an error of j 2^-14 = j ulps.
+    v3 s: rss(|z| rss(s_d, |b| + |d|), |c z|) with s_d = 1, |b| + |d| = 2 + 2^-7: about 2.24 z_j; at j = 15
+    the error is 15 2^-14 / (2^-8 2.24 1.117) = 0.094 u s, 0.012 of K = 8: ACCEPTABLE(precision) (15 ulps,
+    outside the tight bound of 1). v2 s: rss(|z| |c|, |c z|) = sqrt 2 2^-7 z_j: at j = 15,
+    15 2^-14 / (2^-8 sqrt 2 2^-7 1.117) = 19 u s, 2.4 times K; normwise sqrt 2 ||j|| / ||z|| = 11.7 u ||s||
+    against N = 4: FAIL."""
+    j = np.arange(16)
+    z = 1 + j * 2.0**-7
+    case = _hand_case("hand_separate_products", 1 + 2.0**-7, [-1.0, 0.0], z)
+    ref = grouped_conv(**case.kwargs())
+    np.testing.assert_array_equal(np.asarray(ref["finished"], np.float64)[0, 0], 2.0**-7 + j * 2.0**-14)
+    zlab = np.full(16, 2.0**-7)
+    np.testing.assert_array_equal(conv_variant(np.asarray(case.inputs["z"], np.float64), np.asarray(
+        case.inputs["base"], np.float64)[1], np.asarray(ref["finish_delta"], np.float64), separate=True)[0, 0], zlab)
+    r = _judge(_Fixed(prepared=ref["prepared"], finish_delta=ref["finish_delta"], finished=zlab[None, None]), case)
+    assert r.result == Result.ACCEPTABLE and "precision" in r.acceptable_flags, r.detail
+    np.testing.assert_array_equal(np.asarray(variants.BY_NAME["conv_separate_products"].grouped_conv(
+        **case.kwargs())["finished"], np.float64)[0, 0], zlab)
+    v2_s = np.sqrt(2) * 2.0**-7 * z[None, None]
+    norm_ratio = np.linalg.norm(j * 2.0**-14) / (BF16_U * np.linalg.norm(v2_s))
+    assert norm_ratio > 4
+    assert _v2_verdict(case, zlab[None, None], v2_s).result == Result.FAIL
+
+
+def test_v3_coefficient_term_is_v2_where_base_and_delta_share_a_sign():
+    """(|b| + |d|) = |b + d| when b d >= 0: s is v2's there (only cancellation widens it). b = 1, d = 0.5,
+    z = 1, W = 1, exact delta: rss(|z| 1.5, |c z| = 1.5) = 1.5 sqrt 2; b = 1, d = -0.5: rss(1.5, 0.5)."""
+    from reference import magnitude as mg
+
+    base = np.zeros((2, 16))
+    base[0] = 1.0
+    for d, want in ((0.5, 1.5 * np.sqrt(2)), (-0.5, np.hypot(1.5, 0.5))):
+        delta = np.zeros((1, 1, 2, 1))
+        delta[0, 0, 0, 0] = d
+        out = mg.conv(mg.exact(np.ones((1, 1, 16))), base, mg.exact(delta), 16)
+        np.testing.assert_allclose(out.s, want, rtol=1e-15)
+
+
+@pytest.mark.parametrize("bug", [{"swap_taps": True}, {"per_channel": True}, {"prev": "wrap"}, {"prev": 1.0}],
+                         ids=["tap_order", "delta_per_channel", "col0_wrap", "col0_pad"])
+def test_v3_the_conv_bugs_still_fail(generated, bug):
+    """The bugs C2 v3 keeps: every pitfall case of the bug (tap order: the W >= 2 random cases, whose
+    taps' coefficients differ) FAILs, judged against the v3 envelope."""
+    key = {"per_channel": "conv_delta_per_channel", "prev": "conv_col0_tap"}.get(next(iter(bug)))
+    if key:
+        targeted = [c for c in generated if key in c.flags]
+    else:
+        targeted = [c for c in generated if c.id.startswith("grouped_conv/H") and c.inputs["x"].shape[1] >= 2]
+    assert targeted
+    for c in targeted:
+        r = _judge(_Fixed(**buggy_op(**c.kwargs(), **bug)), c)
+        assert r.result == Result.FAIL, (c.id, bug, r.result, r.detail)
+
+
+def test_v3_catalog_mutants_fail_their_cases_and_the_v3_controls_pass_the_cancellation_cases(generated):
+    """The catalog's conv mutants FAIL every case flagged with their pitfall; the four C2 v3 controls give no
+    FAIL on the cancellation cases, and each that rounds off the reference's grid there is off the tight
+    bound (ACCEPTABLE) on at least one of them: the cases exercise them. Under v2's s the FP32-delta
+    controls FAIL the exact-cancellation cases."""
+    from conformance import mutants
+
+    conv_mutants = [m for m in mutants.MUTANTS if m.op == "grouped_conv"]
+    assert {m.key for m in conv_mutants} == {"conv_col0_tap", "conv_delta_per_channel"}
+    for m in conv_mutants:
+        for c in (c for c in generated if m.pitfall in c.flags):
+            assert _judge(m, c).result == Result.FAIL, (m.key, c.id)
+    cancel = [c for c in generated if "coef_near_cancel" in c.id or "coef_cancels" in c.id]
+    for key in ("conv_separate_products", "conv_separate_products_fp32", "conv_fp32_finish_delta",
+                "conv_fp32_finish_delta_fp32"):
+        results = {c.id: _judge(variants.BY_NAME[key], c) for c in cancel}
+        assert all(r.result in (Result.PASS, Result.ACCEPTABLE) for r in results.values()), (key, results)
+        # FP32 products of BF16 inputs are exact (8 + 8 significant bits): that control may PASS throughout
+        if key != "conv_separate_products_fp32":
+            assert any(r.result == Result.ACCEPTABLE for r in results.values()), key
+    exact = [c for c in cancel if "coef_cancels" in c.id]
+    for key in ("conv_fp32_finish_delta", "conv_fp32_finish_delta_fp32"):
+        for c in exact:
+            out = variants.BY_NAME[key].grouped_conv(**c.kwargs())
+            ref = np.asarray(grouped_conv(**c.kwargs())["finished"], np.float64)
+            zero = ref == 0
+            assert zero.any() and np.any(np.asarray(out["finished"], np.float64)[zero] != 0), (key, c.id)
+            # v2's s is 0 wherever the coefficients cancel (the followed delta exact, |c| = 0)
+            assert _v2_verdict(c, out["finished"], np.where(zero, 0.0, 1.0)).result == Result.FAIL, (key, c.id)

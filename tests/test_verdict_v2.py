@@ -116,19 +116,24 @@ def test_angle_budget_ends_at_2p24():
     assert b[0, 0] == pytest.approx(4 * (2**24 - 1) * 2.0**-16) and b[1, 0] == 0.0
 
 
-def test_conv_coefficient_cancels_in_s_so_separate_rounding_shows():
-    # base + delta = 2^-7 at tap 0: s of the finished output is about |coef z|, never |base z|
+def test_conv_s_holds_the_split_coefficient_v3():
+    # base + delta = 2^-7 at tap 0 (base 1, delta -1 + 2^-7), z = 1, W = 1 (tap 0 only), exact delta:
+    # C2 v3 s = rss(|z| (|base| + |delta|), |coef z|) = rss(2 - 2^-7, 2^-7): the coefficient's split,
+    # not only |coef| (v2: rss(2^-7, 2^-7) = sqrt(2) 2^-7)
     base = np.zeros((2, 16))
     base[0] = 1.0
     delta = np.zeros((1, 1, 2, 1))
     delta[0, 0, 0, 0] = -1.0 + 2.0**-7
     z = np.ones((1, 1, 16))
     out = mg.conv(mg.exact(z), base, mg.exact(delta), 16)
-    # one column (W = 1), tap 0 only: rss(|z| s_coef, |coef z|) with s_coef = |coef|: sqrt(2) 2^-7
-    assert np.allclose(out.v, 2.0**-7) and np.allclose(out.s, np.sqrt(2) * 2.0**-7)
-    # the z-lab form rounds base*z and delta*z separately: an error up to u |base z| = 2^-8 here
-    zlab = 2.0**-8
-    assert zlab / (U * out.s[0, 0, 0]) > 8 * 8  # far outside K = 8
+    assert np.allclose(out.v, 2.0**-7) and np.allclose(out.s, np.hypot(2 - 2.0**-7, 2.0**-7))
+    # the products rounded separately (z-lab) err by at most u (|base z| + |delta z| + |coef z|) = 2 u here,
+    # 1.004 u s: inside K = 8 with room (v2's s put it at 2 u / (sqrt(2) 2^-7 u) = 181 u s)
+    zlab = U * (1 + (1 - 2.0**-7) + 2.0**-7)
+    assert zlab / (U * out.s[0, 0, 0]) <= 1.01
+    # a finish delta taken as a rounding point (an FP32-delta finish, C2 v3) adds |z| |delta| in quadrature
+    fin = mg.conv(mg.exact(z), base, mg.rounded(delta), 16)
+    assert np.allclose(fin.s, np.sqrt((1 - 2.0**-7) ** 2 + (2 - 2.0**-7) ** 2 + 2.0**-14))
 
 
 # --- the tracked forward is the reference (an independent formulation) -------------------------

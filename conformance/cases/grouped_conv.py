@@ -7,12 +7,19 @@ Pitfall cases put the bug far outside the derived bound (C2):
   the column-0 answer small.
 - conv_delta_per_channel: delta indexed by channel instead of shared per group of
   16. Group deltas are large and far apart, base coefficients small.
-- conv_separate_rounding: base*x and delta*x rounded to BF16 separately. delta is
-  -2^e exactly and base 2^e (1 + m 2^-7), so (base + delta) is small and exact in
-  FP32 while BF16(base*x) carries up to 2^-9 |base x| of error: tens of ulps of
-  the result.
 Deltas in the pitfall cases are exactly representable in BF16, so the "delta"
 intermediate (which a kernel may keep in BF16) does not widen their bound.
+
+Cancellation cases (no pitfall: C2 v3 makes both forms they probe legitimate, so they
+carry no flag and every legitimate control must give them no FAIL):
+- coef_near_cancel: delta is -2^e exactly and base 2^e (1 + m 2^-7), so (base + delta)
+  is small and exact in FP32 while BF16(base*x) carries up to 2^-9 |base x| of error:
+  the products rounded separately land tens of ulps of the result away, inside the
+  envelope's (|base| + |delta|) |x| term and outside the tight bound.
+- coef_cancels: base = -BF16(delta) exactly on side 1 while the FP32 delta lies off the
+  BF16 grid (delta = a + c, |c| = 2^-10 |a|, |a| 4 to 16): the reference's finished output
+  is 0 wherever the coefficients cancel, and a finish with the FP32 delta gives c z there
+  (above the tight bound), which only the v3 terms admit.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ def delta_per_channel(case_id: str, b: int, w: int, h: int) -> Case:
     return _case(case_id, x, z, base, _exact_delta_proj(h, d), ("conv_delta_per_channel",))
 
 
-def separate_rounding(case_id: str, b: int, w: int, h: int) -> Case:
+def coef_near_cancel(case_id: str, b: int, w: int, h: int) -> Case:
     """base = 2^e (1 + m 2^-7) with m in 1..4 and delta = -2^e: the coefficient
     m 2^(e-7) is exact in FP32, and so are its products with BF16 x; rounding
     base*x to BF16 on its own costs up to 2^-9 |base x| = 2^-2/m of the result."""
@@ -95,7 +102,33 @@ def separate_rounding(case_id: str, b: int, w: int, h: int) -> Case:
     e = rng.integers(-1, 3, (2, 2, g)).astype(np.float64)
     m = rng.integers(1, 5, (2, 2, h)).astype(np.float64)
     base = np.exp2(np.repeat(e, GROUP, axis=-1)) * (1.0 + m * 2.0**-7)
-    return _case(case_id, x, z, base, _exact_delta_proj(h, -np.exp2(e)), ("conv_separate_rounding",))
+    return _case(case_id, x, z, base, _exact_delta_proj(h, -np.exp2(e)))
+
+
+def coef_cancels(case_id: str, b: int, w: int, h: int) -> Case:
+    """Channels 0 and 1 of x are 1 and proj reads only them: delta[s,t,g] = a + c exactly in
+    FP32, a = +-2^e (e in 2..4), c = +-2^(e-10), so BF16(delta) = a (c is under half a BF16 spacing) while
+    the FP32 delta is not a BF16 value. base = -a on side 1 for tap 0 in every group and for
+    tap 1 in the even groups (the odd ones keep base = 2a, no cancellation): the reference's
+    finished output, computed from the BF16 finish delta, is exactly 0 in column 0 and in the
+    even groups of every column. Side 0 gets base = -a too, so the prepared coefficient is c
+    (in the reference) or 0 (with a BF16 delta intermediate): a legitimate near-cancellation
+    the delta's own term already covers."""
+    rng = case_rng(case_id)
+    g = h // GROUP
+    x = rng.uniform(1.0, 2.0, (b, w, h)) * rng.choice([-1, 1], (b, w, h))
+    z = rng.uniform(1.0, 2.0, (b, w, h)) * rng.choice([-1, 1], (b, w, h))
+    x[..., 0] = x[..., 1] = 1.0
+    # |c z| > 2^-8, beyond the tight bound's one spacing at 0: an FP32-delta finish is judged by the envelope
+    e = rng.integers(2, 5, (2, 2, g)).astype(np.float64)
+    a = np.exp2(e) * rng.choice([-1, 1], (2, 2, g))
+    c = np.exp2(e - 10) * rng.choice([-1, 1], (2, 2, g))
+    proj = np.zeros((4 * g, h))
+    proj[:, 0], proj[:, 1] = a.reshape(4 * g), c.reshape(4 * g)
+    keep = -a
+    keep[1, 1, 1::2] = 2 * a[1, 1, 1::2]  # odd groups' tap 1 does not cancel
+    base = np.repeat(keep, GROUP, axis=-1)
+    return _case(case_id, x, z, base, proj)
 
 
 def generate() -> list[Case]:
@@ -127,8 +160,10 @@ def generate() -> list[Case]:
         col0_tap(f"{OP}/conv_col0_tap__W1_H48", 3, 1, 48),
         delta_per_channel(f"{OP}/conv_delta_per_channel__H64_W4", 2, 4, 64),
         delta_per_channel(f"{OP}/conv_delta_per_channel__H128_W16", 1, 16, 128),
-        separate_rounding(f"{OP}/conv_separate_rounding__H32_W8", 2, 8, 32),
-        separate_rounding(f"{OP}/conv_separate_rounding__H128_W16", 1, 16, 128),
+        coef_near_cancel(f"{OP}/coef_near_cancel_H32_W8", 2, 8, 32),
+        coef_near_cancel(f"{OP}/coef_near_cancel_H128_W16", 1, 16, 128),
+        coef_cancels(f"{OP}/coef_cancels_fp32_delta_H32_W8", 2, 8, 32),
+        coef_cancels(f"{OP}/coef_cancels_fp32_delta_H16_W1", 3, 1, 16),
     ]
     return cases
 

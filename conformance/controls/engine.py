@@ -48,6 +48,11 @@ bf16_delta      conv delta projection rounded BF16 before use on the input side;
                 (rounded in the grouped_conv Op, "delta"; FP32 inside draft_layer / masked_block)
 bf16_conv_coef  the conv coefficient (base + delta) rounded BF16 before the product
 conv_eager_bf16 eager model-dtype conv: coefficient, each tap's product and the tap sum BF16
+conv_products   "coef": each tap as (base + delta) * x (the baseline) | "separate_bf16": base * x and
+                delta * x each rounded BF16, their sum and the tap sum BF16 (z-lab's drafter in the BF16
+                model dtype) | "separate_fp32": the same products and sums in FP32 (its FP32 model)
+fp32_finish_delta  the finish side of the conv uses the unrounded FP32 delta; the Op still returns its
+                BF16 copy as ``finish_delta``
 bf16_conv_out   finished conv branch rounded BF16 before the residual add (baseline)
 exp             "exact": float64 exp rounded once (the baseline) | "libm": NumPy's float32 (SIMD) exp |
                 "fast": CUDA __expf, ex2.approx(x * log2e) in FP32
@@ -93,6 +98,8 @@ DEFAULTS = {
     "bf16_delta": None,
     "bf16_conv_coef": False,
     "conv_eager_bf16": False,
+    "conv_products": "coef",
+    "fp32_finish_delta": False,
     "bf16_conv_out": True,
     "exp": "exact",
     "ftz": False,
@@ -106,6 +113,7 @@ CHOICES = {
     "softmax_mode": ("flash", "normalize_first", "online"),
     "exp": ("exact", "libm", "fast"),
     "tanh": ("exact", "libm", "rational"),
+    "conv_products": ("coef", "separate_bf16", "separate_fp32"),
 }
 
 GROUP = 16
@@ -455,6 +463,16 @@ class Engine(ComposedRounds):
         b, w, h = x.shape
         g = h // GROUP
         xg = np.asarray(x, np.float32).reshape(b, w, g, GROUP)
+        products = self.opt["conv_products"]
+        if products != "coef":  # base * x + delta * x, each product rounded where the model's dtype rounds it
+            r = bf16 if products == "separate_bf16" else (lambda v: np.asarray(v, np.float32))
+            bs = f32(base_side).reshape(1, 1, 2, g, GROUP)
+            d = f32(delta_side)[..., None]
+            tap0 = r(r(bs[:, :, 0] * xg) + r(d[:, :, 0] * xg))
+            tap1 = np.zeros_like(tap0)
+            prev = xg[:, :-1]  # no preceding tap at column 0
+            tap1[:, 1:] = r(r(bs[:, :, 1] * prev) + r(d[:, 1:, 1] * prev))
+            return r(tap0 + tap1).reshape(b, w, h)
         coef = (f32(base_side).reshape(1, 1, 2, g, GROUP) + f32(delta_side)[..., None]).astype(np.float32)
         eager = self.opt["conv_eager_bf16"]
         if self.opt["bf16_conv_coef"] or eager:
@@ -468,16 +486,18 @@ class Engine(ComposedRounds):
             out = (tap0 + tap1).astype(np.float32)
         return out.reshape(b, w, h)
 
-    def _prepare(self, x, base, proj, in_layer: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(prepared BF16, finish delta BF16), both held in float32."""
+    def _prepare(self, x, base, proj, in_layer: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(prepared BF16, the finish delta the finish uses, its BF16 copy), all held in float32."""
         delta = self._delta(x, proj)
         rd = self.opt["bf16_delta"]
         d0 = self._r(delta[:, :, 0], (not in_layer) if rd is None else rd)
-        return bf16(self._conv(x, f32(base)[0], d0)), bf16(delta[:, :, 1])
+        stored = bf16(delta[:, :, 1])
+        used = np.asarray(delta[:, :, 1], np.float32) if self.opt["fp32_finish_delta"] else stored
+        return bf16(self._conv(x, f32(base)[0], d0)), used, stored
 
     def grouped_conv(self, x, z, base, proj):
-        prepared, finish_delta = self._prepare(f32(x), base, proj, in_layer=False)
-        finished = bf16(self._conv(f32(z), f32(base)[1], finish_delta))
+        prepared, used, finish_delta = self._prepare(f32(x), base, proj, in_layer=False)
+        finished = bf16(self._conv(f32(z), f32(base)[1], used))
         return {
             "prepared": numerics.storage(prepared, "bf16"),
             "finish_delta": numerics.storage(finish_delta, "bf16"),
@@ -501,8 +521,8 @@ class Engine(ComposedRounds):
 
         n = self._rmsnorm(x, input_norm, eps)
         if conv:
-            n, finish_a = self._prepare(self._r(n, o["bf16_branch_norm"]), attn_conv_base, attn_conv_proj,
-                                          in_layer=True)
+            n, finish_a, _ = self._prepare(self._r(n, o["bf16_branch_norm"]), attn_conv_base, attn_conv_proj,
+                                             in_layer=True)
         else:
             n = self._r(n, o["bf16_norm_out"])
         q = self._r(self._linear(n, wq), gem).reshape(b, w, -1, d)
@@ -518,8 +538,8 @@ class Engine(ComposedRounds):
 
         m = self._rmsnorm(y, post_norm, eps)
         if conv:
-            m, finish_m = self._prepare(self._r(m, o["bf16_branch_norm"]), mlp_conv_base, mlp_conv_proj,
-                                          in_layer=True)
+            m, finish_m, _ = self._prepare(self._r(m, o["bf16_branch_norm"]), mlp_conv_base, mlp_conv_proj,
+                                             in_layer=True)
         else:
             m = self._r(m, o["bf16_norm_out"])
         gate = self._r(self._linear(m, w_gate), gem)

@@ -1,5 +1,6 @@
-"""The legitimate variants (CONTRACTS C2 v2, "Calibration"): each an Engine with one production
-choice changed, and the reason citing the C2 v2 list item that makes it legitimate.
+"""The legitimate variants (CONTRACTS C2 v2, "Calibration"; the conv's forms as amended by v3): each
+an Engine with one production choice changed, and the reason citing the C2 list item that makes it
+legitimate.
 
 The suite must give every variant no FAIL over every vector. A variant that FAILs is a defect of
 the suite (the bound or the case), or a variant that rounds somewhere C2 v2 does not allow: then
@@ -16,10 +17,13 @@ HF_EAGER = dict(
     attn_scores_bf16=True, softmax_mode="normalize_first", bf16_silu=True, conv_eager_bf16=True,
 )
 
+# no BF16 between kernels at all (the FP32 engine; the conv variants below also run on it)
+FP32 = dict(gemm_bf16=False, bf16_norm_out=False, bf16_qk=False, bf16_probs=False, bf16_attn_out=False,
+            bf16_residual=False, bf16_act=False, bf16_delta=False, bf16_conv_out=False)
+
 VARIANTS = [
     Engine("fp32_everywhere", "FP32 instead of BF16 intermediates anywhere: no BF16 between kernels at all",
-           gemm_bf16=False, bf16_norm_out=False, bf16_qk=False, bf16_probs=False, bf16_attn_out=False,
-           bf16_residual=False, bf16_act=False, bf16_delta=False, bf16_conv_out=False),
+           **FP32),
     Engine("fp32_blas_accumulation", "any accumulation order: FP32 GEMMs by the local BLAS (OpenBLAS sgemm "
            "blocking), NumPy's float32 einsum and matmul", accum="blas"),
     Engine("numpy_float32_libm", "exp/tanh from a different libm: NumPy's float32 SIMD exp and tanh",
@@ -68,6 +72,18 @@ VARIANTS = [
     Engine("hf_eager_bf16_fast_math_tiles", "HF eager BF16 on tensor cores with fast-math intrinsics: the "
            "choices above combined with tensor-core accumulation and __expf/rational tanh",
            accum="tc_tiles", exp="fast", tanh="rational", **HF_EAGER),
+    # CONTRACTS C2 v3: the conv's products rounded separately and a finish with the FP32 delta are
+    # reformulations of (base + delta) x, as z-lab's public drafter computes it
+    Engine("conv_separate_products", "C2 v3, the conv's products rounded separately: base*x and delta*x each "
+           "rounded BF16, their sum and the tap sum BF16 (z-lab's drafter in the BF16 model dtype)",
+           conv_products="separate_bf16"),
+    Engine("conv_separate_products_fp32", "C2 v3, the conv's products rounded separately, on the FP32 engine: "
+           "base*x and delta*x each FP32, no BF16 between kernels", conv_products="separate_fp32", **FP32),
+    Engine("conv_fp32_finish_delta", "C2 v3, the FP32 finish delta: the conv's finish side uses the unrounded "
+           "delta (its BF16 copy is still the finish_delta output)", fp32_finish_delta=True),
+    Engine("conv_fp32_finish_delta_fp32", "C2 v3 on the FP32 engine, as z-lab's FP32 model computes the conv: "
+           "products separately in FP32 and the finish with the unrounded FP32 delta, no BF16 between kernels",
+           conv_products="separate_fp32", fp32_finish_delta=True, **FP32),
 ]
 
 BY_NAME = {v.key: v for v in VARIANTS}

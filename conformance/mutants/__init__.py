@@ -78,7 +78,6 @@ from conformance.mutants.feature_capture import (
 from conformance.mutants.grouped_conv import (
     ConvCol0Tap,
     ConvDeltaPerChannel,
-    ConvSeparateRounding,
 )
 from conformance.mutants.masked_block import (
     AnchorAsMask,
@@ -154,7 +153,6 @@ MUTANTS = [
     VFp16WithoutBf16(),
     ConvCol0Tap(),
     ConvDeltaPerChannel(),
-    ConvSeparateRounding(),
     TopkTiesToHighest(),
     TopkSoftcapBeforeSelection(),
     SelectorRngBatchRow(),
@@ -306,7 +304,6 @@ __all__ = [
     "CoinLeRatio",
     "ConvCol0Tap",
     "ConvDeltaPerChannel",
-    "ConvSeparateRounding",
     "DecodeRowsSharedLength",
     "Dflash2AllColumns",
     "FiltersOnlyOnBonus",

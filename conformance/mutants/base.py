@@ -193,7 +193,6 @@ ROWS = {
     "next_token_shift": "v1: proposals read autoregressively (column i from the hidden one column earlier)",
     "topk_unstable": "v1: unsorted top-k and first-maximum argmax (ties not broken by rank; z-lab topk(sorted=False))",
     "bf16_tie": "v1: softcap and multiplier applied before selection in bf16 (creates ties that reorder the top-k)",
-    "conv_separate_rounding": "v1: conv computed as base*x + delta*x rounded separately (z-lab model.py)",
     "conv_col0_tap": "v1/v2: conv indexed in the wrong memory order (column 0 reads a preceding tap)",
     "conv_delta_per_channel": "v2: conv indexed in the wrong memory order: delta per channel, not per group "
                               "(ninfer-windows PR #4)",

@@ -1,4 +1,7 @@
-"""Mutants of grouped_conv (DFlash2): memory order and rounding of the grouped convolution."""
+"""Mutants of grouped_conv (DFlash2): the memory order of the grouped convolution.
+
+The products base*x and delta*x rounded separately are no bug (CONTRACTS C2 v3): that form is a
+legitimate control (conformance.controls.variants, ``conv_separate_products``), not a mutant."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from reference import numerics
 from reference.grouped_conv import GROUP, project_delta
 
 
-def _conv(x, base_side, delta_side, *, wrap=False, per_channel=False, separate=False):
+def _conv(x, base_side, delta_side, *, wrap=False, per_channel=False):
     """x [B,W,H]; base_side [2 taps, H]; delta_side [B,W,2 taps,G], float64, with the bugs as switches."""
     b, w, h = x.shape
     g = h // GROUP
@@ -25,13 +28,7 @@ def _conv(x, base_side, delta_side, *, wrap=False, per_channel=False, separate=F
     bs = base_side.reshape(1, 1, 2, g, GROUP)
     # torch.roll-style shift: column 0 reads column W-1 instead of nothing
     prev = np.roll(xg, 1, axis=1) if wrap else np.concatenate([np.zeros_like(xg[:, :1]), xg[:, :-1]], axis=1)
-    if separate:  # every product and sum stored in BF16, as eager model-dtype code does
-        r = numerics.to_bf16
-        tap0 = r(r(bs[:, :, 0] * xg) + r(d[:, :, 0] * xg))
-        tap1 = r(r(bs[:, :, 1] * prev) + r(d[:, :, 1] * prev))
-        out = tap0 + tap1
-    else:
-        out = (bs[:, :, 0] + d[:, :, 0]) * xg + (bs[:, :, 1] + d[:, :, 1]) * prev
+    out = (bs[:, :, 0] + d[:, :, 0]) * xg + (bs[:, :, 1] + d[:, :, 1]) * prev
     return out.reshape(b, w, h)
 
 
@@ -63,9 +60,3 @@ class ConvDeltaPerChannel(_ConvMutant):
     pitfall = "conv_delta_per_channel"
     BUG: ClassVar[dict] = {"per_channel": True}
 
-
-class ConvSeparateRounding(_ConvMutant):
-    """(base*x) + (delta*x) with each product rounded to BF16, not (base + delta)*x."""
-
-    pitfall = "conv_separate_rounding"
-    BUG: ClassVar[dict] = {"separate": True}

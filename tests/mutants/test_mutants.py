@@ -32,7 +32,7 @@ def _table(results) -> str:
 # every pitfall that the generators name in case ids and that has a realistic one-Op bug
 PITFALLS = {
     "window_le_S", "boundary_index", "ring_slot", "k_bf16_before_norm", "v_fp16_without_bf16", "conv_col0_tap",
-    "conv_delta_per_channel", "conv_separate_rounding", "topk_unstable", "rng_batch_row", "accept_p_q_swapped",
+    "conv_delta_per_channel", "topk_unstable", "rng_batch_row", "accept_p_q_swapped",
     "history_not_updated", "bonus_from_wrong_row", "residual_no_clamp", "preview_cut_before_eos",
     "causal_draft_attention", "anchor_as_mask", "next_token_shift", "last_block_final_norm", "dflash2_all_columns",
     "mask_token_stripped", "selector_predecessor_row", "positions_2p31", "positions_2p32", "bf16_truncation",
@@ -50,13 +50,14 @@ PITFALLS = {
 
 # The catalog's order, as it was when the catalog was one module: diagnosis breaks ties by it and the
 # reports list mutants in it, so the per-Op modules must assemble MUTANTS in exactly this order (a new
-# mutant goes at the end, here and in conformance/mutants/__init__.py).
+# mutant goes at the end, here and in conformance/mutants/__init__.py). conv_separate_rounding left the
+# catalog when CONTRACTS C2 v3 made its form legitimate (a control now, conformance/controls/variants.py).
 ORDER = [
     "window_le_S", "window_le_S-draft_layer", "window_le_S-masked_block", "causal_draft_attention",
     "causal_draft_attention-draft_layer", "boundary_index", "last_block_final_norm", "ring_slot",
     "k_bf16_before_norm", "positions_2p31", "positions_2p32-fp32_positions", "bf16_truncation",
     "bf16_truncation-feature_capture", "v_fp16_without_bf16", "conv_col0_tap", "conv_delta_per_channel",
-    "conv_separate_rounding", "topk_unstable", "bf16_tie", "rng_batch_row", "selector_predecessor_row",
+    "topk_unstable", "bf16_tie", "rng_batch_row", "selector_predecessor_row",
     "rng_batch_row-speculative_accept", "accept_p_q_swapped", "history_not_updated", "bonus_from_wrong_row",
     "residual_no_clamp", "preview_cut_before_eos", "mask_token_stripped", "anchor_as_mask",
     "dflash2_all_columns", "next_token_shift", "bf16_logits", "left_only_window", "decode_rows_shared_length",
