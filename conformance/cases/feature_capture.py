@@ -64,6 +64,13 @@ def generate() -> list[Case]:
         # 32 rows: the bias check needs 16 independent rows (registry.BIAS_MIN_ROWS)
         make("feature_capture/bf16_truncation__ids_1_3_of_4_T32_H64", ["bf16_truncation"], ids=[1, 3], blocks=4,
              rows=32),
+        # the norm family: rows from RMS ~1 down to eps-dominated, so a misplaced eps (outside the sqrt,
+        # on the sum), a sum for the mean, and the weight's placement each move whole rows
+        make("feature_capture/rmsnorm_formula__eps_1e-5_rows_1_to_1e-4_T8", ["rmsnorm_formula"], ids=[2, 1],
+             blocks=3, rows=8, eps=1e-5, row_scale=[1.0, 0.5, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 2.0]),
+        # the capture family: an unsorted list holding id 0, read in another order or one-based
+        make("feature_capture/capture_layer_order__unsorted_ids_5_0_3_of_6_T4",
+             ["capture_layer_order", "capture_index_base"], ids=[5, 0, 3], blocks=6, rows=4),
     ]
 
 

@@ -32,7 +32,8 @@ def _case(case_id: str, x, z, base, proj, flags=()) -> Case:
     return Case(id=case_id, inputs=bf, flags=tuple(flags))
 
 
-def _random(case_id: str, b: int, w: int, h: int, delta_scale: float = 1.0, base_scale: float = 0.5) -> Case:
+def _random(case_id: str, b: int, w: int, h: int, delta_scale: float = 1.0, base_scale: float = 0.5,
+            flags=()) -> Case:
     rng = case_rng(case_id)
     g = h // GROUP
     x = rng.standard_normal((b, w, h))  # a normalized branch input has rms ~ 1
@@ -40,7 +41,7 @@ def _random(case_id: str, b: int, w: int, h: int, delta_scale: float = 1.0, base
     base = rng.standard_normal((2, 2, h)) * base_scale
     # rows of proj have norm ~ delta_scale, so each delta ~ N(0, delta_scale^2)
     proj = rng.standard_normal((4 * g, h)) * (delta_scale / np.sqrt(h))
-    return _case(case_id, x, z, base, proj)
+    return _case(case_id, x, z, base, proj, flags)
 
 
 def _exact_delta_proj(h: int, d) -> np.ndarray:
@@ -130,6 +131,9 @@ def generate() -> list[Case]:
         separate_rounding(f"{OP}/conv_separate_rounding__H32_W8", 2, 8, 32),
         separate_rounding(f"{OP}/conv_separate_rounding__H128_W16", 1, 16, 128),
     ]
+    # the conv family's layout variants (tap order, shift direction, the delta's group layout): any
+    # ordinary input shows them; three groups and eight columns make every one move most outputs
+    cases += [_random(f"{OP}/conv_tap_layout__H48_W8_B2", 2, 8, 48, flags=("conv_tap_layout",))]
     return cases
 
 
