@@ -288,7 +288,7 @@ def _nan_order(case_id) -> Case:
     sign = np.where(np.arange(vr) % 4 == 1, 1.0, -1.0)  # 12 rows +inf, before the NaN rows below
     head[:, 0] = sign * rng.uniform(0.5, 1.5, vr)
     head[[0, 1, 3, 4, 7, 9, 20, 30], 0] = 0.0  # NaN rows (inf * 0)
-    return _case(case_id, hidden, head, {"vocab_size": vr}, ("nan_order",))
+    return _case(case_id, hidden, head, {"vocab_size": vr}, ("nan_order", "nan_scores"))
 
 
 def _nan_scores(case_id) -> Case:

@@ -32,8 +32,7 @@ def _case(case_id: str, x, z, base, proj, flags=()) -> Case:
     return Case(id=case_id, inputs=bf, flags=tuple(flags))
 
 
-def _random(case_id: str, b: int, w: int, h: int, delta_scale: float = 1.0, base_scale: float = 0.5,
-            flags=()) -> Case:
+def _random(case_id: str, b: int, w: int, h: int, delta_scale: float = 1.0, base_scale: float = 0.5) -> Case:
     rng = case_rng(case_id)
     g = h // GROUP
     x = rng.standard_normal((b, w, h))  # a normalized branch input has rms ~ 1
@@ -41,7 +40,7 @@ def _random(case_id: str, b: int, w: int, h: int, delta_scale: float = 1.0, base
     base = rng.standard_normal((2, 2, h)) * base_scale
     # rows of proj have norm ~ delta_scale, so each delta ~ N(0, delta_scale^2)
     proj = rng.standard_normal((4 * g, h)) * (delta_scale / np.sqrt(h))
-    return _case(case_id, x, z, base, proj, flags)
+    return _case(case_id, x, z, base, proj)
 
 
 def _exact_delta_proj(h: int, d) -> np.ndarray:
@@ -99,6 +98,20 @@ def separate_rounding(case_id: str, b: int, w: int, h: int) -> Case:
     return _case(case_id, x, z, base, _exact_delta_proj(h, -np.exp2(e)), ("conv_separate_rounding",))
 
 
+def tap_layout(case_id: str, b: int, w: int, h: int) -> Case:
+    """The conv family's layout variants (the taps' coefficients exchanged, the second tap reading
+    column i + 1, the delta read group-major): ordinary inputs show each, so x and z are random and
+    every delta (exact in BF16, distinct per side, tap and group) and base coefficient is O(1)."""
+    rng = case_rng(case_id)
+    g = h // GROUP
+    x = rng.standard_normal((b, w, h))
+    z = rng.standard_normal((b, w, h))
+    x[..., 0] = 1.0
+    base = rng.standard_normal((2, 2, h)) * 0.5
+    d = storage(rng.standard_normal((2, 2, g)), "bf16").astype(np.float64)
+    return _case(case_id, x, z, base, _exact_delta_proj(h, d), ("conv_tap_layout",))
+
+
 def generate() -> list[Case]:
     cases = [
         _random(f"{OP}/H{h}_W{w}_B{b}", b, w, h)
@@ -131,9 +144,7 @@ def generate() -> list[Case]:
         separate_rounding(f"{OP}/conv_separate_rounding__H32_W8", 2, 8, 32),
         separate_rounding(f"{OP}/conv_separate_rounding__H128_W16", 1, 16, 128),
     ]
-    # the conv family's layout variants (tap order, shift direction, the delta's group layout): any
-    # ordinary input shows them; three groups and eight columns make every one move most outputs
-    cases += [_random(f"{OP}/conv_tap_layout__H48_W8_B2", 2, 8, 48, flags=("conv_tap_layout",))]
+    cases += [tap_layout(f"{OP}/conv_tap_layout__H48_W8_B2", 2, 8, 48)]
     return cases
 
 

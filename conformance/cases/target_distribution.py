@@ -257,7 +257,8 @@ def _filter_boundary(case_id) -> Case:
     logits[2] = rng.uniform(-6.0, -1.0, vr)
     logits[2, rng.permutation(vr)[:2]] = 0.0
     inputs, params = td_inputs(logits, top_p=np.array([0.5, top_p1, 1.0, 1.0]), min_p=np.array([0.0, 0.0, 1.0, 0.0]))
-    return Case(id=case_id, inputs=inputs, params=params, flags=("filter_boundary",))
+    # exact_tie: which two of row 0's four equal tokens top-p keeps is C4's tie rule (the lower ids)
+    return Case(id=case_id, inputs=inputs, params=params, flags=("filter_boundary", "exact_tie"))
 
 
 register(
