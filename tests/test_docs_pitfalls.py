@@ -36,3 +36,23 @@ def test_the_page_points_nowhere_outside_the_repository():
     text = PAGE.read_text()
     for outside in ("../shared", "shared/design", "PITFALLS.md", "CONTRACTS.md"):
         assert outside not in text, outside
+
+
+def test_every_mutant_has_a_family_and_the_page_lists_it_there():
+    """The "Families" table names each family once and, in its row, every member: a new mutant without
+    a family, or listed under another family than its code says, fails here."""
+    mutants = [*MUTANTS, *ROUND_MUTANTS]
+    assert not [m.key for m in mutants if not m.family], "mutants without a family"
+    table = PAGE.read_text().split("\n## Families\n", 1)[1]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[2]))
+    singles = next((set(re.findall(r"`([^`]+)`", ln)) for ln in table.splitlines() if "(one member each)" in ln), set())
+    wrong = []
+    for m in mutants:
+        members = rows.get(m.family, singles if m.family == m.pitfall else set())
+        if m.key not in members:
+            wrong.append(f"{m.key} (family {m.family})")
+    assert not wrong, f"docs/pitfalls.md's Families table does not list {wrong} under their family"

@@ -250,6 +250,9 @@ def generate() -> list[Case]:
         _case(f"{op}/rng_batch_row__rows_0_2_one_request", shared, ("rng_batch_row",)),
         _case(f"{op}/rng_batch_row__permuted", permuted, ("rng_batch_row",)),
         predecessor_row(f"{op}/selector_predecessor_row__T1"),
+        # the selector_first family: the first step's predecessor (the anchor), its pair term, its branches
+        _drawn(f"{op}/selector_first_step__T0_and_T1_B2_K4", 2, 4, 32, 16, 256, [0.0, 1.0], [21, 22], [90, 91],
+               flags=("selector_first_step",), accept=bites),
     ]
     return cases
 

@@ -259,8 +259,36 @@ def generate() -> list[Case]:
             flags=("bf16_tie",),
         ),
         _nan_scores(f"{op}/nan_scores__inf_hidden_times_zero_head_Vr32_K2"),
+        _vocab_boundary(f"{op}/vocab_pad_boundary__last_public_and_first_pad_lead_Vr64_vocab40"),
+        _nan_order(f"{op}/nan_order__nan_rows_below_inf_rows_Vr48_K2"),
     ]
     return cases
+
+
+def _vocab_boundary(case_id) -> Case:
+    """The last public row (vocab_size - 1) leads every column among the public rows, the padding rows
+    (the first of them, vocab_size, included) lead overall: a vocabulary bound off by one either way
+    changes the top-k."""
+    vr, vocab = 64, 40
+    case = _planted(case_id, 1, 3, 16, vr, vocab_size=vocab, flags=("vocab_pad_boundary",))
+    head = np.array(case.inputs["head"], np.float64)
+    head[vocab - 1] = 120.0  # above the ladder (top 100), below the padding rows (150)
+    return _case(case_id, _onehot_hidden(1, 3, 16), head, case.params, case.flags)
+
+
+def _nan_order(case_id) -> Case:
+    """As _nan_scores, with at most 12 rows +inf, the rest -inf and eight NaN rows, the lowest
+    rows among them: top-16 holds every +inf row and the first -inf rows. NaN read as -inf, as +inf,
+    or placed between the numbers and -inf each puts NaN rows into the top-16 or reorders it."""
+    rng = case_rng(case_id)
+    vr, h = 48, 16
+    hidden = rng.standard_normal((1, 2, h))
+    hidden[0, 0, 0] = np.inf
+    head = rng.standard_normal((vr, h)) / np.sqrt(h)
+    sign = np.where(np.arange(vr) % 4 == 1, 1.0, -1.0)  # 12 rows +inf, before the NaN rows below
+    head[:, 0] = sign * rng.uniform(0.5, 1.5, vr)
+    head[[0, 1, 3, 4, 7, 9, 20, 30], 0] = 0.0  # NaN rows (inf * 0)
+    return _case(case_id, hidden, head, {"vocab_size": vr}, ("nan_order", "nan_scores"))
 
 
 def _nan_scores(case_id) -> Case:

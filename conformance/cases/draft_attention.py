@@ -136,8 +136,37 @@ def generate() -> list[Case]:
              window=0, capacity=12, frontier=[9], live=[5], width=5, hq=8, hk=2),
         make("draft_attention/gqa_head_mapping__Hq6_Hk3_D16_local_S8_F13_W4", ["gqa_head_mapping", "ring_wrap"],
              window=8, capacity=8, frontier=[13], live=[4], width=4, hq=6, hk=3),
+        # the window family's reader: every slot populated, so a slot read one off either way is another key
+        make("draft_attention/ring_read_slot__local_S8_C8_F21_W6", ["ring_read_slot", "ring_wrap"],
+             window=8, capacity=8, frontier=[21], live=[6], width=6),
+        _store_ties(),
     ]
     return c
+
+
+def _store_ties() -> Case:
+    """The rounding family at the output store. q = 0, so both keys the live query sees (window 2: the
+    context key at F - 1 and its own row; block row 1 is past the live extent) weigh exactly 1/2 and out = (v_ctx + v_blk) / 2 is exact in FP32: an
+    exact BF16 tie whose lower neighbour is even, in every element. Rows 0-3: v_ctx = s (1 + 2j/128),
+    v_blk = s 2^-8; row 4: v_ctx = s 2^12, v_blk = s 2^20, an output near 2^19, past FP16's range.
+    Round-to-nearest-even keeps the lower neighbour; rounding half away from zero moves every element
+    one quantum outwards (the bias check); an FP16 staging store overflows row 4."""
+    cid = "draft_attention/store_rounding__exact_ties_and_2p19_S2_C4_F10_W2_live1"
+    rng = case_rng(cid)
+    b, hq, d, cap, f = 5, 4, 16, 4, 10
+    case = make(cid, ["store_rounding"], window=2, capacity=cap, frontier=[f] * b, live=[1] * b, width=2, hq=hq,
+                hk=hq, d=d)
+    sign = rng.choice([-1.0, 1.0], (b, hq, d))
+    v_ctx = sign * (1.0 + 2.0 * rng.integers(0, 32, (b, hq, d)) / 128.0)
+    v_blk = sign * 2.0**-8
+    v_ctx[-1], v_blk = sign[-1] * 2.0**12, np.broadcast_to(v_blk, (b, hq, d)).copy()
+    v_blk[-1] = sign[-1] * 2.0**20
+    v_cache = np.array(case.inputs["v_cache"])
+    v_cache[:, (f - 1) % cap] = v_ctx.astype(np.float16)
+    v = np.array(case.inputs["v"])
+    v[:, 0] = storage(v_blk, "bf16")
+    inputs = {**case.inputs, "q": np.zeros_like(case.inputs["q"]), "v": v, "v_cache": v_cache}
+    return Case(cid, inputs, case.params, case.flags, case.masks)
 
 
 def _v_overflow_outside_window() -> Case:

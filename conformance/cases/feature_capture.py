@@ -20,7 +20,7 @@ DFLASH_IDS = [1, 6, 11, 16, 22, 27, 32, 37]
 DFLASH2_IDS = [5, 19, 33, 47, 61]
 
 
-def make(cid, flags, *, ids, blocks, rows, ht=16, h=64, eps=EPS, row_scale=None) -> Case:
+def make(cid, flags, *, ids, blocks, rows, ht=16, h=64, eps=EPS, row_scale=None, norm_range=(0.5, 1.5)) -> Case:
     rng = case_rng(cid)
     scale = 2.0 ** (np.arange(blocks) / 4.0)[:, None, None]  # RMS 1 at block 0 up to ~2^(L/4)
     r = rng.standard_normal((blocks, rows, ht)) * scale + rng.standard_normal((blocks, 1, ht)) * scale
@@ -31,7 +31,7 @@ def make(cid, flags, *, ids, blocks, rows, ht=16, h=64, eps=EPS, row_scale=None)
     inputs = {
         "block_outputs": storage(r, "bf16"),
         "fc_weight": storage(fc, "bf16"),
-        "hidden_norm": storage(rng.uniform(0.5, 1.5, h), "bf16"),
+        "hidden_norm": storage(rng.uniform(*norm_range, h), "bf16"),
     }
     return Case(id=cid, inputs=inputs, params={"target_layer_ids": list(ids), "eps": eps}, flags=tuple(flags))
 
@@ -64,6 +64,15 @@ def generate() -> list[Case]:
         # 32 rows: the bias check needs 16 independent rows (registry.BIAS_MIN_ROWS)
         make("feature_capture/bf16_truncation__ids_1_3_of_4_T32_H64", ["bf16_truncation"], ids=[1, 3], blocks=4,
              rows=32),
+        # the norm family: rows from RMS ~1 down to eps-dominated, so a misplaced eps (outside the sqrt,
+        # on the sum) and a sum for the mean move whole rows; weights spread over 0.1 .. 3 put the
+        # statistics of w x far from those of x (the weight applied before the normalization)
+        make("feature_capture/rmsnorm_formula__eps_1e-5_rows_1_to_1e-4_T8", ["rmsnorm_formula"], ids=[2, 1],
+             blocks=3, rows=8, eps=1e-5, row_scale=[1.0, 0.5, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 2.0],
+             norm_range=(0.1, 3.0)),
+        # the capture family: an unsorted list holding id 0, read in another order or one-based
+        make("feature_capture/capture_layer_order__unsorted_ids_5_0_3_of_6_T4",
+             ["capture_layer_order", "capture_index_base"], ids=[5, 0, 3], blocks=6, rows=4),
     ]
 
 

@@ -131,6 +131,20 @@ def coef_cancels(case_id: str, b: int, w: int, h: int) -> Case:
     return _case(case_id, x, z, base, proj)
 
 
+def tap_layout(case_id: str, b: int, w: int, h: int) -> Case:
+    """The conv family's layout variants (the taps' coefficients exchanged, the second tap reading
+    column i + 1, the delta read group-major): ordinary inputs show each, so x and z are random and
+    every delta (exact in BF16, distinct per side, tap and group) and base coefficient is O(1)."""
+    rng = case_rng(case_id)
+    g = h // GROUP
+    x = rng.standard_normal((b, w, h))
+    z = rng.standard_normal((b, w, h))
+    x[..., 0] = 1.0
+    base = rng.standard_normal((2, 2, h)) * 0.5
+    d = storage(rng.standard_normal((2, 2, g)), "bf16").astype(np.float64)
+    return _case(case_id, x, z, base, _exact_delta_proj(h, d), ("conv_tap_layout",))
+
+
 def generate() -> list[Case]:
     cases = [
         _random(f"{OP}/H{h}_W{w}_B{b}", b, w, h)
@@ -165,6 +179,7 @@ def generate() -> list[Case]:
         coef_cancels(f"{OP}/coef_cancels_fp32_delta_H32_W8", 2, 8, 32),
         coef_cancels(f"{OP}/coef_cancels_fp32_delta_H16_W1", 3, 1, 16),
     ]
+    cases += [tap_layout(f"{OP}/conv_tap_layout__H48_W8_B2", 2, 8, 48)]
     return cases
 
 

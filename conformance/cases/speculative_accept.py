@@ -508,6 +508,11 @@ def generate() -> list[Case]:
             frontiers=np.full(4, 777),
             flags=("rng_batch_row",),
         ),
+        # the rng family: the key's high word and each field of the counter (position, purpose, index);
+        # a rejection (accept coin, correction race) in row 0 and a bonus race in row 1, both seeds >= 2^32
+        _designed(f"{c}rng_counter__dflash2_B2_K5_seeds_above_2p32", B=2, K=5, A=[2, 5], retained=True,
+                  seeds=np.array([2**32 + 12345, 2**40 + 99], np.uint64),
+                  flags=("rng_counter", "rng_seed_low_word", "rng_key")),
     ]
     # the rows of a sampled case, permuted: each request's results move with it
     base = next(x for x in cases if x.id == f"{c}dflash2_K2_mixed_greedy_sampled_B4")

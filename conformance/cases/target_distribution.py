@@ -230,7 +230,35 @@ def generate() -> list[Case]:
         _drawn(f"{c}large_logits_80", scale=40.0, temperature=np.array([1.0, 0.5, 3.0, 10.0])),
         _drawn(f"{c}small_vocab_2", Vr=2, N=3, top_p=np.array([1.0, 0.6, 0.2]), min_p=np.array([0.0, 0.0, 0.5])),
         _drawn(f"{c}single_row_V7", N=1, Vr=7, top_k=3, top_p=0.8),
+        # the filters family: the order of penalties, temperature and the filters
+        _drawn(f"{c}filter_order__penalties_T_top_k_top_p", scale=1.0, prompt=0.3, history=0.4,
+               temperature=np.array([0.4, 2.5, 0.5, 3.0], np.float32), top_k=np.array([4, 8, 6, 10]),
+               top_p=np.array([0.7, 0.8, 0.75, 0.85]), frequency_penalty=0.8, presence_penalty=0.6,
+               flags=("filter_order",)),
+        _filter_boundary(f"{c}filter_boundary__top_p_reached_exactly_min_p_at_threshold"),
     ]
+
+
+def _filter_boundary(case_id) -> Case:
+    """The filters' boundary rules. Row 0: four equal logits and the rest 200 below, so p = 1/4 exactly
+    and the prefix mass reaches top_p = 1/2 exactly at two tokens (kept: two; a rule that needs the mass
+    to exceed top_p keeps three). Row 1: top_p halfway between two prefix masses (kept: the token that
+    crosses top_p). Row 2: two equal maximal logits and min_p = 1, so both sit exactly at the threshold
+    (kept: both). Row 3: ordinary. Every value is exact in FP32, so no legitimate rounding moves a boundary."""
+    rng = case_rng(case_id)
+    vr = 32
+    logits = rng.standard_normal((4, vr))
+    logits[0] = -200.0
+    logits[0, rng.permutation(vr)[:4]] = 0.0
+    z1 = np.asarray(logits[1], np.float32).astype(np.float64)
+    p1 = np.exp(z1 - z1.max())
+    cum = np.cumsum(np.sort(p1 / p1.sum())[::-1])
+    top_p1 = float(np.float32((cum[2] + cum[3]) / 2))
+    logits[2] = rng.uniform(-6.0, -1.0, vr)
+    logits[2, rng.permutation(vr)[:2]] = 0.0
+    inputs, params = td_inputs(logits, top_p=np.array([0.5, top_p1, 1.0, 1.0]), min_p=np.array([0.0, 0.0, 1.0, 0.0]))
+    # exact_tie: which two of row 0's four equal tokens top-p keeps is C4's tie rule (the lower ids)
+    return Case(id=case_id, inputs=inputs, params=params, flags=("filter_boundary", "exact_tie"))
 
 
 register(

@@ -34,6 +34,10 @@ class Mutant(Float32Baseline):
     op = ""
     pitfall = ""
     variant = ""
+    # the mechanism's family (docs/pitfalls.md, "Families"): mutants that share a mechanism and differ
+    # in its details (an off-by-one either way, another word of the same key) carry one family key, so
+    # an engine whose bug is a variant the catalog lacks can still be told which family it looks like
+    family = ""
     BUG: ClassVar[dict | None] = None  # None: the mutant calls the reference on manipulated inputs
     # what the suite must say on a case naming the pitfall: "fail"; or "precision" for a spec
     # deviation whose error is the size of a legitimate rounding (C2 v2): ACCEPTABLE(precision)
@@ -255,4 +259,23 @@ ROWS = {
     "min_p_on_logits": "v2: min-p formula applied to logits (Camelid PR #534)",
     "sibling_residual": "C6: recursive rejection over a node's children without the residual update between "
                         "siblings (each sibling tested against p itself)",
+    # the families' further variants (catalog v3): the same mechanisms with other details
+    "rmsnorm_formula": "norm family: RMSNorm formula slips (eps outside the sqrt or on the sum, sum for mean, "
+                       "weight before the normalization, (1 + w) for w)",
+    "rng_seed_low_word": "rng family: the seed held in 32 bits, the key's high word lost",
+    "rng_counter": "rng family: a Philox counter field wrong (word order, purpose code, index base, position)",
+    "filter_order": "filters family: penalties after the temperature, or top-p before top-k",
+    "filter_boundary": "filters family: a top-p or min-p boundary rule strict where C5's is not, or the crossing "
+                       "token dropped",
+    "ring_read_slot": "window family: the context ring read one slot off (p + 1 or p - 1 mod C)",
+    "conv_tap_layout": "conv family: the conv's taps exchanged, shifted the other way, or its delta read "
+                       "group-major",
+    "capture_layer_order": "capture family: captured features concatenated sorted or reversed, not in the "
+                           "recorded id order",
+    "capture_index_base": "capture family: layer ids read one-based (id 0 wraps to the last block)",
+    "vocab_pad_boundary": "vocab_pad family: the public-vocabulary bound off by one either way",
+    "selector_first_step": "selector_first family: the walk's first step without the anchor as predecessor, "
+                           "without its pair term, or with its branches swapped",
+    "store_rounding": "rounding family: a BF16 store rounded half away from zero, or through FP16 first",
+    "nan_order": "nan_order family: NaN ranked as -inf, as +inf, or between the numbers and -inf",
 }

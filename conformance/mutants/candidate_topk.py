@@ -16,6 +16,7 @@ class TopkTiesToHighest(Mutant):
     """Top-k ties broken toward the higher head row."""
 
     op, pitfall = "candidate_topk", "topk_unstable"
+    family = "ties"
     also = ("exact_tie",)
 
     def candidate_topk(self, head, shortlist=None, **kw):
@@ -29,6 +30,7 @@ class TopkSoftcapBeforeSelection(Mutant):
     the ties then go by row, not by the raw logits."""
 
     op, pitfall = "candidate_topk", "bf16_tie"
+    family = "ties"
 
     BUG: ClassVar[dict] = {"select_on_bf16_transform": True}
 
@@ -48,6 +50,7 @@ class TopkSoftcapBeforeSelection(Mutant):
 
 class TopkShortlistNoRemap(Mutant):
     op, pitfall = "candidate_topk", "shortlist_remap"
+    family = "shortlist_remap"
 
     def candidate_topk(self, shortlist=None, **kw):
         out = self._baseline(candidate_topk, shortlist=shortlist, **kw)
@@ -61,6 +64,7 @@ class TopkShortlistNoRemap(Mutant):
 
 class TopkVocabPadding(_ArgsMutant):
     op, pitfall, fn = "candidate_topk", "vocab_padding", candidate_topk
+    family = "vocab_pad"
 
     def change(self, kw):
         return {**kw, "vocab_size": 2**31 - 1}
@@ -70,6 +74,7 @@ class TopkNanFirst(Mutant):
     """Top-k over NaN scores returns rows 0..k-1 (comparisons with NaN are false; vLLM #55250)."""
 
     op, pitfall = "candidate_topk", "nan_scores"
+    family = "nan_order"
 
     def candidate_topk(self, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0, shortlist=None):
         out = self._baseline(candidate_topk, hidden=hidden, head=head, vocab_size=vocab_size, top_k=top_k,
@@ -84,3 +89,73 @@ class TopkNanFirst(Mutant):
             ids[hit] = gid[rows]
             scores[hit] = numerics.storage(_transform(z[hit][:, rows], output_multiplier, softcap), "fp32")
         return {"scores": scores, "ids": ids}
+
+
+# --- variants of the vocabulary-padding and NaN-order families -----------------------------------
+
+
+class _VocabOffMutant(_ArgsMutant):
+    """The public-vocabulary bound off by one: rows >= vocab_size + ``shift`` excluded."""
+
+    op, pitfall, family, fn = "candidate_topk", "vocab_pad_boundary", "vocab_pad", candidate_topk
+    shift = 0
+
+    def change(self, kw):
+        return {**kw, "vocab_size": int(kw["vocab_size"]) + self.shift}
+
+
+class VocabPadPlusOne(_VocabOffMutant):
+    """The first padding row (id vocab_size) kept eligible: the bound tested as id <= vocab_size."""
+
+    variant, shift = "plus_one", 1
+
+
+class VocabPadMinusOne(_VocabOffMutant):
+    """The last public row (id vocab_size - 1) masked with the padding: the bound taken as vocab_size - 1."""
+
+    variant, shift = "minus_one", -1
+
+
+class _NanOrderMutant(Mutant):
+    """Top-k whose sort puts NaN logits somewhere else than after every number (C4), by ``nan_key``."""
+
+    op, pitfall, family = "candidate_topk", "nan_order", "nan_order"
+    BUG: ClassVar[dict] = {}
+
+    def candidate_topk(self, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0, shortlist=None):
+        with precision.baseline(), np.errstate(invalid="ignore"):
+            z = work(hidden) @ work(head).T
+            gid = np.arange(head.shape[0]) if shortlist is None else np.asarray(shortlist, np.int64)
+            key = -z
+            nan = np.isnan(z)
+            if self.bug.get("nan_as") == "-inf":  # NaN read as -inf: it ties with the -inf logits, row order decides
+                key = np.where(nan, np.inf, key)
+            elif self.bug.get("nan_as") == "+inf":  # NaN read as +inf: it ties with the +inf logits
+                key = np.where(nan, -np.inf, key)
+            elif self.bug.get("nan_as") == "between":  # NaN after +inf and every finite logit, before -inf
+                key = np.where(nan, np.finfo(key.dtype).max, key)
+            key = np.where((gid >= 0) & (gid < vocab_size), key, np.inf)
+            # NaN keys (none left when the bug is on) sort last, as the reference's stable sort has them
+            rows = np.argsort(key, axis=-1, kind="stable")[..., :top_k]
+            scores = _transform(np.take_along_axis(z, rows, axis=-1), output_multiplier, softcap)
+        return {"scores": numerics.storage(scores, "fp32"), "ids": gid[rows].astype(np.int32)}
+
+
+class TopkNanAsNegInf(_NanOrderMutant):
+    """NaN logits ranked as -inf (a NaN-to--inf sanitizer before the sort): a NaN row with a low index
+    goes ahead of -inf rows instead of after them."""
+
+    variant, BUG = "as_neg_inf", {"nan_as": "-inf"}
+
+
+class TopkNanAsPosInf(_NanOrderMutant):
+    """NaN logits ranked as +inf (a comparator that reads NaN as greater): NaN rows tie with +inf rows."""
+
+    variant, BUG = "as_pos_inf", {"nan_as": "+inf"}
+
+
+class TopkNanBeforeNegInf(_NanOrderMutant):
+    """NaN logits ranked after every finite and +inf logit but ahead of -inf (NaN read as the largest
+    finite negative number)."""
+
+    variant, BUG = "before_neg_inf", {"nan_as": "between"}

@@ -73,6 +73,7 @@ class RingSlot(Mutant):
     """Ring slot (p + 1) mod C: the write lands one slot past where readers look."""
 
     op, pitfall = "context_kv", "ring_slot"
+    family = "window"
 
     BUG: ClassVar[dict] = {"ring_shift": 1}
 
@@ -88,6 +89,7 @@ class KBf16BeforeNorm(Mutant):
     without failing that legitimate engine."""
 
     op, pitfall = "context_kv", "k_bf16_before_norm"
+    family = "rounding"
     expect = "precision"
 
     BUG: ClassVar[dict] = {"k_raw_bf16": True}
@@ -100,6 +102,7 @@ class Fp32Positions(Mutant):
     """RoPE angles from FP32 positions (the HF/vLLM habit): positions above 2^24 lose bits."""
 
     op, pitfall = "context_kv", "positions_2p31"
+    family = "positions"
 
     BUG: ClassVar[dict] = {"fp32_positions": True}
 
@@ -109,12 +112,14 @@ class Fp32Positions(Mutant):
 
 class Fp32Positions2p32(Fp32Positions):
     op, pitfall, variant = "context_kv", "positions_2p32", "fp32_positions"
+    family = "positions"
 
 
 class VFp16WithoutBf16(Mutant):
     """Context V rounded straight to FP16, skipping the BF16 step of FP16_RNE(BF16(v))."""
 
     op, pitfall = "context_kv", "v_fp16_without_bf16"
+    family = "rounding"
 
     BUG: ClassVar[dict] = {"v_via_bf16": False}
 
@@ -133,6 +138,7 @@ class RingWriteNoWrap(_KvMutant):
     """A chunk written linearly from its first slot: rows past the ring's end are lost, not wrapped."""
 
     pitfall = "ring_wrap"
+    family = "window"
     BUG: ClassVar[dict] = {"no_wrap": True}
 
 
@@ -140,6 +146,7 @@ class ChunkFirstRows(_KvMutant):
     """A chunk longer than the ring keeps its first C rows instead of its last C."""
 
     pitfall = "chunk_longer_than_S"
+    family = "window"
     BUG: ClassVar[dict] = {"first_rows": True}
 
 
@@ -147,6 +154,7 @@ class VSaturating(_KvMutant):
     """Context V cast to FP16 with saturation: overflow gives +-65504, not +-inf (C1)."""
 
     pitfall = "fp16_overflow"
+    family = "rounding"
     BUG: ClassVar[dict] = {"v_saturate": True}
 
 
@@ -154,6 +162,7 @@ class VFtz(_KvMutant):
     """FP16 subnormals of V flushed to zero (C1 keeps them)."""
 
     pitfall = "fp16_subnormal"
+    family = "rounding"
     BUG: ClassVar[dict] = {"v_ftz": True}
 
 
@@ -161,6 +170,7 @@ class KvRopeInterleaved(_KvMutant):
     """Context K rotated GPT-J style (interleaved pairs) instead of split halves."""
 
     pitfall = "rope_interleaved"
+    family = "rope"
     BUG: ClassVar[dict] = {"rope_interleaved": True}
 
 
@@ -168,4 +178,19 @@ class KvRopeBf16Positions(_KvMutant):
     """RoPE table built in BF16: positions above 256 are not exact (candle #3520, sglang #33117)."""
 
     pitfall = "rope_bf16_table"
+    family = "rope"
     BUG: ClassVar[dict] = {"bf16_positions": True}
+
+
+# --- a variant of the window family: the ring's writer off by one the other way ------------------
+
+
+class RingSlotMinusOne(Mutant):
+    """Ring slot (p - 1) mod C: the write lands one slot before where readers look."""
+
+    op, pitfall, variant, family = "context_kv", "ring_slot", "minus_one", "window"
+
+    BUG: ClassVar[dict] = {"ring_shift": -1}
+
+    def context_kv(self, **kw):
+        return self._baseline(_context_kv, **self.bug, **kw)

@@ -20,6 +20,7 @@ class WindowLeSLayer(Mutant):
     """The same window bug inside a draft layer."""
 
     op, pitfall, variant = "draft_layer", "window_le_S", "draft_layer"
+    family = "window"
 
     def draft_layer(self, window, **kw):
         w = int(window)
@@ -30,6 +31,7 @@ class CausalDraftLayer(Mutant):
     """draft_layer whose attention is causal over the block rows."""
 
     op, pitfall, variant = "draft_layer", "causal_draft_attention", "draft_layer"
+    family = "window"
 
     def draft_layer(self, x, live, **kw):
         return {"x_next": _causal(x.shape[1], lambda lv: self._baseline(draft_layer, x=x, live=lv, **kw)["x_next"],
@@ -38,6 +40,7 @@ class CausalDraftLayer(Mutant):
 
 class LayerWindowNarrow(_ArgsMutant):
     op, pitfall, variant, fn = "draft_layer", "mask_boundary", "draft_layer", draft_layer
+    family = "window"
 
     def change(self, kw):
         w = int(kw["window"])
@@ -46,6 +49,7 @@ class LayerWindowNarrow(_ArgsMutant):
 
 class LayerRingReadUnwrapped(_ArgsMutant):
     op, pitfall, variant, fn = "draft_layer", "ring_wrap", "draft_layer", draft_layer
+    family = "window"
 
     def change(self, kw):
         return {**kw, "k_cache": _unwrapped_ring(kw["k_cache"], kw["frontier"]),
@@ -54,6 +58,7 @@ class LayerRingReadUnwrapped(_ArgsMutant):
 
 class LayerLiveIgnored(_ArgsMutant):
     op, pitfall, variant, fn = "draft_layer", "tail_extent", "draft_layer", draft_layer
+    family = "extent"
 
     def change(self, kw):
         return {**kw, "live": np.full_like(kw["live"], np.shape(kw["x"])[1])}
@@ -61,6 +66,7 @@ class LayerLiveIgnored(_ArgsMutant):
 
 class LayerInt32Positions(_ArgsMutant):
     op, pitfall, variant, fn = "draft_layer", "positions_2p31", "draft_layer", draft_layer
+    family = "positions"
     also = ("positions_2p32",)
 
     def change(self, kw):
@@ -71,6 +77,7 @@ class LayerRopeInterleaved(_ArgsMutant):
     """GPT-J (interleaved pairs) RoPE on the block's Q and K instead of split halves."""
 
     op, pitfall, variant, fn = "draft_layer", "rope_interleaved", "draft_layer", draft_layer
+    family = "rope"
 
     def change(self, kw):
         return _layer_rope_interleaved(kw)
@@ -78,6 +85,7 @@ class LayerRopeInterleaved(_ArgsMutant):
 
 class LayerGqaInterleaved(_ArgsMutant):
     op, pitfall, variant, fn = "draft_layer", "gqa_head_mapping", "draft_layer", draft_layer
+    family = "gqa_head_mapping"
 
     def change(self, kw):
         return _layer_gqa(kw)

@@ -17,6 +17,7 @@ class WindowLeSBlock(Mutant):
     """The same window bug in every local layer of the masked block."""
 
     op, pitfall, variant = "masked_block", "window_le_S", "masked_block"
+    family = "window"
 
     def masked_block(self, windows, **kw):
         return self._baseline(masked_block, windows=[int(w) + 1 if int(w) > 0 else 0 for w in windows], **kw)
@@ -26,6 +27,7 @@ class AnchorAsMask(Mutant):
     """The anchor column embedded as MASK instead of the committed token."""
 
     op, pitfall = "masked_block", "anchor_as_mask"
+    family = "anchor_as_mask"
 
     def masked_block(self, anchor, mask_token_id, **kw):
         return self._baseline(masked_block, anchor=np.full_like(anchor, mask_token_id),
@@ -50,6 +52,7 @@ class Dflash2AllColumns(Mutant):
     min(block_size, ...)): the block's attention sees live rows only, as DFlash's does."""
 
     op, pitfall = "masked_block", "dflash2_all_columns"
+    family = "extent"
 
     BUG: ClassVar[dict] = {"live_only": True}
 
@@ -59,6 +62,7 @@ class Dflash2AllColumns(Mutant):
 
 class BlockWindowNarrow(_ArgsMutant):
     op, pitfall, variant, fn = "masked_block", "mask_boundary", "masked_block", masked_block
+    family = "window"
 
     def change(self, kw):
         return {**kw, "windows": [int(w) - 1 if int(w) > 1 else int(w) for w in kw["windows"]]}
@@ -66,6 +70,7 @@ class BlockWindowNarrow(_ArgsMutant):
 
 class BlockRingReadUnwrapped(_ArgsMutant):
     op, pitfall, variant, fn = "masked_block", "ring_wrap", "masked_block", masked_block
+    family = "window"
 
     def change(self, kw):
         return {**kw, "context_k": np.stack([_unwrapped_ring(c, kw["frontier"]) for c in kw["context_k"]]),
@@ -76,6 +81,7 @@ class BlockLiveIgnored(_ArgsMutant):
     """DFlash's block attends every column, not just the live P + 1."""
 
     op, pitfall, variant, fn = "masked_block", "tail_extent", "masked_block", masked_block
+    family = "extent"
 
     def change(self, kw):
         return {**kw, "live": np.full_like(kw["live"], int(kw["num_drafts"]) + 1)}
@@ -83,6 +89,7 @@ class BlockLiveIgnored(_ArgsMutant):
 
 class BlockInt32Positions(_ArgsMutant):
     op, pitfall, variant, fn = "masked_block", "positions_2p32", "masked_block", masked_block
+    family = "positions"
     also = ("positions_2p31",)
 
     def change(self, kw):
@@ -91,6 +98,7 @@ class BlockInt32Positions(_ArgsMutant):
 
 class BlockRopeInterleaved(_ArgsMutant):
     op, pitfall, variant, fn = "masked_block", "rope_interleaved", "masked_block", masked_block
+    family = "rope"
 
     def change(self, kw):
         return _layer_rope_interleaved(kw, lead=True)
@@ -98,6 +106,7 @@ class BlockRopeInterleaved(_ArgsMutant):
 
 class BlockGqaInterleaved(_ArgsMutant):
     op, pitfall, variant, fn = "masked_block", "gqa_head_mapping", "masked_block", masked_block
+    family = "gqa_head_mapping"
 
     def change(self, kw):
         return _layer_gqa(kw)

@@ -12,6 +12,7 @@ class PreviewCutBeforeEos(Mutant):
     """The preview ends before the first EOS or stop token instead of after it."""
 
     op, pitfall = "preview_commit", "preview_cut_before_eos"
+    family = "preview_cut_before_eos"
 
     def preview_commit(self, tokens, num_out, budget, cancel, eos_ids, stop_ids, **kw):
         # cutting at j - 1 is the reference's cut with the budget lowered to j - 1
@@ -27,6 +28,7 @@ class MaskTokenStripped(Mutant):
     """Published tokens equal to mask_token_id dropped from the output (and from n)."""
 
     op, pitfall = "preview_commit", "mask_token_stripped"
+    family = "mask_token_stripped"
 
     def preview_commit(self, mask_token_id, **kw):
         out = self._baseline(preview_commit, mask_token_id=mask_token_id, **kw)

@@ -15,6 +15,7 @@ class NextTokenShift(Mutant):
     earlier (column 0, having no anchor hidden here, from the last column)."""
 
     op, pitfall = "proposal_head", "next_token_shift"
+    family = "next_token_shift"
 
     def proposal_head(self, hidden, **kw):
         return self._baseline(proposal_head, hidden=np.roll(hidden, 1, axis=1), **kw)
@@ -25,6 +26,7 @@ class Bf16Logits(Mutant):
     ulp apart tie, and the lowest row wins."""
 
     op, pitfall = "proposal_head", "bf16_logits"
+    family = "rounding"
 
     def proposal_head(self, hidden, head, vocab_size, shortlist=None):
         logits = numerics.to_bf16(precision.matmul(work(hidden), work(head).T).astype(np.float64))
@@ -38,6 +40,7 @@ class HeadTiesToHighest(Mutant):
     """Argmax ties to the highest row (last maximum) instead of the lowest (C4)."""
 
     op, pitfall = "proposal_head", "exact_tie"
+    family = "ties"
 
     def proposal_head(self, head, shortlist=None, **kw):
         gid = np.arange(head.shape[0], dtype=np.int32) if shortlist is None else np.asarray(shortlist)
@@ -48,6 +51,7 @@ class HeadShortlistNoRemap(Mutant):
     """An indexed head's row number returned as the token (no shortlist remap)."""
 
     op, pitfall = "proposal_head", "shortlist_remap"
+    family = "shortlist_remap"
 
     def proposal_head(self, head, vocab_size, shortlist=None, **kw):
         out = self._baseline(proposal_head, head=head, vocab_size=vocab_size, shortlist=shortlist, **kw)
@@ -63,6 +67,7 @@ class HeadVocabPadding(_ArgsMutant):
     """Padded vocabulary rows eligible (vocab_size ignored)."""
 
     op, pitfall, fn = "proposal_head", "vocab_padding", proposal_head
+    family = "vocab_pad"
 
     def change(self, kw):
         return {**kw, "vocab_size": 2**31 - 1}

@@ -18,6 +18,7 @@ class RoundMutant(Float32Baseline):
     op = "proposal_round"
     pitfall = ""
     variant = ""
+    family = ""  # as Mutant.family
     BUG: ClassVar[dict] = {}
     expect = "fail"
 
@@ -46,21 +47,25 @@ class ContextRoleWeights(RoundMutant):
     """Context K/V projected with the draft block's own k_proj / v_proj, not the context role's."""
 
     pitfall, BUG = "context_role_weights", {"context_role": True}
+    family = "context_role_weights"
 
 
 class LayerIdOrigin(RoundMutant):
     """target_layer_ids counted from the embedding boundary: block l + 1 read for id l."""
 
     pitfall, BUG = "layer_id_origin", {"layer_shift": 1}
+    family = "capture"
 
 
 class CaptureBeforeLayer(RoundMutant):
     """The capture hook at the layer's input: block l - 1's output read for block l."""
 
     pitfall, BUG = "capture_before_layer", {"layer_shift": -1}
+    family = "capture"
 
 
 class DraftTemperatureIgnored(RoundMutant):
     """The DFlash2 selector walks greedily whatever the request's temperature."""
 
     pitfall, BUG = "draft_temperature", {"ignore_temperature": True}
+    family = "filters"

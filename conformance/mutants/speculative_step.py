@@ -28,6 +28,7 @@ class FirstDraftUnverified(StepMutant):
     """d_1 committed without its accept test; verification starts at d_2 (lattice #243)."""
 
     pitfall, BUG = "first_draft_unverified", {"commit_first_unverified": True}
+    family = "first_draft_unverified"
 
 
 class RngZeroProposal(StepMutant):
@@ -35,3 +36,4 @@ class RngZeroProposal(StepMutant):
     advanced its generator (vllm-ascend #13608)."""
 
     pitfall, BUG = "rng_zero_proposal", {"rng_zero_proposal_offset": True}
+    family = "rng"

@@ -12,6 +12,7 @@ from reference.precision import work
 
 class TreeRngKey(_ArgsMutant):
     op, pitfall, fn = "tree_verify", "rng_key", None
+    family = "rng"
 
     def change(self, kw):
         return {**kw, "seed": _swap_words(kw["seed"])}
@@ -19,6 +20,7 @@ class TreeRngKey(_ArgsMutant):
 
 class TreeRngBatchRow(_ArgsMutant):
     op, pitfall, fn = "tree_verify", "rng_batch_row", None
+    family = "rng"
 
     def change(self, kw):
         return {**kw, "seed": np.asarray(kw["seed"], np.uint64) ^ np.arange(len(kw["seed"]), dtype=np.uint64)}
@@ -26,6 +28,7 @@ class TreeRngBatchRow(_ArgsMutant):
 
 class TreePositions32(_ArgsMutant):
     op, pitfall, fn = "tree_verify", "positions_2p32", None
+    family = "rng"
 
     def change(self, kw):
         return {**kw, "frontier": np.asarray(kw["frontier"], np.int64) & M32}
@@ -95,6 +98,7 @@ class TreeSiblingResidual(Mutant):
     rejected node is tested against p itself instead of max(r - g, 0) normalized (C6)."""
 
     op, pitfall = "tree_verify", "sibling_residual"
+    family = "residual"
 
     BUG: ClassVar[dict] = {"sibling_residual": False}
 

@@ -45,6 +45,10 @@ PITFALLS = {
     "residual_sum_zero", "coin_le_ratio", "greedy_ties_last_wins", "same_draw_reused", "rng_purpose_shared",
     "rng_advanced_p0", "filters_only_on_bonus", "penalties_last_token_only", "temperature_after_filters",
     "min_p_on_logits", "penalties_missing", "min_p_missing",
+    # catalog v3: the families' further variants
+    "rmsnorm_formula", "rng_seed_low_word", "rng_counter", "filter_order", "filter_boundary", "ring_read_slot",
+    "conv_tap_layout", "capture_layer_order", "capture_index_base", "vocab_pad_boundary", "selector_first_step",
+    "store_rounding", "nan_order",
 }
 
 
@@ -76,7 +80,17 @@ ORDER = [
     "same_draw_reused", "rng_purpose_shared", "rng_advanced_p0", "filters_only_on_bonus",
     "penalties_last_token_only", "rng_key-tree_verify", "rng_batch_row-tree_verify",
     "positions_2p32-tree_verify", "sibling_residual", "temperature_after_filters", "min_p_on_logits",
-    "penalties_missing", "min_p_missing", "vocab_padding-target_distribution", "exact_tie-target_distribution"
+    "penalties_missing", "min_p_missing", "vocab_padding-target_distribution", "exact_tie-target_distribution",
+    # catalog v3: further variants of the families
+    "rmsnorm_formula-eps_outside_sqrt", "rmsnorm_formula-eps_on_sum", "rmsnorm_formula-sum_of_squares", "rmsnorm_formula-weight_before",
+    "rmsnorm_formula-one_plus_weight", "rng_seed_low_word", "rng_counter-words_swapped", "rng_counter-purpose_from_zero",
+    "rng_counter-index_base1", "rng_counter-position_minus1", "filter_order-penalties_after_temperature", "filter_order-top_p_before_top_k",
+    "filter_boundary-top_p_strict", "filter_boundary-top_p_drops_crossing", "filter_boundary-min_p_strict", "ring_slot-minus_one",
+    "ring_read_slot-plus_one", "ring_read_slot-minus_one", "conv_tap_layout-tap_order", "conv_tap_layout-shift_next",
+    "conv_tap_layout-group_major", "capture_layer_order-sorted", "capture_layer_order-reversed", "capture_index_base",
+    "vocab_pad_boundary-plus_one", "vocab_pad_boundary-minus_one", "selector_first_step-pred_top1", "selector_first_step-no_pair",
+    "selector_first_step-branches_swapped", "store_rounding-half_away", "store_rounding-via_fp16", "nan_order-as_neg_inf",
+    "nan_order-as_pos_inf", "nan_order-before_neg_inf"
 ]
 ROUND_ORDER = [
     "context_role_weights", "layer_id_origin", "capture_before_layer", "draft_temperature",
