@@ -14,6 +14,7 @@
 // The top-p mass sum is monotone in the threshold because it is one fixed reduction
 // tree over non-negative terms (rounded addition is monotone in each operand).
 #include "order_key.cuh"
+#include "row_filter.cuh"
 #include "philox.cuh"
 
 using dflash::u32;
@@ -26,54 +27,15 @@ using dflash::u64;
 
 namespace {
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+using rowf::neg_inf;
 
 using okey::key_id;
 using okey::order_key;
 
-// Block reductions for ROW_THREADS threads, result returned to every thread. Max and the
-// race are order-free (a total order has one maximum); the sums use one fixed tree.
-__device__ u64 block_max_u64(u64 v) {
-    __shared__ u64 sh[ROW_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 t = __shfl_xor_sync(0xffffffffu, v, o);
-        v = t > v ? t : v;
-    }
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    u64 r = sh[0];
-    for (int w = 1; w < ROW_WARPS; ++w) r = sh[w] > r ? sh[w] : r;
-    return r;
-}
-
-__device__ int block_sum_int(int v) {
-    __shared__ int sh[ROW_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    int r = 0;
-    for (int w = 0; w < ROW_WARPS; ++w) r += sh[w];
-    return r;
-}
-
-__device__ double block_sum_f64(double v) {
-    __shared__ double sh[ROW_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    double r = 0.0;
-    for (int w = 0; w < ROW_WARPS; ++w) r = __dadd_rn(r, sh[w]);
-    return r;
-}
+// The row's block reductions (device/row_filter.cuh) at this kernel's block size.
+__device__ __forceinline__ u64 block_max_u64(u64 v) { return rowf::block_max_u64<ROW_WARPS>(v); }
+__device__ __forceinline__ int block_sum_int(int v) { return rowf::block_sum_int<ROW_WARPS>(v); }
+__device__ __forceinline__ double block_sum_f64(double v) { return rowf::block_sum_f64<ROW_WARPS>(v); }
 
 __device__ dflash::RaceEntry block_race(dflash::RaceEntry e) {
     __shared__ double sh_s[ROW_WARPS];
@@ -96,25 +58,11 @@ __device__ dflash::RaceEntry block_race(dflash::RaceEntry e) {
     return r;
 }
 
-struct RowParams {
-    float temperature, top_p, min_p, rho, freq, pres;
-    int top_k;
-};
-
-struct Keep {
-    u64 threshold;  // keep keys >= threshold (top-k and top-p)
-    double min_e;   // and exp(z - zmax) >= min_e (min-p; 0 when off)
-    double zmax;
-};
-
-__device__ __forceinline__ double weight_of(float z, double zmax) { return exp(dflash::f32_to_f64(z) - zmax); }
-
-__device__ __forceinline__ bool kept(float z, int v, const Keep& k, double* e) {
-    if (!isfinite(z)) return false;  // as the reference's keep = isfinite(z)
-    if (order_key(z, v) < k.threshold) return false;
-    *e = weight_of(z, k.zmax);
-    return !(*e < k.min_e);
-}
+using rowf::Keep;
+using rowf::kept;
+using rowf::row_params;
+using rowf::RowParams;
+using rowf::weight_of;
 
 // Largest t in [0, hi] with count(key >= t) >= k: the k-th largest key (keys distinct).
 __device__ u64 kth_key(const float* zs, int Vr, int k, u64 hi) {
@@ -213,20 +161,6 @@ __device__ int row_distribution(const float* __restrict__ logits, const unsigned
     for (int v = threadIdx.x; v < Vr; v += ROW_THREADS) p[v] = kept(zs[v], v, k, &e) ? dflash::f64_to_f32_rn(e / total) : 0.0f;
     __syncthreads();
     return top;
-}
-
-__device__ __forceinline__ RowParams row_params(int r, const float* temperature, const float* top_p,
-                                                const float* min_p, const float* rho, const float* freq,
-                                                const float* pres, const int* top_k) {
-    RowParams prm;
-    prm.temperature = temperature[r];
-    prm.top_p = top_p[r];
-    prm.min_p = min_p[r];
-    prm.rho = rho[r];
-    prm.freq = freq[r];
-    prm.pres = pres[r];
-    prm.top_k = top_k[r];
-    return prm;
 }
 
 }  // namespace

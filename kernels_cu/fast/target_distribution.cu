@@ -15,6 +15,7 @@
 // the last bits of a bin's mass) may vary from run to run; the probabilities themselves are
 // summed in the exact kernel's fixed tree order.
 #include "order_key.cuh"
+#include "row_filter.cuh"
 #include "philox.cuh"
 
 using dflash::u32;
@@ -27,70 +28,17 @@ using dflash::u64;
 
 namespace {
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+using rowf::neg_inf;
 
 using okey::key_id;
 using okey::order_key;
 
-__device__ u64 block_max_u64(u64 v) {
-    __shared__ u64 sh[FTD_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 t = __shfl_xor_sync(0xffffffffu, v, o);
-        v = t > v ? t : v;
-    }
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    u64 r = sh[0];
-    for (int w = 1; w < FTD_WARPS; ++w) r = sh[w] > r ? sh[w] : r;
-    return r;
-}
-
-__device__ u64 block_min_u64(u64 v) {
-    __shared__ u64 sh[FTD_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 t = __shfl_xor_sync(0xffffffffu, v, o);
-        v = t < v ? t : v;
-    }
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    u64 r = sh[0];
-    for (int w = 1; w < FTD_WARPS; ++w) r = sh[w] < r ? sh[w] : r;
-    return r;
-}
-
-__device__ int block_sum_int(int v) {
-    __shared__ int sh[FTD_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    int r = 0;
-    for (int w = 0; w < FTD_WARPS; ++w) r += sh[w];
-    return r;
-}
-
-// The exact kernel's fixed reduction tree (accept.cu block_sum_f64), so the normaliser is
-// the same double as there.
-__device__ double block_sum_f64(double v) {
-    __shared__ double sh[FTD_WARPS];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    double r = 0.0;
-    for (int w = 0; w < FTD_WARPS; ++w) r = __dadd_rn(r, sh[w]);
-    return r;
-}
+// The row's block reductions (device/row_filter.cuh, shared with the exact kernel: the sums' fixed tree
+// makes the normaliser the same double as there) at this kernel's block size.
+__device__ __forceinline__ u64 block_max_u64(u64 v) { return rowf::block_max_u64<FTD_WARPS>(v); }
+__device__ __forceinline__ u64 block_min_u64(u64 v) { return rowf::block_min_u64<FTD_WARPS>(v); }
+__device__ __forceinline__ int block_sum_int(int v) { return rowf::block_sum_int<FTD_WARPS>(v); }
+__device__ __forceinline__ double block_sum_f64(double v) { return rowf::block_sum_f64<FTD_WARPS>(v); }
 
 // Strided scan of v0 <= v < v1 with four independent loads in flight per thread (one load at a
 // time left each block latency-bound at a few GB/s). Thread tid visits v0 + tid, v0 + tid + T,
@@ -115,25 +63,11 @@ __device__ __forceinline__ void row_scan(const float* __restrict__ zs, int Vr, F
     chunk_scan(zs, 0, Vr, f);
 }
 
-struct RowParams {
-    float temperature, top_p, min_p, rho, freq, pres;
-    int top_k;
-};
-
-struct Keep {
-    u64 threshold;
-    double min_e;
-    double zmax;
-};
-
-__device__ __forceinline__ double weight_of(float z, double zmax) { return exp(dflash::f32_to_f64(z) - zmax); }
-
-__device__ __forceinline__ bool kept(float z, int v, const Keep& k, double* e) {
-    if (!isfinite(z)) return false;
-    if (order_key(z, v) < k.threshold) return false;
-    *e = weight_of(z, k.zmax);
-    return !(*e < k.min_e);
-}
+using rowf::Keep;
+using rowf::kept;
+using rowf::row_params;
+using rowf::RowParams;
+using rowf::weight_of;
 
 // Pass-0 bin: monotone non-increasing in the key. Keys above the best finite key (+inf,
 // positive NaN) go to bin 0, keys below every finite one (-inf, negative NaN) to the last.
@@ -348,20 +282,6 @@ __device__ u64 filter_threshold(const float* zs, int Vr, bool mass_mode, int nee
     const int taken = h.cnt[b0];  // tokens in the current candidate set
     __syncthreads();
     return radix_rest(zs, Vr, mass_mode, need - bc, bm, taken, b0, base, total, top_p, best_finite, h);
-}
-
-__device__ __forceinline__ RowParams row_params(int r, const float* temperature, const float* top_p,
-                                                const float* min_p, const float* rho, const float* freq,
-                                                const float* pres, const int* top_k) {
-    RowParams prm;
-    prm.temperature = temperature[r];
-    prm.top_p = top_p[r];
-    prm.min_p = min_p[r];
-    prm.rho = rho[r];
-    prm.freq = freq[r];
-    prm.pres = pres[r];
-    prm.top_k = top_k[r];
-    return prm;
 }
 
 // The processed logits (C5: repetition, frequency and presence penalties in fp32 with _rn
