@@ -296,21 +296,7 @@ class AttentionOps:
             raise ValueError(f"context_kv: start {start} < 0")
         kc = bf16_bits(k_cache).copy()  # outputs are new arrays: the caller's caches stay as given
         vc = f16_bits(v_cache).copy()
-        if storage == "ring":
-            capacity, hk = kc.shape[0], kc.shape[1]
-            first, paged, psize, table = max(0, t - capacity), 0, 1, _NULL  # C7: only the final C rows land
-        elif storage == "paged":
-            if page_size is None or page_table is None:
-                raise ValueError("context_kv: paged storage needs page_size and page_table")
-            psize, hk, capacity = int(page_size), kc.shape[2], 0
-            if kc.shape[1] != psize:
-                raise ValueError(f"context_kv: cache pages hold {kc.shape[1]} rows, page_size is {psize}")
-            table = device(page_table).astype(np.int32, copy=False)
-            if t and (start + t - 1) // psize >= table.size:
-                raise ValueError(f"context_kv: positions up to {start + t - 1} exceed the page table ({table.size})")
-            first, paged = 0, 1
-        else:
-            raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
+        first, paged, psize, hk, capacity, table = cache_layout(storage, kc, start, t, page_size, page_table)
         if t > first:
             # K feeds RoPE, whose split-half rotation cancels deeply at some elements of a 4096-row
             # chunk: a plain FP32 GEMM over H = 2048 left 5 FP32 ulps of absolute error there (157
@@ -371,3 +357,22 @@ class AttentionOps:
         prepared, _, finish_delta = conv_prepare(f32(x), bw, f32(proj))
         _, finished = conv_finish(f32(z), bw, finish_delta)
         return {"prepared": prepared, "finish_delta": finish_delta, "finished": finished}
+
+
+def cache_layout(storage: str, kc, start: int, t: int, page_size, page_table):
+    """context_kv's cache geometry, checked: (first row written, paged flag, page size, K heads, ring
+    capacity, device page table or null). A ring keeps only the final C of t rows (C7)."""
+    if storage == "ring":
+        capacity, hk = kc.shape[0], kc.shape[1]
+        return max(0, t - capacity), 0, 1, hk, capacity, _NULL
+    if storage != "paged":
+        raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
+    if page_size is None or page_table is None:
+        raise ValueError("context_kv: paged storage needs page_size and page_table")
+    psize, hk = int(page_size), kc.shape[2]
+    if kc.shape[1] != psize:
+        raise ValueError(f"context_kv: cache pages hold {kc.shape[1]} rows, page_size is {psize}")
+    table = device(page_table).astype(np.int32, copy=False)
+    if t and (start + t - 1) // psize >= table.size:
+        raise ValueError(f"context_kv: positions up to {start + t - 1} exceed the page table ({table.size})")
+    return 0, 1, psize, hk, 0, table

@@ -41,7 +41,7 @@ import math
 
 import numpy as np
 
-from kernels_cu.exact.attention import bf16_bits, device, f16_bits, f32, inv_freq
+from kernels_cu.exact.attention import bf16_bits, cache_layout, device, f16_bits, f32, inv_freq
 from kernels_cu.exact.backend import CudaBackend
 from kernels_cu.exact.select import _sampling_args
 from kernels_cu.fast import head as fast_head
@@ -392,21 +392,7 @@ class FastSelectBackend(CudaBackend):
             raise ValueError(f"context_kv: start {start} < 0")
         kc = bf16_bits(k_cache)  # the caller's device arrays, written in place (returned as the outputs)
         vc = f16_bits(v_cache)
-        if storage == "ring":
-            capacity, hk = kc.shape[0], kc.shape[1]
-            first, paged, psize, table = max(0, t - capacity), 0, 1, _NULL  # C7: only the final C rows land
-        elif storage == "paged":
-            if page_size is None or page_table is None:
-                raise ValueError("context_kv: paged storage needs page_size and page_table")
-            psize, hk, capacity = int(page_size), kc.shape[2], 0
-            if kc.shape[1] != psize:
-                raise ValueError(f"context_kv: cache pages hold {kc.shape[1]} rows, page_size is {psize}")
-            table = device(page_table).astype(np.int32, copy=False)
-            if t and (start + t - 1) // psize >= table.size:
-                raise ValueError(f"context_kv: positions up to {start + t - 1} exceed the page table ({table.size})")
-            first, paged = 0, 1
-        else:
-            raise ValueError(f"context_kv: storage must be 'ring' or 'paged', got {storage!r}")
+        first, paged, psize, hk, capacity, table = cache_layout(storage, kc, start, t, page_size, page_table)
         head_dim = int(head_dim)
         if t > first:
             wkv = self._kv_weight(wk, wv)
