@@ -159,6 +159,39 @@ if [ "$DRY" = 0 ]; then
     if ! command -v ninja > /dev/null; then
         NINJA_DIR=$(python3 -c "import ninja; print(ninja.BIN_DIR)" 2>/dev/null) && export PATH="$NINJA_DIR:$PATH"
     fi
+    CUDA_DIR=${CUDA_HOME:-/usr/local/cuda}
+    # FlashInfer's JIT compiles against $CUDA_HOME/include alone, and its norm and sampling sources
+    # include cuBLASLt's and cuRAND's headers: where the toolkit lacks them, take them from the NVIDIA
+    # wheels torch brings (nvidia/cu13/include), searched after the toolkit's own headers
+    if [ ! -f "$CUDA_DIR/include/cublasLt.h" ] || [ ! -f "$CUDA_DIR/include/curand.h" ]; then
+        NV_INCLUDES=$(python3 -c "
+import glob, os, nvidia
+dirs = []
+for root in nvidia.__path__:
+    for header in ('cublasLt.h', 'curand.h'):
+        for found in sorted(glob.glob(os.path.join(root, '*', 'include', header))):
+            if os.path.dirname(found) not in dirs:
+                dirs.append(os.path.dirname(found))
+print(' '.join('-isystem ' + d for d in dirs))" 2>/dev/null)
+        if [ -n "$NV_INCLUDES" ]; then
+            export FLASHINFER_EXTRA_CUDAFLAGS="${FLASHINFER_EXTRA_CUDAFLAGS:+$FLASHINFER_EXTRA_CUDAFLAGS }$NV_INCLUDES"
+        fi
+    fi
+    # its modules link with -lcuda: without the toolkit's stub, link the driver's library
+    if [ ! -e "$CUDA_DIR/lib64/stubs/libcuda.so" ] && [ ! -e "$CUDA_DIR/lib64/libcuda.so" ]; then
+        for lib in /usr/lib/x86_64-linux-gnu/libcuda.so /usr/lib64/libcuda.so /usr/local/nvidia/lib64/libcuda.so \
+                   $(ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF}') \
+                   /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/local/nvidia/lib64/libcuda.so.1; do
+            [ -e "$lib" ] || continue
+            mkdir -p /tmp/fi_libcuda && ln -sf "$lib" /tmp/fi_libcuda/libcuda.so
+            export FLASHINFER_EXTRA_LDFLAGS="${FLASHINFER_EXTRA_LDFLAGS:+$FLASHINFER_EXTRA_LDFLAGS }-L/tmp/fi_libcuda"
+            break
+        done
+    fi
+    {
+        echo "CUDA_HOME $CUDA_DIR; ninja $(command -v ninja || echo 'not found')"
+        echo "FLASHINFER_EXTRA_CUDAFLAGS '${FLASHINFER_EXTRA_CUDAFLAGS:-}'; FLASHINFER_EXTRA_LDFLAGS '${FLASHINFER_EXTRA_LDFLAGS:-}'"
+    } >> "$LOGS/versions.txt"
 fi
 step $(( $(remaining) < 150 ? $(remaining) : 150 )) versions_flashinfer.log python3 -c "import flashinfer, tvm_ffi; \
 from flashinfer.jit import env; print('flashinfer', flashinfer.__version__, 'tvm_ffi', tvm_ffi.__version__, \

@@ -393,3 +393,20 @@ def test_warmup_runs_each_op_on_its_first_vector(monkeypatch, capsys):
     assert "warmup build" not in capsys.readouterr().out
     with pytest.raises(SystemExit):
         warmup.main(["speculative_accept"])
+
+
+def test_adapter_calls_bind_to_flashinfers_signatures():
+    """Where FlashInfer itself is importable, every call the adapter makes binds to its API."""
+    import inspect
+
+    fi = pytest.importorskip("flashinfer")
+    calls = [(fi.single_prefill_with_kv_cache, ("q", "k", "v"),
+              {"packed_custom_mask": 0, "kv_layout": "NHD", "pos_encoding_mode": "NONE", "sm_scale": 0.25,
+               "backend": "fa2"}),
+             (fi.norm.rmsnorm, ("x", "w"), {"eps": 1e-6}),
+             (fi.apply_rope_with_cos_sin_cache, ("rows", "x", "x", 64, "table"), {"is_neox": True}),
+             (fi.sampling.softmax, ("z",), {"temperature": "t"}),
+             (fi.sampling.top_k_renorm_probs, ("p", "k"), {}),
+             (fi.sampling.top_p_renorm_probs, ("p", "top_p"), {})]
+    for fn, args, kwargs in calls:
+        inspect.signature(fn).bind(*args, **kwargs)
