@@ -241,7 +241,7 @@ class FlashInfer:
                             frequency_penalty, presence_penalty, top_k, vocab_size):
         torch = self.torch
         z = self.t(logits).float().clone()
-        n, vr = z.shape
+        vr = z.shape[1]
         z[:, int(vocab_size):] = float("-inf")
         counts = self.t(output_counts).to(torch.int64)
         seen_out = counts > 0

@@ -53,9 +53,9 @@ def report_rows(path: Path) -> tuple[list[str], list[tuple]]:
         return [f"{label}: no readable report ({type(exc).__name__}: {exc})"], [(label, "-", "-") + ("-",) * 7]
     env = report.get("environment") or {}
     env_text = ", ".join(f"{k} {env[k]}" for k in ENV_KEYS if k in env and env[k] not in (None, ""))
-    head = [f"{label}: {report.get('implementation', '?')}: verdict {summary.get('verdict')}, "
-            f"{'complete' if report.get('complete', summary.get('complete')) else 'INCOMPLETE'}, "
-            f"{summary.get('reported')} of {summary.get('planned')} cases reported"]
+    complete = "complete" if report.get("complete", summary.get("complete")) else "INCOMPLETE"
+    head = [(f"{label}: {report.get('implementation', '?')}: verdict {summary.get('verdict')}, {complete}, "
+             f"{summary.get('reported')} of {summary.get('planned')} cases reported")]
     if env_text:
         head.append(f"    {env_text}")
     if env.get("environment_error"):
@@ -79,8 +79,11 @@ def render(paths) -> str:
         rows += r
     widths = [max(len(HEAD[i]), *(len(row[i]) for row in rows)) for i in range(len(HEAD) - 1)]
     lines = heads + [""]
-    fmt = lambda row: "  ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
-                                for i, (c, w) in enumerate(zip(row, widths))) + "  " + row[-1]
+
+    def fmt(row) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) \
+            + "  " + row[-1]
+
     lines.append(fmt(HEAD))
     lines.append("-" * (sum(widths) + 2 * len(widths) + len(HEAD[-1])))
     lines += [fmt(row) for row in rows]
