@@ -192,38 +192,30 @@ class Diagnoser:
         return self._cache[key]
 
     def _shows(self, vec, mutant, out) -> bool:
-        """Whether the mutant's bug shows on this case: it FAILs against the reference."""
+        """Why the mutant FAILs against the reference (``why_fail``), None where it does not."""
         key = (vec.case, mutant.key, "shows")
         if key not in self._cache:
             try:
-                self._cache[key] = self._fails(vec, out)
-            except Exception:  # noqa: BLE001 - undecidable: keep the mutant as a candidate
-                self._cache[key] = True
+                self._cache[key] = why_fail(vec, out)
+            except Exception:  # noqa: BLE001 - undecidable: no evidence
+                self._cache[key] = None
         return self._cache[key]
 
     @staticmethod
     def _fails(vec, out) -> bool:
-        """The mutant FAILs against the reference (a bias or a normwise FAIL with every element
-        inside its allowance: truncation), or leaves the storage format."""
-        from conformance import invoke, registry
-
-        arrays = {n: np.asarray(out[n]) for n in vec.outputs}
-        checked, bad = invoke.check_outputs(vec, arrays, list(arrays))
-        if bad:
-            return True
-        with np.errstate(all="ignore"):
-            v = compare.compare(vec.outputs, vec.expected, checked, vec.masks, vec.bounds, None,
-                                lambda: _fresh(vec), spec=registry.ops().get(vec.op))
-        return v.result.failed
+        return why_fail(vec, out) is not None
 
     def analyse(self, vec, impl: Mapping) -> tuple[list[Match], list[dict]]:
         from conformance import registry
 
         spec = registry.ops().get(vec.op)
-        maps = ex.error_maps(vec, impl, vec.expected)
+        maps = ex.error_maps(vec, impl, *([suite_reference(vec, spec, impl)] * 2))
         diff = ex.difference(maps)
         impl_nans = ex.nan_rows(vec, impl, vec.expected)
         beyond = any(bool((e > 1.0).any()) for e in maps.values())
+        reason = None if beyond else why_fail(vec, impl, spec)
+        if not beyond and reason is None:  # inside every allowance and no FAIL: nothing to explain
+            return [], []
         found, near = [], []
         for m in self._mutants(vec.op):
             out = self.mutant_outputs(vec, m)
@@ -234,10 +226,10 @@ class Diagnoser:
             # does and predicts little that did not happen; one whose bug does not show here (a GQA
             # mapping bug with Hq = Hk) leaves the error as it was
             explains = e.explained >= 0.5 and e.reduction >= MATCH_REDUCTION and e.spurious <= MATCH_SPURIOUS
-            if not beyond:  # a bias or normwise FAIL, every element inside its allowance (truncation):
-                # the element errors say nothing; a mutant that FAILs the same way may explain it, and
-                # the comparison against it (its bias test included) decides
-                explains = self._shows(vec, m, out)
+            if not beyond:  # a bias, normwise or storage FAIL, every element inside its allowance
+                # (truncation): the element errors say nothing; a mutant that FAILs for the same
+                # reason may explain it, and the comparison against it (its bias test included) decides
+                explains = reason is not None and self._shows(vec, m, out) == reason
             if explains:
                 j = mt.judge(vec, spec, m, impl, out, self.twin_outputs(vec, m))
             else:  # bit-identical to a mutant: the FAIL is the mutant's own
@@ -276,15 +268,61 @@ class Diagnoser:
         except Exception as exc:  # noqa: BLE001 - diagnosis never changes a verdict
             return {"matches": Diagnosis(op=vec.op, flags=vec.flags),
                     "note": f"diagnosis failed: {type(exc).__name__}: {exc}"}
-        d = Diagnosis([x.record() for x in found], hyps, vec.op, vec.flags)
-        return {"matches": d, "note": note(found, hyps, vec, impl)}
+        recs = [x.record() for x in found]
+        for x, rec in zip(found, recs):
+            rec["tie"] = x.rank == found[0].rank
+        d = Diagnosis(recs, hyps, vec.op, vec.flags)
+        return {"matches": d, "note": note(recs, hyps, vec, impl)}
 
 
-def note(found: list[Match], hyps: list[dict], vec, impl) -> str:
+def suite_reference(vec, spec, impl) -> dict:
+    """The reference each output is judged against, as ``compare`` builds it: where the Op follows
+    an implementation's intermediate (the conv's finish delta), the outputs after it recomputed from
+    the implementation's value, with their magnitudes."""
+    ref = dict(vec.expected)
+    if spec is None or spec.follow is None:
+        return ref
+    try:
+        with np.errstate(all="ignore"):
+            fresh = compare._with_scales(spec, lambda: _fresh(vec), spec.follow(_fresh(vec), impl))
+    except Exception:  # noqa: BLE001 - the suite reports that failure itself: judge against the stored one
+        return ref
+    ref.update({k: v for k, v in fresh.items() if k.split(".")[0] in vec.outputs
+                and k.split(".")[0] not in spec.followed})
+    return ref
+
+
+def why_fail(vec, out, spec=None) -> str | None:
+    """Why ``out`` FAILs against the reference: "storage" (values outside their format), "bias",
+    "envelope" (outside it), "other"; None where it does not FAIL."""
+    from conformance import invoke, registry
+
+    arrays = {n: np.asarray(out[n]) for n in vec.outputs}
+    checked, bad = invoke.check_outputs(vec, arrays, list(arrays))
+    if bad:
+        return "storage"
+    spec = spec if spec is not None else registry.ops().get(vec.op)
+    with np.errstate(all="ignore"):
+        v = compare.compare(vec.outputs, vec.expected, checked, vec.masks, vec.bounds, None,
+                            lambda: _fresh(vec), spec=spec)
+    if not v.result.failed:
+        return None
+    if "systematic bias" in v.detail:
+        return "bias"
+    return "envelope" if "outside the envelope" in v.detail else "other"
+
+
+def note(found: list[dict], hyps: list[dict], vec, impl) -> str:
     if found:
         best = found[0]
-        return (f"matches pitfall `{best.pitfall}` (docs/pitfalls.md: {best.row})"
-                + (f"; also {', '.join(f'`{x.pitfall}`' for x in found[1:4])}" if len(found) > 1 else ""))
+        tied = [x for x in found[1:] if x.get("tie")]
+        rest = [x for x in found[1:] if not x.get("tie")]
+        text = f"matches pitfall `{best['pitfall']}` (docs/pitfalls.md: {best['row']})"
+        if tied:  # the case cannot tell them apart; the run may (``finalize``)
+            text += "; equally " + ", ".join(f"`{x['pitfall']}`" for x in tied[:3]) + " (the same on this case)"
+        if rest:
+            text += "; also " + ", ".join(f"`{x['pitfall']}`" for x in rest[:3])
+        return text
     text = "matches no catalog pitfall"
     near = [h for h in hyps if h["kind"] == "nearest"]
     if near:
@@ -305,10 +343,26 @@ def finalize(results) -> None:
     cases) join each FAIL's hypotheses where the case carries the flag, after the stronger ones.
     Idempotent."""
     found = symptoms.flag_symptoms(results)
+    # mutants tied first on a case (the same outputs there) go by how many of the Op's FAILs in
+    # the run each one matches: an off-by-one window and a dropped one agree where few keys are live,
+    # not over the run
+    counts = Counter((r.op, x["mutant"]) for r in results if r.result == Result.FAIL
+                     for x in (getattr(r, "diagnosis", None) or []))
     for r in results:
         d = getattr(r, "diagnosis", None)
         if r.result != Result.FAIL or not isinstance(d, Diagnosis):
             continue
+        tied = [x for x in d if x.get("tie")]
+        if len(tied) > 1:
+            tied.sort(key=lambda x: -counts[(r.op, x["mutant"])])  # stable: catalog order among equals
+            d[:len(tied)] = tied
+            order = {x["mutant"]: i for i, x in enumerate(tied)}
+            m = [h for h in d.hypotheses if h["kind"] == "match" and h["mutant"] in order]
+            m.sort(key=lambda h: order[h["mutant"]])
+            others = [h for h in d.hypotheses if not (h["kind"] == "match" and h["mutant"] in order)]
+            d.hypotheses = m + others
+            if getattr(r, "diagnosis_note", "").startswith("matches pitfall"):
+                r.diagnosis_note = note(list(d), d.hypotheses, None, None)
         d.hypotheses = [h for h in d.hypotheses if h["kind"] != "symptom"]
         for s in found.get(r.op, []):
             if s["flag"] in r.flags and len(d.hypotheses) < TOP:
@@ -326,7 +380,8 @@ def named(r) -> str | None:
 
 
 def summary(results) -> list[tuple[str, int]]:
-    """Pitfalls ranked by how many failing cases name them first."""
+    """Pitfalls ranked by how many failing cases name them first (after ``finalize``)."""
+    finalize(results)
     c = Counter()
     for r in results:
         d = getattr(r, "diagnosis", None) or []

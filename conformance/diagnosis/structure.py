@@ -40,21 +40,35 @@ def _axis_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
     if x.shape != r.shape or x.ndim == 0 or not diff.any():
         return found
     if o.cls == REPRESENTED:
-        x64, r64 = x.astype(np.float64), r.astype(np.float64)
-        ok = mask & np.isfinite(x64) & np.isfinite(r64)
-        rr = float(np.sum(np.where(ok, r64 * r64, 0.0)))
-        if rr > 0 and ok.sum() >= 4:
-            c = float(np.sum(np.where(ok, x64 * r64, 0.0))) / rr
-            if abs(c - 1.0) > 1e-3 and np.isfinite(c) and _close(o, bound, x64, c * r64, mask, scale).all():
-                found.append({"signature": "constant scale", "text": f"{name} is the reference times {c:.6g}",
-                              "evidence": f"every compared element of {name} within the allowance of {c:.6g} x "
-                                          "the reference", "confidence": 0.8})
-        if ok.sum() >= 4:
-            c = float(np.mean((x64 - r64)[ok]))
-            if c != 0 and np.isfinite(c) and _close(o, bound, x64, r64 + c, mask, scale).all():
-                found.append({"signature": "constant offset", "text": f"{name} is the reference plus {c:.6g}",
-                              "evidence": f"every compared element of {name} within the allowance of the reference "
-                                          f"+ {c:.6g}", "confidence": 0.8})
+        with np.errstate(all="ignore"):
+            found += _value_signatures(name, o, bound, x, r, mask, scale)
+    found += _index_signatures(name, o, bound, x, r, mask, scale, diff)
+    return found
+
+
+def _value_signatures(name, o, bound, x, r, mask, scale) -> list[dict]:
+    found = []
+    x64, r64 = x.astype(np.float64), r.astype(np.float64)
+    ok = mask & np.isfinite(x64) & np.isfinite(r64)
+    if ok.sum() < 4:
+        return found
+    rr = float(np.sum(np.where(ok, r64 * r64, 0.0)))
+    if rr > 0:
+        c = float(np.sum(np.where(ok, x64 * r64, 0.0))) / rr
+        if abs(c - 1.0) > 1e-3 and np.isfinite(c) and _close(o, bound, x64, c * r64, mask, scale).all():
+            found.append({"signature": "constant scale", "text": f"{name} is the reference times {c:.6g}",
+                          "evidence": f"every compared element of {name} within the allowance of {c:.6g} x "
+                                      "the reference", "confidence": 0.8})
+    c = float(np.mean((x64 - r64)[ok]))
+    if c != 0 and np.isfinite(c) and _close(o, bound, x64, r64 + c, mask, scale).all():
+        found.append({"signature": "constant offset", "text": f"{name} is the reference plus {c:.6g}",
+                      "evidence": f"every compared element of {name} within the allowance of the reference "
+                                  f"+ {c:.6g}", "confidence": 0.8})
+    return found
+
+
+def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
+    found = []
     for a in range(x.ndim):
         n = x.shape[a]
         if n < 2:
