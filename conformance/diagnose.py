@@ -39,10 +39,11 @@ from conformance import compare
 from conformance.compare import Result
 from conformance.diagnosis import explain as ex
 from conformance.diagnosis import match as mt
-from conformance.diagnosis import structure, symptoms
+from conformance.diagnosis import picture, structure, symptoms
 from conformance.registry import REPRESENTED
 
 MAX_CASES = 200
+MAX_PICTURES = 20  # FAILs per run whose error grid is kept for a picture
 TOP = 3
 # a mutant nearest without a match: what it must explain to be named as the closest pitfall
 NEAR_EXPLAINED = 0.6
@@ -90,10 +91,12 @@ class Diagnosis(list):
     hypotheses: list
     op: str = ""
     flags: tuple = ()
+    grids: dict | None = None  # output -> picture.grid(...), for the first FAILs of a run
 
     def __init__(self, matches=(), hypotheses=(), op="", flags=()):
         super().__init__(matches)
         self.hypotheses = list(hypotheses)
+        self.grids = None
         self.op = op
         self.flags = tuple(flags)
 
@@ -152,8 +155,11 @@ class Diagnoser:
     ``catalog`` (default: the whole mutant catalog) is what is searched: a leave-one-out
     measurement passes the catalog without one entry."""
 
-    def __init__(self, max_cases: int = MAX_CASES, catalog=None, structure: bool = True):
+    def __init__(self, max_cases: int = MAX_CASES, catalog=None, structure: bool = True,
+                 pictures: int = MAX_PICTURES):
         self.max_cases = max_cases
+        self.pictures = pictures
+        self._maps = None
         self.done = 0
         self.catalog = catalog
         self.structure = structure
@@ -210,6 +216,7 @@ class Diagnoser:
 
         spec = registry.ops().get(vec.op)
         maps = ex.error_maps(vec, impl, *([suite_reference(vec, spec, impl)] * 2))
+        self._maps = maps
         diff = ex.difference(maps)
         impl_nans = ex.nan_rows(vec, impl, vec.expected)
         beyond = any(bool((e > 1.0).any()) for e in maps.values())
@@ -272,6 +279,12 @@ class Diagnoser:
         for x, rec in zip(found, recs):
             rec["tie"] = x.rank == found[0].rank
         d = Diagnosis(recs, hyps, vec.op, vec.flags)
+        if self.pictures > 0 and self._maps is not None:  # the error's picture (HTML report), a few per run
+            self.pictures -= 1
+            try:
+                d.grids = picture.grids(self._maps, compare.full_masks(vec.outputs, vec.expected, vec.masks))
+            except Exception:  # noqa: BLE001, S110 - no picture is no verdict change
+                pass
         return {"matches": d, "note": note(recs, hyps, vec, impl)}
 
 
@@ -323,14 +336,14 @@ def note(found: list[dict], hyps: list[dict], vec, impl) -> str:
         if rest:
             text += "; also " + ", ".join(f"`{x['pitfall']}`" for x in rest[:3])
         return text
-    text = "matches no catalog pitfall"
+    text = f"matches no catalog pitfall; first divergence: {first_divergence(vec, impl)}"
     near = [h for h in hyps if h["kind"] == "nearest"]
     if near:
         text += f"; {near[0]['text']}: {near[0]['evidence']}"
     shapes = [h for h in hyps if h["kind"] == "structure"]
     if shapes:
         text += f"; error structure: {shapes[0]['text']}"
-    return f"{text}; first divergence: {first_divergence(vec, impl)}"
+    return text
 
 
 def hypotheses(r) -> list[dict]:

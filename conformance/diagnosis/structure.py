@@ -75,7 +75,9 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
             continue
         where = np.moveaxis(diff, a, 0).reshape(n, -1).any(axis=1)
         lab = _label(name, x.shape, a)
-        if n >= 3 and where[-1] and not where[:-1].any():
+        if diff.sum() < 2:  # one differing element has no "only" about it
+            pass
+        elif n >= 3 and where[-1] and not where[:-1].any():
             found.append({"signature": "last element only", "text": f"only the last index of {lab} differs",
                           "evidence": f"{int(diff.sum())} differing elements, all at index {n - 1} of axis {a}",
                           "confidence": 0.5})
