@@ -197,7 +197,7 @@ class Diagnoser:
             self._cache[key] = mt.reference_for(vec, spec, out, kw)
         return self._cache[key]
 
-    def _shows(self, vec, mutant, out) -> bool:
+    def _shows(self, vec, mutant, out) -> str | None:
         """Why the mutant FAILs against the reference (``why_fail``), None where it does not."""
         key = (vec.case, mutant.key, "shows")
         if key not in self._cache:
@@ -206,10 +206,6 @@ class Diagnoser:
             except Exception:  # noqa: BLE001 - undecidable: no evidence
                 self._cache[key] = None
         return self._cache[key]
-
-    @staticmethod
-    def _fails(vec, out) -> bool:
-        return why_fail(vec, out) is not None
 
     def analyse(self, vec, impl: Mapping) -> tuple[list[Match], list[dict]]:
         from conformance import registry
@@ -384,10 +380,9 @@ def finalize(results) -> None:
 
 def named(r) -> str | None:
     """The pitfall a result's diagnosis names first (a match or a closest mutant), or None."""
-    for h in hypotheses(r):
-        if h.get("pitfall"):
-            return h["pitfall"]
-        return None
+    hs = hypotheses(r)
+    if hs:  # the first hypothesis, when it is a structure or a symptom, names none
+        return hs[0].get("pitfall")
     d = getattr(r, "diagnosis", None) or []
     return d[0]["pitfall"] if d else None
 
