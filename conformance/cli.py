@@ -390,6 +390,12 @@ def _cmd_run(args) -> int:
     sink = report.Reports(args.json, args.junit, "", report.environment(None, command), root, manifest, sha,
                           len(entries), run_info, args.strict)
     sink.check()  # before any case: a report path that cannot be written is found now
+    if getattr(args, "html", None):
+        from conformance.diagnosis import picture
+
+        if not picture.have_matplotlib():
+            print(f"error: --html: {picture.EXTRA}", file=sys.stderr)
+            return 2
     handle, name = _open_impl(args, ops=sorted({e["op"] for e in entries}))
     sink.implementation = name
     previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
@@ -423,6 +429,13 @@ def _cmd_run(args) -> int:
             sink.close(complete)
         except OSError as exc:
             print(f"error: cannot write a report: {exc.strerror or exc}", file=sys.stderr)
+    if getattr(args, "html", None):
+        from conformance.diagnosis.html import write_html
+
+        try:
+            write_html(args.html, results, name, complete, args.strict)
+        except OSError as exc:
+            print(f"error: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
     notes = _run_notes(results, expectations, manifest, args, deadline) + live.counted()
     report.print_table(results, name, _console(), failures=False, strict=args.strict, notes=notes,
                        complete=complete)  # the failures were printed as they happened
@@ -624,8 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also fail on ACCEPTABLE and on an expected failure that now passes")
     s.add_argument("--shard", metavar="I/N", help="run shard I of N (a deterministic split by case id)")
     s.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=True,
-                   help="name, for every FAIL, the catalog pitfalls whose one-bug reference reproduces it "
-                        "(default: on)")
+                   help="name, for every FAIL, the catalog pitfalls whose one-bug reference reproduces it, with "
+                        "ranked hypotheses where none does (default: on)")
+    s.add_argument("--html", metavar="FILE",
+                   help="write a one-file HTML report: the per-Op table, each FAIL's diagnosis and a picture of "
+                        "|error| / allowance for the first FAILs (needs the [report] extra: matplotlib)")
     s.set_defaults(func=_cmd_run)
     s = sub.add_parser("dump", help="run one case and write inputs, expected, actual and per-element error as .npy",
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,6 +9,9 @@ Writes, as .npy (BF16 arrays as float32, which holds every BF16 value exactly):
                            (its spacing at the expected value; represented outputs), 1 where it
                            differs (exact and decision outputs); masked-out elements 0
     mask/<name>.npy        the compared elements, where the vector has a mask
+    picture/<name>.png     for a FAIL, where matplotlib is installed (the [report] extra): |error| /
+                           allowance over the output's element grid, the mask drawn on it (as
+                           ``run --html`` shows it)
     summary.txt            the case, params, verdict (with the diagnosis of a FAIL, as run prints
                            it), the unit of each error file, and per output its worst error and where
 """
@@ -93,6 +96,28 @@ def dump(handle, vec, out: Path, timeout, spec=None) -> tuple[runner.RunResult, 
                          f"{int(np.count_nonzero(err))} of {int(mask.sum())} compared element(s) nonzero")
         else:
             lines.append(f"output {name} ({o.cls}{' ' + o.fmt if o.fmt else ''}): no error")
+    lines += _pictures(res, out)
     (out / "summary.txt").write_text("\n".join(lines + trace) + "\n")
     shown = [line for line in lines if not line.startswith(("params", "result", "diagnosis"))]
     return res, shown + ([f"the traceback is in {out / 'summary.txt'}"] if trace else [])
+
+
+def _pictures(res, out: Path) -> list[str]:
+    """picture/<name>.png for each output of a FAIL that leaves its allowance somewhere."""
+    from conformance.diagnosis import picture
+
+    grids = getattr(getattr(res, "diagnosis", None), "grids", None) or {}
+    if not grids:
+        return []
+    if not picture.have_matplotlib():
+        return [f"no picture/*.png: {picture.EXTRA}"]
+    lines = []
+    for name, g in grids.items():
+        if not (g[0] > 1.0).any():
+            continue
+        path = out / "picture" / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(picture.png(name, g, res.case))
+        lines.append(f"picture/{name}.png: |error| / allowance over the element grid (1 = allowed; hatched: not "
+                     "compared)")
+    return lines

@@ -179,7 +179,8 @@ def case_record(r) -> dict:
         if getattr(r, key, None):
             rec["traceback" if key == "trace" else key] = getattr(r, key)
     if getattr(r, "diagnosis_note", ""):  # diagnose: catalog pitfalls reproducing a FAIL, best first
-        rec["diagnosis"] = {"note": r.diagnosis_note, "matches": list(getattr(r, "diagnosis", []) or [])}
+        rec["diagnosis"] = {"note": r.diagnosis_note, "matches": list(getattr(r, "diagnosis", []) or []),
+                            "hypotheses": list(getattr(getattr(r, "diagnosis", None), "hypotheses", []) or [])}
     return rec
 
 
@@ -274,7 +275,11 @@ def _xml_text(s: str) -> str:
 
 def junit_bytes(results, implementation: str, complete: bool = True, strict: bool = False,
                 total: int | None = None) -> bytes:
-    """One <testsuite> per Op, one <testcase classname="dflash.<op>" name="<case id>"> per case."""
+    """One <testsuite> per Op, one <testcase classname="dflash.<op>" name="<case id>"> per case; a
+    diagnosed FAIL carries its ranked hypotheses as properties and in the failure text."""
+    from conformance.diagnose import finalize
+
+    finalize(results)  # the run-level ranking and symptoms
     root = ET.Element("testsuites", name="dflash-conformance")
     totals = defaultdict(int)
     groups = by_op(results)
@@ -309,6 +314,15 @@ def junit_bytes(results, implementation: str, complete: bool = True, strict: boo
             if getattr(r, "diagnosis_note", "") and r.result == Result.FAIL:  # diagnose: the likely bug first
                 detail = _xml_text(f"{r.detail} | {r.diagnosis_note}")
                 long = detail + long[len(_xml_text(r.detail)):]
+                hyps = list(getattr(getattr(r, "diagnosis", None), "hypotheses", []) or [])
+                if hyps:
+                    props = ET.SubElement(case, "properties")
+                    for i, h in enumerate(hyps, 1):
+                        ET.SubElement(props, "property", name=f"hypothesis.{i}", value=_xml_text(
+                            f"[{h['kind']}, confidence {h['confidence']:.2f}] {h['text']} -- {h['evidence']}"))
+                    long += "\n\nhypotheses:\n" + "\n".join(
+                        _xml_text(f"{i}. [{h['kind']}, confidence {h['confidence']:.2f}] {h['text']} -- {h['evidence']}")
+                        for i, h in enumerate(hyps, 1))
             if r in exp:
                 ET.SubElement(case, "skipped", message=_xml_text(f"expected {r.result.name}: {expectation(r)}")
                               ).text = long

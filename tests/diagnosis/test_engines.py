@@ -1,0 +1,66 @@
+"""The diagnosis of engines written outside the catalog (tests/diagnosis/engines.py): a catalogued
+bug in an engine that rounds its own way is still named; a bug outside every family gets an error
+structure or nothing, never a pitfall's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conformance import mutants
+from conformance.compare import Result
+from conformance.diagnose import Diagnoser, hypotheses, summary
+from conformance.runner import run_suite
+from tests.diagnosis.engines import ReversedTopk, ScaledAttention, TorchSortTopk, WindowLeS
+
+VECTORS = Path(__file__).parents[2] / "vectors"
+
+
+def _fails(impl, op, diagnose=True):
+    results = run_suite(impl, VECTORS, ops_pattern=op, diagnose=diagnose)
+    summary(results)  # the run is over: run-level ranking and symptoms
+    return [r for r in results if r.result == Result.FAIL]
+
+
+def test_nan_first_torch_topk_is_named():
+    """torch.sort(descending) ranks NaN first; the catalog's nan_scores mutant returns rows 0..k-1.
+    The engine differs from the mutant at most ranks (and by float32 rounding), so no match, but the
+    closest catalogued pitfall is nan_scores, with its evidence."""
+    failing = _fails(TorchSortTopk(), "candidate_topk")
+    assert [r.case for r in failing] == ["candidate_topk/nan_scores__inf_hidden_times_zero_head_Vr32_K2"]
+    top = hypotheses(failing[0])[0]
+    assert top["pitfall"] == "nan_scores" and top["kind"] in ("match", "nearest"), hypotheses(failing[0])
+    assert top["evidence"] and 0 < top["confidence"] <= 1
+    assert "nan_scores" in failing[0].diagnosis_note
+
+
+def test_window_le_s_engine_is_named_first_on_every_fail():
+    """An off-by-one window in an independent engine: named window_le_S first on every FAIL. On
+    tail_extent..._live1 the dropped window gives the same outputs; the run decides between them."""
+    failing = _fails(WindowLeS(), "draft_attention")
+    assert len(failing) >= 30
+    wrong = [f"{r.case}: {r.diagnosis_note}" for r in failing if r.diagnosis[0]["pitfall"] != "window_le_S"]
+    assert not wrong, "\n".join(wrong)
+    assert all(hypotheses(r)[0]["pitfall"] == "window_le_S" for r in failing)
+
+
+def test_a_tie_on_one_case_goes_to_the_mutant_that_explains_the_run():
+    """With window_dropped listed before window_le_S (a catalog order that named window_dropped on
+    the tied case before), the run-level ranking still names window_le_S first there."""
+    order = sorted(mutants.for_op("draft_attention"), key=lambda m: m.key != "window_dropped")
+    failing = _fails(WindowLeS(), "draft_attention", diagnose=Diagnoser(catalog=order))
+    tied = [r for r in failing if r.case.endswith("tail_extent__local_S8_F30_W16_live1")]
+    assert tied and {x["mutant"] for x in tied[0].diagnosis if x["tie"]} >= {"window_le_S", "window_dropped"}
+    assert all(r.diagnosis[0]["mutant"] == "window_le_S" for r in failing), \
+        [(r.case, r.diagnosis_note) for r in failing if r.diagnosis[0]["mutant"] != "window_le_S"]
+
+
+def test_bugs_outside_every_family_get_structure_not_a_pitfall():
+    for impl, op, signature in ((ScaledAttention(), "draft_attention", "constant scale"),
+                                (ReversedTopk(), "candidate_topk", "mirrored")):
+        failing = _fails(impl, op)
+        assert failing
+        named = [r.case for r in failing if r.diagnosis or any(h.get("pitfall") for h in hypotheses(r))]
+        assert not named, f"{type(impl).__name__}: a pitfall named for a bug outside every family: {named}"
+        shown = [r for r in failing if hypotheses(r) and hypotheses(r)[0].get("signature") == signature]
+        assert len(shown) >= 0.9 * len(failing), [(r.case, hypotheses(r)[:1]) for r in failing]
+        assert all("matches no catalog pitfall" in r.diagnosis_note for r in failing)
