@@ -313,3 +313,24 @@ def test_an_accept_test_tie_names_the_accept_rule_not_the_ranking_tie_rule():
     ties = [r for r in res if r.result == Result.FAIL and "exact tie" in r.detail]
     assert ties, "coin_le_ratio must FAIL some case on an exact accept tie"
     assert all("strict accept test" in r.detail and "C4" not in r.detail for r in ties), ties[0].detail
+
+
+def test_which_accept_test_forms_the_vectors_tell_apart():
+    """docs/contracts.md (C3): ``u*q <= p`` (coin_le_ratio) FAILs the exact-tie cases, while ``u <= p/q``
+    cannot be told from the strict test: where p = q = 0 it compares with NaN, which is False (reject,
+    as the strict test), and the vectors have no U q(d) = p(d) tie with q(d) > 0. The docs promised the
+    opposite once; this pins what they now say."""
+    from conformance.compare import Result
+    from conformance.mutants import MUTANTS
+    from conformance.mutants.speculative_accept import CoinLeRatio
+    from conformance.runner import run_suite
+
+    root = Path(__file__).resolve().parents[1] / "vectors"
+    le = next(m for m in MUTANTS if m.key == "coin_le_ratio")
+    assert any(r.result == Result.FAIL for r in run_suite(le, root, ops_pattern=le.op))
+    divided = CoinLeRatio(bug={"bug": "coin_le_divided"})
+    results = run_suite(divided, root, ops_pattern="speculative_accept")
+    assert results and all(r.result in (Result.PASS, Result.ACCEPTABLE) for r in results), \
+        [(r.case, r.detail) for r in results if r.result not in (Result.PASS, Result.ACCEPTABLE)][:3]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "contracts.md").read_text()
+    assert "`U <= p(d)/q(d)`" in doc and "`U*q(d) <= p(d)` (mutant `coin_le_ratio`)" in doc and "not caught" in doc

@@ -101,8 +101,11 @@ def _accept_scan(logits, proposals, live_proposals, frontier, seed, prompt_mask,
                 u = work(_draw(s, pos(F + 1 + i), purpose, bug))
                 if bug == "accept_p_q_swapped":
                     ok = u * p[d] < qv[d]
-                elif bug == "coin_le_ratio":  # coin <= p/q: equality (and u q = 0 = p) accepts
+                elif bug == "coin_le_ratio":  # u q <= p: equality (and u q = 0 = p) accepts
                     ok = u * qv[d] <= p[d]
+                elif bug == "coin_le_divided":  # u <= p/q: p = q = 0 gives NaN, which rejects (not a mutant:
+                    with np.errstate(invalid="ignore", divide="ignore"):  # the vectors cannot tell it apart)
+                        ok = bool(u <= p[d] / qv[d])
                 else:
                     ok = u * qv[d] < p[d]
                 if not ok:
@@ -228,7 +231,7 @@ class ResidualSumZeroNan(_AcceptMutant):
 
 
 class CoinLeRatio(_AcceptMutant):
-    """Accept iff coin <= p/q: a token with p(d) = 0 = U q(d), or U q(d) = p(d), is accepted."""
+    """Accept iff U q(d) <= p(d): a token with p(d) = 0 = U q(d), or U q(d) = p(d), is accepted."""
 
     pitfall = "coin_le_ratio"
     family = "accept_test"
