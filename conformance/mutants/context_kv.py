@@ -69,7 +69,16 @@ def _context_kv(context, k_cache, v_cache, wk, wv, k_norm, start, eps, theta, he
     return {"k_cache": k_out, "v_cache": v_out, "frontier": np.asarray(start + rows, dtype=np.int64)}
 
 
-class RingSlot(Mutant):
+class _KvMutant(Mutant):
+    """context_kv written out (``_context_kv``) with the subclass's bug switched in."""
+
+    op = "context_kv"
+
+    def context_kv(self, **kw):
+        return self._baseline(_context_kv, **self.bug, **kw)
+
+
+class RingSlot(_KvMutant):
     """Ring slot (p + 1) mod C: the write lands one slot past where readers look."""
 
     op, pitfall = "context_kv", "ring_slot"
@@ -77,11 +86,8 @@ class RingSlot(Mutant):
 
     BUG: ClassVar[dict] = {"ring_shift": 1}
 
-    def context_kv(self, **kw):
-        return self._baseline(_context_kv, **self.bug, **kw)
 
-
-class KBf16BeforeNorm(Mutant):
+class KBf16BeforeNorm(_KvMutant):
     """Raw context K rounded to BF16 between projection and head norm. C1 forbids it, but the
     head norm is scale-invariant, so the error is one BF16 rounding of the normalized K: the
     size of the legitimate rounding of the norm's output before RoPE (C2 v2). The suite flags
@@ -94,11 +100,8 @@ class KBf16BeforeNorm(Mutant):
 
     BUG: ClassVar[dict] = {"k_raw_bf16": True}
 
-    def context_kv(self, **kw):
-        return self._baseline(_context_kv, **self.bug, **kw)
 
-
-class Fp32Positions(Mutant):
+class Fp32Positions(_KvMutant):
     """RoPE angles from FP32 positions (the HF/vLLM habit): positions above 2^24 lose bits."""
 
     op, pitfall = "context_kv", "positions_2p31"
@@ -106,32 +109,19 @@ class Fp32Positions(Mutant):
 
     BUG: ClassVar[dict] = {"fp32_positions": True}
 
-    def context_kv(self, **kw):
-        return self._baseline(_context_kv, **self.bug, **kw)
-
 
 class Fp32Positions2p32(Fp32Positions):
     op, pitfall, variant = "context_kv", "positions_2p32", "fp32_positions"
     family = "positions"
 
 
-class VFp16WithoutBf16(Mutant):
+class VFp16WithoutBf16(_KvMutant):
     """Context V rounded straight to FP16, skipping the BF16 step of FP16_RNE(BF16(v))."""
 
     op, pitfall = "context_kv", "v_fp16_without_bf16"
     family = "rounding"
 
     BUG: ClassVar[dict] = {"v_via_bf16": False}
-
-    def context_kv(self, **kw):
-        return self._baseline(_context_kv, **self.bug, **kw)
-
-
-class _KvMutant(Mutant):
-    op = "context_kv"
-
-    def context_kv(self, **kw):
-        return self._baseline(_context_kv, **self.bug, **kw)
 
 
 class RingWriteNoWrap(_KvMutant):
@@ -185,12 +175,9 @@ class KvRopeBf16Positions(_KvMutant):
 # --- a variant of the window family: the ring's writer off by one the other way ------------------
 
 
-class RingSlotMinusOne(Mutant):
+class RingSlotMinusOne(_KvMutant):
     """Ring slot (p - 1) mod C: the write lands one slot before where readers look."""
 
     op, pitfall, variant, family = "context_kv", "ring_slot", "minus_one", "window"
 
     BUG: ClassVar[dict] = {"ring_shift": -1}
-
-    def context_kv(self, **kw):
-        return self._baseline(_context_kv, **self.bug, **kw)
