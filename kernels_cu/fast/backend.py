@@ -37,7 +37,9 @@ contraction on), recorded by ``environment()`` together with the GEMM path.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -59,7 +61,9 @@ TOPK_TARGET_BLOCKS = 16 * 132  # partial top-k blocks to aim for (several waves 
 # kernels, 528 against 2112 blocks, ms): 120 rows k 16 0.101 vs 0.108, k 1 0.057 vs 0.059; 7 rows k 16 0.039 vs
 # 0.045, k 1 0.016 vs 0.017
 TOPK_VEC_TARGET_BLOCKS = 4 * 132
+_HEAD_PLANS_KEEP = 16  # the fused head's (maps, lists) entries kept per backend object (FastSelectBackend._head_plan)
 
+@functools.cache
 def _fn(module: str, name: str):
     return load_module(module).get_function(name)
 
@@ -336,16 +340,41 @@ class FastSelectBackend(CudaBackend):
         """Whether ``op`` takes the fused head for this shape (options.fused_head and fast_head.applies)."""
         return fast_head.applies(M, Vr, H, k, shortlist, op, self.options)
 
+    def _head_plan(self, x, w, k: int):
+        """(device tensor maps of x and w with their shared thresholds, the blocks' lists scratch) for this launch,
+        made once per (x address and shape, w address and shape, k, stream) and kept (LRU, _HEAD_PLANS_KEEP): the
+        maps hold only the two addresses and shapes, so an entry found again under the same key is exact, and no call
+        that finds one encodes maps or copies them from the host. The thresholds are zero between launches (the
+        kernel's last block zeroes them) and the lists are rewritten whole by each launch; the stream in the key keeps
+        two launches through one entry ordered (fast_head.device_maps' rule)."""
+        c = cp()
+        key = (x.data.ptr, x.shape, w.data.ptr, w.shape, k, c.cuda.get_current_stream().ptr)
+        plans = self.__dict__.setdefault("_head_plans", OrderedDict())
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = (fast_head.device_maps(x, w),
+                                 c.empty((x.shape[0], fast_head.grid(w.shape[0]), k), dtype=np.uint64))
+            while len(plans) > _HEAD_PLANS_KEEP:
+                plans.popitem(last=False)
+        else:
+            plans.move_to_end(key)
+        return plan
+
     def _fused_topk(self, x, w, vocab_size: int, k: int, multiplier=0.0, softcap=0.0, want_scores=True):
-        """head_topk_into with its buffers: (scores [M, k] fp32 or None, ids [M, k] int32)."""
+        """head_topk_into with its buffers: (scores [M, k] fp32 or None, ids [M, k] int32); the maps and the lists
+        from _head_plan (not under a stream capture: there the maps are made per call as before, since a plan's
+        scratch would be shared between the captured graph and later calls)."""
         c = cp()
         x = c.ascontiguousarray(x)
         w = c.ascontiguousarray(w)
         M, Vr = x.shape[0], w.shape[0]
-        partial = c.empty((M, fast_head.grid(Vr), k), dtype=np.uint64)
+        if c.cuda.get_current_stream().is_capturing():
+            maps, partial = None, c.empty((M, fast_head.grid(Vr), k), dtype=np.uint64)
+        else:
+            maps, partial = self._head_plan(x, w, k)
         scores = c.empty((M, k), dtype=np.float32) if want_scores else None
         ids = c.empty((M, k), dtype=np.int32)
-        head_topk_into(x, w, None, vocab_size, k, multiplier, softcap, partial, scores, ids, self.options)
+        head_topk_into(x, w, maps, vocab_size, k, multiplier, softcap, partial, scores, ids, self.options)
         return scores, ids
 
     def _head_logits(self, x, w):

@@ -514,6 +514,133 @@ def block_forward(eng, ws: Workspace, dm: Dims, wts: dict, layers, *, frontier, 
     eng.resid_norm(M, H, W, **(entry if tail is None else tail), eps=eps, **exit)
 
 
+# --- the Op's own CUDA graph (options.op_graphs) --------------------------------------------------
+#
+# A masked_block call launches about 15 kernels a layer from Python (each PDL launch a ctypes cuLaunchKernelEx), so
+# a call spends a few milliseconds of host time against 0.4-1.4 ms of device time. With options.op_graphs the Op
+# keeps, per (shape, scalars, weight arrays, ring arrays), an OpGraph: static buffers for the small inputs (anchor,
+# frontier, live, draft_layer's x), its own stream, and from the second call a CUDA graph of the call captured on
+# that stream (the same kernels with the same arguments as the plain path: the same bits). A later call copies the
+# small inputs in on the stream (device to device, no host sync), replays the graph and returns a fresh copy of the
+# output. The weights and the rings are read in place at the addresses captured: the plan is keyed by the arrays'
+# identity and holds them, so the same objects are the same memory; the caller may write their contents (the rings
+# between rounds), never mutate a weight in place after its first call (as for the resident cache).
+
+
+def _copy_in(dst, src, convert, what: str) -> None:
+    """src's values into the static dst on the current stream: one device-to-device copy when src is already a CuPy
+    array of dst's dtype and size, else ``convert(src)`` (a device array) assigned (host inputs: a host copy)."""
+    c = cp()
+    if isinstance(src, c.ndarray) and src.dtype == dst.dtype and src.size == dst.size and src.flags.c_contiguous:
+        if dst.nbytes:
+            c.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, c.cuda.runtime.memcpyDeviceToDevice,
+                                       c.cuda.get_current_stream().ptr)
+        return
+    a = convert(src)
+    if a.size != dst.size:
+        raise ValueError(f"{what}: {a.size} elements, the call's shape needs {dst.size}")
+    dst[...] = a.reshape(dst.shape).astype(dst.dtype, copy=False)
+
+
+class OpGraph:
+    """One Op call shape's plan: static inputs, the output buffer, a stream of its own and (from the second call) the
+    CUDA graph of ``run`` captured on it. ``holds`` keeps every array the graph reads in place alive (weights, rings,
+    workspace), so their addresses stay the captured ones.
+
+    ``__call__(inputs)``: orders the plan's stream after the caller's current stream (an event, no host wait), copies
+    ``inputs`` into the statics, runs (first call: eagerly, which makes the capture GEMM's workspace and compiles what
+    the call needs; second: captures then launches; later: replays), copies the output into a fresh array allocated
+    from the caller's stream, and orders the caller's stream after it. The fresh array is the caller's own: nothing
+    aliases the plan's buffers. The copy is made on the plan's stream, so a call from another stream cannot overwrite
+    the output before it is copied. ``path`` says how the latest call ran ("eager", "capture", "graph",
+    "eager (capture failed: ...)")."""
+
+    def __init__(self, run, statics: dict, converts: dict, out, holds, launch_order: bool):
+        c = cp()
+        self.run, self.statics, self.converts, self.out, self.holds = run, statics, converts, out, holds
+        self.launch_order = bool(launch_order)
+        self.stream = c.cuda.Stream(non_blocking=True)
+        self._ev_in = c.cuda.Event(disable_timing=True)
+        self._ev_out = c.cuda.Event(disable_timing=True)
+        self.graph = None
+        self.calls = 0
+        self.error = None
+        self.path = None
+
+    def __call__(self, inputs: dict):
+        c = cp()
+        caller = c.cuda.get_current_stream()
+        res = c.empty(self.out.shape, dtype=self.out.dtype)  # from the caller's stream's arena: the caller's array
+        s = self.stream
+        self._ev_in.record(caller)
+        s.wait_event(self._ev_in)
+        with s:
+            for name, src in inputs.items():
+                _copy_in(self.statics[name], src, self.converts[name], name)
+            if self.graph is not None:
+                self.graph.launch(s)
+                self.path = "graph"
+            elif self.calls >= 1 and self.error is None:
+                self.path = self._capture()
+            else:
+                self.run()
+                self.path = "eager" if self.error is None else f"eager (capture failed: {self.error})"
+            self.calls += 1
+            if res.nbytes:
+                c.cuda.runtime.memcpyAsync(res.data.ptr, self.out.data.ptr, res.nbytes,
+                                           c.cuda.runtime.memcpyDeviceToDevice, s.ptr)
+        self._ev_out.record(s)
+        caller.wait_event(self._ev_out)
+        return res
+
+    def _capture(self) -> str:
+        from kernels_cu import pdl
+
+        s = self.stream
+        s.begin_capture()
+        try:
+            self.run()
+        except Exception as exc:  # noqa: BLE001 - no graph for this plan: eager, saying why
+            try:
+                s.end_capture()
+            except Exception:  # noqa: BLE001,S110 - the capture's own error is the one to keep
+                pass
+            return self._failed(exc)
+        try:  # PDL edges relaxed to launch order as FastRound does (pdl.end_capture), else CuPy's graph
+            self.graph = pdl.end_capture(s, launch_order=pdl.LAUNCH_ORDER and self.launch_order) if pdl.active() \
+                else s.end_capture()
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(exc)
+        self.graph.launch(s)
+        return "capture"
+
+    def _failed(self, exc) -> str:
+        self.graph = None
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.run()
+        return f"eager (capture failed: {self.error})"
+
+    def release(self) -> None:
+        """Wait for the plan's work (a graph may not be destroyed while it runs), then drop the graph."""
+        self.stream.synchronize()
+        self.graph = None
+
+
+def _tok_dtype(a):
+    """The dtype _fb_int keeps for an index input (int32 / int64, else int64)."""
+    dt = getattr(a, "dtype", None)
+    dt = np.asarray(a).dtype if dt is None else np.dtype(dt)
+    return dt if dt in (np.int32, np.int64) else np.dtype(np.int64)
+
+
+def _in_place(src, dev, dtype) -> bool:
+    """Whether the plain path reads ``src`` itself (``dev`` is its device view, no conversion copy): then a graph may
+    read it at its address."""
+    c = cp()
+    return (isinstance(src, c.ndarray) and isinstance(dev, c.ndarray) and dev.dtype == dtype
+            and dev.data.ptr == src.data.ptr and dev.flags.c_contiguous)
+
+
 # --- the Op methods ------------------------------------------------------------------------------
 
 
@@ -631,42 +758,139 @@ class FastBlockMixin:
         rec["fast_block_gemv"] = fast_gemv.environment(o)
         return rec
 
+    # --- the Op's own graph (OpGraph) ----------------------------------------------------------
+
+    def _fb_graph_key(self, op: str, scalars: tuple, in_place: tuple, weights: dict):
+        """The OpGraph key of a call, or None where the plain path runs: options.op_graphs off, an engine other than
+        CudaEngine (the CPU plan tests' NumPy twin), or the current stream capturing (the caller's own graph takes
+        the plain launches, which need no host work). The key names the arrays read in place by identity; the
+        OpGraph holds them, so an id seen again is the same object."""
+        if not getattr(self, "options", DEFAULT_OPTIONS).op_graphs or not isinstance(self._fb_engine(), CudaEngine):
+            return None
+        if cp().cuda.get_current_stream().is_capturing():  # a host query, no synchronisation
+            return None
+        return (op, scalars, tuple(id(a) for a in in_place), tuple(sorted((n, id(a)) for n, a in weights.items())))
+
+    def _fb_plans(self) -> OrderedDict:
+        plans = getattr(self, "_fb_plan_cache", None)
+        if plans is None:
+            plans = self._fb_plan_cache = OrderedDict()
+        return plans
+
+    def _fb_plan(self, key):
+        plans = self._fb_plans()
+        plan = plans.get(key)
+        if plan is not None:
+            plans.move_to_end(key)
+        return plan
+
+    def _fb_keep(self, key, plan: OpGraph) -> OpGraph:
+        plans = self._fb_plans()
+        plans[key] = plan
+        while len(plans) > max(1, int(self.options.op_graph_keep)):
+            plans.popitem(last=False)[1].release()  # a host wait, only when a plan is dropped
+        return plan
+
+    def op_graph_path(self) -> str | None:
+        """How the latest masked_block / draft_layer call through an OpGraph ran (None: none yet)."""
+        return getattr(self, "_fb_last_path", None)
+
+    def _fb_launch_order(self, dm: Dims) -> bool:
+        return dm.M >= self.options.launch_order_min_rows
+
     # --- the Ops -----------------------------------------------------------------------------
 
     def draft_layer(self, *, x, k_cache, v_cache, frontier, live, eps, theta, head_dim, window=0,
                     variant="dflash", **weights):
+        key = self._fb_graph_key("draft_layer", (variant, float(eps), float(theta), int(head_dim), int(window),
+                                                 tuple(np.shape(x))), (k_cache, v_cache), weights)
+        plan = None if key is None else self._fb_plan(key)
+        if plan is not None:
+            out = plan({"x": x, "frontier": frontier, "live": live})
+            self._fb_last_path = plan.path
+            return {"x_next": out}
         wts = self._fb_weights(weights, variant, stacked=False)
         xb = self._fb_bits(x)
         b, w, h = xb.shape
         d = int(head_dim)
         dm = self._fb_dims(wts, weights, b, w, h, d, variant)
         eng, ws = self._fb_engine(), self._fb_workspace(dm)
+        kc, vc = self._fb_bits(k_cache), self._fb_f16_bits(v_cache)
+        freqs = self._fb_freqs(d, theta)
+        if key is not None and _in_place(k_cache, kc, np.uint16) and _in_place(v_cache, vc.view(np.float16),
+                                                                                np.float16):
+            st = {"x": eng.empty((b, w, h), np.uint16), "frontier": eng.empty((b,), np.int64),
+                  "live": eng.empty((b,), np.int32)}
+            out = eng.empty((b, w, h), np.uint16)
+
+            def run():
+                block_forward(eng, ws, dm, wts, [(0, int(window), kc, vc)], frontier=st["frontier"], live=st["live"],
+                              eps=float(eps), freqs=freqs, entry={"src_bits": st["x"]}, exit={"resid_bits": out})
+
+            conv = {"x": self._fb_bits, "frontier": lambda a: self._fb_int(a, np.int64),
+                    "live": lambda a: self._fb_int(a, np.int32)}
+            plan = self._fb_keep(key, OpGraph(run, st, conv, out, (k_cache, v_cache, weights, wts, ws, freqs),
+                                              self._fb_launch_order(dm)))
+            res = plan({"x": x, "frontier": frontier, "live": live})
+            self._fb_last_path = plan.path
+            return {"x_next": res}
         out = eng.empty((b, w, h), np.uint16)
-        block_forward(eng, ws, dm, wts, [(0, int(window), self._fb_bits(k_cache), self._fb_f16_bits(v_cache))],
+        block_forward(eng, ws, dm, wts, [(0, int(window), kc, vc)],
                       frontier=self._fb_int(frontier, np.int64), live=self._fb_int(live, np.int32), eps=float(eps),
-                      freqs=self._fb_freqs(d, theta), entry={"src_bits": xb}, exit={"resid_bits": out})
+                      freqs=freqs, entry={"src_bits": xb}, exit={"resid_bits": out})
         return {"x_next": out}
 
     def masked_block(self, *, anchor, embed, frontier, live, context_k, context_v, final_norm, mask_token_id,
                      windows, eps, theta, head_dim, variant="dflash", num_drafts, **weights):
+        key = self._fb_graph_key("masked_block", (variant, int(num_drafts), tuple(int(s) for s in windows), float(eps),
+                                                  float(theta), int(head_dim), int(mask_token_id), tuple(np.shape(anchor)),
+                                                  str(_tok_dtype(anchor))),
+                                 (context_k, context_v, embed, final_norm), weights)
+        plan = None if key is None else self._fb_plan(key)
+        if plan is not None:
+            out = plan({"anchor": anchor, "frontier": frontier, "live": live})
+            self._fb_last_path = plan.path
+            return {"hidden": out}
         wts = self._fb_weights(weights, variant, stacked=True)
         n_layers = len(windows)
         ck, cv = self._fb_bits(context_k), self._fb_f16_bits(context_v)
         if ck.shape[0] != n_layers or wts["wqkv"].shape[0] != n_layers:
             raise ValueError(f"masked_block: {n_layers} windows, {ck.shape[0]} rings, {wts['wqkv'].shape[0]} layers")
         emb = self._fb_weight_bits(embed)
-        anchor = self._fb_int(anchor)
-        b, w, h, d = anchor.shape[0], int(num_drafts) + 1, emb.shape[1], int(head_dim)
+        anchor_d = self._fb_int(anchor)
+        b, w, h, d = anchor_d.shape[0], int(num_drafts) + 1, emb.shape[1], int(head_dim)
         if w < 2:
             raise ValueError(f"masked_block: num_drafts {num_drafts} < 1")
         dm = self._fb_dims(wts, weights, b, w, h, d, variant)
         eng, ws = self._fb_engine(), self._fb_workspace(dm)
-        hidden = eng.empty((b, w - 1, h), np.uint16)
         layers = [(l, int(win), ck[l], cv[l]) for l, win in enumerate(windows)]
+        freqs, norm_w = self._fb_freqs(d, theta), self._fb_weight_f32(final_norm)
+        if key is not None and _in_place(context_k, ck, np.uint16) and _in_place(context_v, cv.view(np.float16),
+                                                                                  np.float16):
+            st = {"anchor": eng.empty((b,), anchor_d.dtype), "frontier": eng.empty((b,), np.int64),
+                  "live": eng.empty((b,), np.int32)}
+            out = eng.empty((b, w - 1, h), np.uint16)
+
+            def run():
+                # DFlash attends only the live columns; DFlash2 computes all W (spec extent table)
+                block_forward(eng, ws, dm, wts, layers, frontier=st["frontier"],
+                              live=ws.LIVE_ALL if dm.conv else st["live"], eps=float(eps), freqs=freqs,
+                              entry={"src_bits": emb, "tok": st["anchor"], "mask_id": int(mask_token_id)},
+                              exit={"norm_w": norm_w, "norm_hi": out, "skip_first": True})
+
+            conv = {"anchor": self._fb_int, "frontier": lambda a: self._fb_int(a, np.int64),
+                    "live": lambda a: self._fb_int(a, np.int32)}
+            plan = self._fb_keep(key, OpGraph(run, st, conv, out, (context_k, context_v, embed, final_norm, weights,
+                                                                   wts, ws, emb, norm_w, freqs),
+                                              self._fb_launch_order(dm)))
+            res = plan({"anchor": anchor, "frontier": frontier, "live": live})
+            self._fb_last_path = plan.path
+            return {"hidden": res}
+        hidden = eng.empty((b, w - 1, h), np.uint16)
         # DFlash attends only the live columns; DFlash2 computes all W (spec extent table)
         attn_live = ws.LIVE_ALL if dm.conv else self._fb_int(live, np.int32)
         block_forward(eng, ws, dm, wts, layers, frontier=self._fb_int(frontier, np.int64), live=attn_live,
-                      eps=float(eps), freqs=self._fb_freqs(d, theta),
-                      entry={"src_bits": emb, "tok": anchor, "mask_id": int(mask_token_id)},
-                      exit={"norm_w": self._fb_weight_f32(final_norm), "norm_hi": hidden, "skip_first": True})
+                      eps=float(eps), freqs=freqs,
+                      entry={"src_bits": emb, "tok": anchor_d, "mask_id": int(mask_token_id)},
+                      exit={"norm_w": norm_w, "norm_hi": hidden, "skip_first": True})
         return {"hidden": hidden}

@@ -197,12 +197,19 @@ def applies(M: int, Vr: int, H: int, k: int, shortlist=None, op: str | None = No
             and Vr > 0 and _device_ok())
 
 
-def grid(Vr: int) -> int:
-    """Blocks: one a multiprocessor, fewer where the head has under a tile a multiprocessor."""
+@functools.cache
+def _sm_count(dev_id: int) -> int:
     import cupy as cp
 
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    return max(1, min(sms, -(-Vr // VT)))
+    return int(cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrMultiProcessorCount, dev_id))
+
+
+def grid(Vr: int) -> int:
+    """Blocks: one a multiprocessor, fewer where the head has under a tile a multiprocessor. (The count is read once
+    per device: ``Device().attributes`` queries every attribute, a host cost each call paid three times.)"""
+    import cupy as cp
+
+    return max(1, min(_sm_count(cp.cuda.runtime.getDevice()), -(-Vr // VT)))
 
 
 MAP_WORDS = 32  # the two 128-byte tensor maps, as u64
@@ -211,17 +218,41 @@ MAP_WORDS = 32  # the two 128-byte tensor maps, as u64
 MAPS_WORDS = MAP_WORDS + NMAX + 1
 
 
-def device_maps(x, w):
+def device_maps(x, w, out=None):
     """The two tensor maps of x [M, H] and w [Vr, H] (BF16 bits on the device) in device memory, for launches that
     must not copy from the host (a CUDA graph's: FastRound's workspace makes them once for its fixed hidden buffer
-    and head), followed by NMAX words for the ping-pong kernel's shared thresholds (fast/head.cu HP_SHARED_THR) and a
-    count, all zero: each launch leaves them zero for the next (the kernel's last block zeroes them), so
-    only the kernel may write them, one launch at a time (two launches in flight through the same maps would count
-    into one word). The maps hold the arrays' addresses: valid while both arrays live, unmoved."""
+    and head; the Ops keep them per address, FastSelectBackend._head_plan), followed by NMAX words for the ping-pong
+    kernel's shared thresholds (fast/head.cu HP_SHARED_THR) and a count, all zero: each launch leaves them zero for
+    the next (the kernel's last block zeroes them), so only the kernel may write them, one launch at a time (two
+    launches in flight through the same maps would count into one word). The maps hold the arrays' addresses: valid
+    while both arrays live, unmoved.
+
+    The words reach the device as the parameters of one small kernel (fast/maps.cu fh_put_maps) on the current
+    stream: no host copy and no host wait, and capturable (the kernel node keeps them by value). ``out``: a
+    (MAPS_WORDS,) uint64 device array to write (default: a new one)."""
+    import ctypes
+
     import cupy as cp
 
-    return cp.asarray(np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0])),
-                                      np.zeros(NMAX + 1, np.uint64)]))
+    from kernels_cu import pdl
+    from kernels_cu.loader import load_module
+
+    words = np.concatenate([tensor_map(w, 64), tensor_map(x, n_for(x.shape[0]))])
+    if out is None:
+        out = cp.empty(MAPS_WORDS, dtype=np.uint64)
+    if out.shape != (MAPS_WORDS,) or out.dtype != np.uint64 or not out.flags.c_contiguous:
+        raise ValueError(f"device_maps: out {out.shape} {out.dtype}, needs ({MAPS_WORDS},) uint64")
+    fn = load_module("fast/maps").get_function("fh_put_maps")
+    dst = ctypes.c_void_p(int(out.data.ptr))
+    zero = ctypes.c_int(MAPS_WORDS - MAP_WORDS)
+    maps = (ctypes.c_uint64 * MAP_WORDS)(*(int(v) for v in words))
+    params = (ctypes.c_void_p * 3)(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in (dst, zero)],
+                                   ctypes.cast(maps, ctypes.c_void_p))
+    cfg, _attrs = pdl.config((1,), (128,), 0, cp.cuda.get_current_stream().ptr, False)
+    launch_ex, _ = pdl._driver()
+    pdl._check(launch_ex(ctypes.byref(cfg), ctypes.c_void_p(int(fn.kernel.ptr)), params, None),
+               "cuLaunchKernelEx (fh_put_maps)")
+    return out
 
 
 def topk_partial_into(x, w, n_elig: int, k: int, partial, dump=None, maps=None,

@@ -68,6 +68,10 @@ class FastOptions:
     launch_order_min_rows: int = 64  # the graph's PDL edges relaxed to launch order from B * W rows
     exact_selector: bool = False  # the DFlash2 selector on the exact mode's select.cu kernels instead of selector.cu
 
+    # --- per-call plans of the Ops (kernels_cu/fast/block.py OpGraph, head.py map cache) ---
+    op_graphs: bool = True  # masked_block / draft_layer replay a CUDA graph of their own call per (shape, weights, rings)
+    op_graph_keep: int = 8  # such graphs kept per backend object (LRU; each holds its stream and static inputs)
+
     def replace(self, **changes) -> FastOptions:
         """A copy with ``changes`` (the object itself is frozen)."""
         return replace(self, **changes)
