@@ -303,17 +303,21 @@ def _block_weights(torch, cfg, seed=0) -> tuple[dict, dict]:
     return w, extra
 
 
-def _torch_block(torch, F, tw, kc, vc, anchor, frontier, attn_live, cfg, w, attention=True):
+def _torch_block(torch, F, tw, kc, vc, anchor, frontier, attn_live, cfg, w, attention=True, x_in=None):
     """The masked block in PyTorch BF16 (F.linear through the concatenated [Wq;Wk;Wv] and
     [Wgate;Wup], FP32 RMSNorm and RoPE, SDPA with a boolean mask and enable_gqa, SiLU-mul, the
-    DFlash2 conv); ``attention=False`` puts q where the attention output goes (no SDPA)."""
+    DFlash2 conv); ``attention=False`` puts q where the attention output goes (no SDPA). ``x_in``: start from
+    these BF16 rows [b, w, H] instead of the embedding and return the BF16 residual stream (draft_layer)."""
     bf = torch.bfloat16
-    b = anchor.shape[0]
+    b = anchor.shape[0] if x_in is None else x_in.shape[0]
     h, hq, hk, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     eps, conv, G = cfg.rms_norm_eps, cfg.variant == "dflash2", cfg.hidden_size // 16
-    tokens = torch.full((b, w), cfg.mask_token_id, dtype=torch.long, device="cuda")
-    tokens[:, 0] = anchor
-    x = tw["embed"][tokens].float()
+    if x_in is None:
+        tokens = torch.full((b, w), cfg.mask_token_id, dtype=torch.long, device="cuda")
+        tokens[:, 0] = anchor
+        x = tw["embed"][tokens].float()
+    else:
+        x = x_in.float()
     cols = torch.arange(w, device="cuda")
     pq = frontier[:, None] + cols[None, :]
     ang = pq.double()[..., None] * tw["inv_freq"]
@@ -368,6 +372,8 @@ def _torch_block(torch, F, tw, kc, vc, anchor, frontier, attn_live, cfg, w, atte
         mb, fdm = branch_in(rms(y, tw["post_norm"][l]), "mlp", l)
         gate, up = F.linear(mb, tw["wgu"][l]).chunk(2, -1)
         x = y + branch_out(F.linear(F.silu(gate) * up, tw["w_down"][l]).float(), "mlp", l, fdm)
+    if x_in is not None:
+        return x.to(bf)
     return rms(x[:, 1:], tw["final_norm"]).to(bf)
 
 
@@ -782,6 +788,136 @@ def bench_candidate_selector(cp, torch, timer, exact, fast, shapes, rows, floor_
                         timer(lambda: fast.candidate_selector(**kw)), timer(tor), floor / floor_bw * 1e3))
 
 
+# --- per-call plans and the torch entry points (kernels_cu/fast/block.py OpGraph, kernels_cu/torch_ops.py) -------
+
+
+def bench_op_plans(cp, torch, timer, exact, fast, shapes, rows, floor_bw, context=4096):
+    """Each Op called as a user calls it (host work included) against its CUDA-graph replay and its torch entry
+    point, at the 35B / 27B geometries. Rows (fast_ms / torch_ms columns reused, the ratio is the last column):
+    masked_block[call vs graph] (the Op call through its OpGraph / a CuPy capture of the plain launches replayed: the
+    target is <= 1.5), draft_layer[call] (fast / torch eager, one layer), and <op>[torch op vs cupy] (the dflash::
+    custom op / the CuPy Op call, same inputs: the torch layer's overhead)."""
+    import torch.nn.functional as F
+
+    import kernels_cu.torch_ops  # noqa: F401 - registers torch.ops.dflash
+    from conformance.geometry import GEOMETRIES, PUBLIC_VOCAB_MARGIN, _capacity
+    from kernels_cu.fast import FastCudaBackend
+    from kernels_cu.torch_ops import CONV_NAMES, LAYER_NAMES, set_backend
+    from reference.config import PRESETS
+
+    set_backend(fast)
+    plain = FastCudaBackend(options=fast.options.replace(op_graphs=False))
+    keep = []
+    # proposal_head 35B: torch op against the CuPy Op
+    vr, h = 248320, 2048
+    head = torch.randn(vr, h, dtype=torch.bfloat16, device="cuda") * (h**-0.5)
+    for b, w in shapes:
+        hid = torch.randn(b, w - 1, h, dtype=torch.bfloat16, device="cuda")
+        kw = dict(hidden=bits(cp, hid), head=bits(cp, head), vocab_size=vr - 192)
+        rows.append(row("proposal_head[torch op vs cupy]", f"35B B{b} K{w - 1}", None,
+                        _safe("torch op", lambda: timer(lambda: torch.ops.dflash.proposal_head(hid, head, vr - 192))),
+                        _safe("cupy", lambda: timer(lambda: fast.proposal_head(**kw))), vr * h * 2 / floor_bw * 1e3))
+    del head
+    for label, geo in [("35B DFlash", "dflash-35b-a3b"), ("27B DFlash2", "dflash2-27b")]:
+        cfg = PRESETS[GEOMETRIES[geo]]
+        L, d = cfg.num_hidden_layers, cfg.head_dim
+        tw, extra = _block_weights(torch, cfg)
+        names = LAYER_NAMES + (CONV_NAMES if cfg.variant == "dflash2" else ())
+        wbits = {k: bits(cp, v) for k, v in tw.items()}
+        weight_bytes = sum(v.numel() * 2 for k, v in tw.items() if not k.endswith("norm") and "base" not in k)
+        cap = _capacity(cfg, context)
+        tl = {k: v[0].contiguous() for k, v in tw.items()}  # draft_layer: layer 0's weights
+        tl_bits = {k: bits(cp, v) for k, v in tl.items()}
+        for b, w in shapes:
+            g = torch.Generator(device="cuda").manual_seed(b * 100 + w)
+            frontier = context - 3 * torch.arange(b, device="cuda", dtype=torch.int64)
+            live = torch.full((b,), w, dtype=torch.int32, device="cuda")
+            kc = torch.randn((L, b, cap, cfg.num_key_value_heads, d), device="cuda", generator=g).to(torch.bfloat16)
+            vc = torch.randn((L, b, cap, cfg.num_key_value_heads, d), device="cuda",
+                             generator=g).to(torch.float16)
+            anchor = torch.randint(0, cfg.vocab_size - PUBLIC_VOCAB_MARGIN, (b,), device="cuda", generator=g,
+                                   dtype=torch.int32)
+            scal = dict(mask_token_id=cfg.mask_token_id, windows=list(cfg.windows), eps=cfg.rms_norm_eps,
+                        theta=cfg.rope_theta, head_dim=d, variant=cfg.variant, num_drafts=w - 1)
+            kw = dict(anchor=cp.from_dlpack(anchor), embed=bits(cp, extra["embed"]), frontier=cp.from_dlpack(frontier),
+                      live=cp.from_dlpack(live), context_k=bits(cp, kc), context_v=cp.from_dlpack(vc),
+                      final_norm=bits(cp, extra["final_norm"]), **scal, **wbits)
+            shape = f"{label} B{b} W{w} F{context}"
+            floor = (weight_bytes + ring_bytes(cfg, b, cap)) / floor_bw * 1e3
+            t_call = _safe(f"{shape} call", lambda: timer(lambda: fast.masked_block(**kw)))
+            t_graph = math.nan
+            try:
+                graph, captured, stream = _cupy_graph(cp, lambda: plain.masked_block(**kw)["hidden"])
+                keep.append((graph, captured, stream))
+                t_graph = timer(lambda: graph.launch())
+                same = bool(cp.array_equal(captured, fast.masked_block(**kw)["hidden"]))
+                print(json.dumps({"shape": shape, "op_graph_equals_plain_graph": same,
+                                  "op_graph_path": fast.op_graph_path()}), flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"{shape} graph: {type(exc).__name__}: {exc}", flush=True)
+            rows.append(row("masked_block[call vs graph]", shape, None, t_call, t_graph, floor))
+            targs = [anchor, extra["embed"], frontier, live, kc, vc, extra["final_norm"],
+                     *[tw.get(n) for n in LAYER_NAMES + CONV_NAMES]]
+            tscal = [cfg.mask_token_id, list(cfg.windows), cfg.rms_norm_eps, cfg.rope_theta, d, cfg.variant, w - 1]
+            rows.append(row("masked_block[torch op vs cupy]", shape, None,
+                            _safe("torch op", lambda: timer(lambda: torch.ops.dflash.masked_block(*targs, *tscal))),
+                            t_call, floor))
+            # draft_layer: one layer (layer 0's weights, ring 0)
+            x = torch.randn(b, w, cfg.hidden_size, device="cuda", generator=g).to(torch.bfloat16)
+            lkw = dict(x=bits(cp, x), k_cache=bits(cp, kc[0]), v_cache=cp.from_dlpack(vc[0]),
+                       frontier=cp.from_dlpack(frontier), live=cp.from_dlpack(live), eps=cfg.rms_norm_eps,
+                       theta=cfg.rope_theta, head_dim=d, window=cfg.windows[0], variant=cfg.variant,
+                       **{n: tl_bits[n] for n in names})
+            t1 = {k: v[:1] for k, v in tw.items()}
+            t1.update(extra, wqkv=torch.cat([t1["wq"], t1["wk"], t1["wv"]], 1),
+                      wgu=torch.cat([t1["w_gate"], t1["w_up"]], 1),
+                      inv_freq=cfg.rope_theta ** (-torch.arange(d // 2, device="cuda", dtype=torch.float64) * 2 / d))
+            layer_bytes = weight_bytes / L
+
+            def tor_layer():
+                return _torch_layer(torch, F, t1, kc[:1], vc[:1], x, frontier, live, cfg, w)
+
+            t_layer = _safe(f"{shape} draft_layer", lambda: timer(lambda: fast.draft_layer(**lkw)))
+            rows.append(row("draft_layer[call]", shape, None, t_layer,
+                            _safe(f"{shape} torch layer", lambda: timer(tor_layer)), layer_bytes / floor_bw * 1e3))
+            targl = [x, kc[0], vc[0], frontier, live, *[tl.get(n) for n in LAYER_NAMES + CONV_NAMES]]
+            rows.append(row("draft_layer[torch op vs cupy]", shape, None,
+                            _safe("torch op", lambda: timer(lambda: torch.ops.dflash.draft_layer(
+                                *targl, cfg.rms_norm_eps, cfg.rope_theta, d, cfg.windows[0], cfg.variant))),
+                            t_layer, layer_bytes / floor_bw * 1e3))
+            # draft_attention at this geometry's layer-0 shapes: torch op against the CuPy Op
+            hq, hk = cfg.num_attention_heads, cfg.num_key_value_heads
+            q = torch.randn(b, w, hq, d, device="cuda", generator=g).to(torch.bfloat16)
+            k = torch.randn(b, w, hk, d, device="cuda", generator=g).to(torch.bfloat16)
+            akw = dict(q=bits(cp, q), k=bits(cp, k), v=bits(cp, k), k_cache=bits(cp, kc[0]),
+                       v_cache=cp.from_dlpack(vc[0]), frontier=cp.from_dlpack(frontier), live=cp.from_dlpack(live),
+                       window=cfg.windows[0])
+            rows.append(row("draft_attention[torch op vs cupy]", shape, None,
+                            _safe("torch op", lambda: timer(lambda: torch.ops.dflash.draft_attention(
+                                q, k, k, kc[0], vc[0], frontier, live, cfg.windows[0]))),
+                            _safe("cupy", lambda: timer(lambda: fast.draft_attention(**akw))),
+                            ring_bytes(cfg, b, cap) / L / floor_bw * 1e3))
+            del kc, vc
+        del tw, wbits, extra, tl, tl_bits
+        fast.resident.clear()
+        plain.resident.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+    del keep
+
+
+def _torch_layer(torch, F, t1, kc, vc, x, frontier, live, cfg, w):
+    """One draft layer in PyTorch BF16: _torch_block's layer loop on one layer from x (no embedding, no final norm),
+    the BF16 x_next."""
+    import dataclasses
+
+    one = dataclasses.replace(cfg, num_hidden_layers=1, layer_types=cfg.layer_types[:1]) \
+        if dataclasses.is_dataclass(cfg) and hasattr(cfg, "layer_types") else cfg
+    tw = dict(t1)
+    tw["embed"] = None
+    return _torch_block(torch, F, tw, kc, vc, None, frontier, live, one, w, x_in=x)
+
+
 BENCHES = {
     "candidate_topk": bench_candidate_topk,
     "proposal_head": bench_proposal_head,
@@ -794,7 +930,7 @@ BENCHES = {
 
 
 BENCHES.update(feature_capture=bench_feature_capture, grouped_conv=bench_grouped_conv,
-               candidate_selector=bench_candidate_selector)
+               candidate_selector=bench_candidate_selector, op_plans=bench_op_plans)
 
 
 def row(op, shape, exact_ms, fast_ms, torch_ms, floor_ms):
