@@ -112,19 +112,13 @@ def portable(fn: Callable) -> Callable:
     return fn
 
 
-def is_host(x) -> bool:
-    return isinstance(x, np.ndarray | np.generic)
-
-
 def to_host(x):
     """NumPy copies of the arrays in x (a mapping, list, tuple or array); anything else as it is."""
     if isinstance(x, Mapping):
         return {k: to_host(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return type(x)(to_host(v) for v in x)
-    if is_host(x) or not hasattr(x, "__cuda_array_interface__"):
-        return x
-    return x.get()
+    return x.get() if hasattr(type(x), "__cuda_array_interface__") else x
 
 
 def to_device(x, mod: ModuleType | None = None):
