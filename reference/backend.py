@@ -29,6 +29,7 @@ import contextvars
 from collections.abc import Callable, Mapping
 from types import ModuleType
 
+import ml_dtypes
 import numpy as np
 
 BACKENDS = ("numpy", "cupy")
@@ -132,7 +133,9 @@ def to_device(x, mod: ModuleType | None = None):
     if isinstance(x, list | tuple):
         return type(x)(to_device(v, mod) for v in x)
     if isinstance(x, np.ndarray):
-        if not x.dtype.isbuiltin:  # ml_dtypes (bfloat16): exact in float32
+        if x.dtype == ml_dtypes.bfloat16:  # its bits are float32's top half: moved as 2 bytes, widened there
+            return (mod.asarray(x.view(np.uint16)).astype(np.uint32) << 16).view(np.float32)
+        if not x.dtype.isbuiltin:  # other ml_dtypes: exact in float32
             x = x.astype(np.float32)
         return mod.asarray(x)
     return x

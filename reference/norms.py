@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import precision as P
-from reference.backend import portable, xp
+from reference.backend import xp
 from reference.precision import work
 
 
