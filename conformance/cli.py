@@ -291,6 +291,25 @@ def _default_impl(specs):
     return default_impl(specs)
 
 
+def _add_reference_backend(s) -> None:
+    s.add_argument("--reference-backend", choices=["numpy", "cupy"], default="numpy",
+                   help="the array module the float64 reference, its float32 baseline and its magnitudes run on "
+                        "(numpy, the reference of record; cupy: float64 on the GPU, same decisions and represented "
+                        "outputs within float64 summation noise)")
+
+
+def _reference_backend(args):
+    """The reference backend the command asked for, selected for a with block; a one-line InputError
+    when it cannot run here (no CuPy, no GPU)."""
+    from reference import backend
+
+    try:
+        mod = backend.load(getattr(args, "reference_backend", None) or "numpy")
+    except backend.BackendError as exc:
+        raise InputError(f"--reference-backend {exc}") from None
+    return backend.use(mod)
+
+
 def _seconds(opt: str, value: float | None) -> float | None:
     """A positive number of seconds; inf means no limit (None)."""
     if value is None:
@@ -543,6 +562,7 @@ def _cmd_geometry(args) -> int:
     if args.jobs < 1:
         raise InputError(f"--jobs: at least 1, got {args.jobs}")
     where = f"generated in memory: {', '.join(args.geometry)}, B {args.batch}, W {args.width}, context {args.context}"
+    _reference_backend(args)  # a backend that cannot run: one error before anything runs (not one per part)
     if args.jobs > 1:
         return _geometry_jobs(args, where)
     impl, name = _choose_impl(args)
@@ -552,8 +572,9 @@ def _cmd_geometry(args) -> int:
         if args.json:
             report.write_json(Path(args.json), results, name, env, where, {}, "", complete=False)
 
-    results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
-                           log=lambda line: print(line, flush=True), on_result=save, ops=args.ops)
+    with _reference_backend(args):
+        results = geometry.run(impl, args.geometry, args.batch, args.width, args.context, args.reduced,
+                               log=lambda line: print(line, flush=True), on_result=save, ops=args.ops)
     if args.json:
         report.write_json(Path(args.json), results, name, env, where, {}, "", complete=True)
     if not args.part:  # a part of a --jobs run: the parent prints the merged table
@@ -569,7 +590,8 @@ def _geometry_jobs(args, where: str) -> int:
     print(f"{len(parts)} parts, {min(args.jobs, len(parts))} at once: "
           + ", ".join(geometry_jobs.label(p) for p in parts), flush=True)
     results, name, part_env = geometry_jobs.run(parts, args.jobs, impl=args.impl, context=args.context,
-                                                reduced=args.reduced, log=lambda line: print(line, flush=True))
+                                                reduced=args.reduced, log=lambda line: print(line, flush=True),
+                                                reference_backend=args.reference_backend)
     name = name or (args.impl or "default implementation")
     if args.json:  # the parts' environment (the implementation's record), this command, the parts
         env = {**part_env, **report.environment(None, "dflash-conformance " + " ".join(args.argv),
@@ -666,10 +688,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the parts (one per geometry and B, W) as N processes at once, each with 1/N of the "
                         "cores for its BLAS threads, and merge their reports (default 1: one process)")
     s.add_argument("--part", action="store_true", help=argparse.SUPPRESS)  # a part of a --jobs run: no table
+    _add_reference_backend(s)
     s.add_argument("--json", metavar="FILE", help="write a JSON report")
     s.set_defaults(func=_cmd_geometry)
     s = sub.add_parser("check-capture", help="judge a folder of capture files (C10) against the reference")
     s.add_argument("folder", help="a folder of capture .safetensors files (conformance.capture)")
+    _add_reference_backend(s)
     s.set_defaults(func=_cmd_check_capture)
     _add_fuzz_parser(sub, impl_help).set_defaults(func=_cmd_fuzz)
     return p
@@ -699,6 +723,7 @@ def _add_fuzz_parser(sub, impl_help: str):
     s.add_argument("--diagnose", action="store_true", default=True, help=argparse.SUPPRESS)
     s.add_argument("--no-diagnose", dest="diagnose", action="store_false",
                    help="do not name catalog pitfalls for a shrunk FAIL")
+    _add_reference_backend(s)
     return s
 
 
@@ -730,9 +755,10 @@ def _cmd_fuzz(args, log=print) -> int:
     log(f"fuzz: {len(ops)} Op(s), up to {args.max_examples} examples each, seed {seed}"
         + (f", budget {args.budget:g} min" if args.budget else "") + f"; shrunk failures go to {out}/")
     try:
-        runs = fuzz.run(handle, ops=ops, max_examples=args.max_examples, seed=seed, timeout=timeout,
-                        budget_s=args.budget * 60 if args.budget else None, specs=specs, out=out, log=log,
-                        diagnose=args.diagnose, rerun=rerun, strict=args.strict)
+        with _reference_backend(args):
+            runs = fuzz.run(handle, ops=ops, max_examples=args.max_examples, seed=seed, timeout=timeout,
+                            budget_s=args.budget * 60 if args.budget else None, specs=specs, out=out, log=log,
+                            diagnose=args.diagnose, rerun=rerun, strict=args.strict)
     finally:
         handle.close()
     return 1 if any(r.found is not None for r in runs) else 0
@@ -741,7 +767,8 @@ def _cmd_fuzz(args, log=print) -> int:
 def _cmd_check_capture(args) -> int:
     from conformance import capture
 
-    return capture.main(args.folder)
+    with _reference_backend(args):
+        return capture.main(args.folder)
 
 
 def main(argv=None, specs=None) -> int:

@@ -34,7 +34,7 @@ import numpy as np
 
 from conformance import registry
 from conformance.registry import DECISION, EXACT, REPRESENTED, Output
-from reference import numerics
+from reference import backend, numerics
 
 
 class Result(IntEnum):
@@ -157,7 +157,7 @@ def align(outputs, ref, impl, masks, force: Callable | None, kwargs: Callable | 
         return ref, masks, ""
     followable = [d for d in firsts if acceptable is None or acceptable(*d)]
     if force is not None and followable:
-        forced = dict(force(kwargs(), impl))
+        forced = dict(backend.call(force, kwargs(), impl))  # on the selected reference backend
         return forced, masks, f"teacher-forced after {followable[0][0]} {_at(followable[0][1])}"
     if not followable:  # divergences that are not acceptable hide nothing: each is judged (and FAILs) itself
         return ref, masks, ""

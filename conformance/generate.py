@@ -22,7 +22,7 @@ from conformance.baseline import run_baseline, storage_outputs
 from conformance.compare import full_masks
 from conformance.registry import DECISION, REPRESENTED, Case, OpSpec
 from conformance.vectors import InputError
-from reference import numerics
+from reference import backend, numerics
 
 Progress = Callable[[int, int, str], None]  # (done, total, what is being done)
 
@@ -43,9 +43,9 @@ def _check_case(spec: OpSpec, case: Case) -> None:
 
 
 def _reference(spec: OpSpec, case: Case) -> dict:
-    ref = dict(spec.reference(**copy.deepcopy(case.kwargs())))
+    ref = dict(backend.call(spec.reference, **copy.deepcopy(case.kwargs())))
     if spec.scales is not None:  # C2 v2: s of every represented output, .scale of decisions
-        for name, s in spec.scales(copy.deepcopy(case.kwargs()), ref).items():
+        for name, s in backend.call(spec.scales, copy.deepcopy(case.kwargs()), ref).items():
             ref[name if "." in name else f"{name}.scale"] = s
     for o in spec.outputs:
         if o.name not in ref or (o.cls == DECISION and f"{o.name}.margin" not in ref):

@@ -35,7 +35,8 @@ def label(part: dict) -> str:
     return f"{part['geometry']}{b}"
 
 
-def part_argv(part: dict, *, impl: str | None, context: int, reduced: bool, json_path: Path) -> list[str]:
+def part_argv(part: dict, *, impl: str | None, context: int, reduced: bool, json_path: Path,
+              reference_backend: str = "numpy") -> list[str]:
     """The dflash-conformance arguments of one part."""
     argv = ["geometry", "--part", "--geometry", part["geometry"], "--context", str(context), "--ops", *part["ops"],
             "--json", str(json_path)]
@@ -45,6 +46,8 @@ def part_argv(part: dict, *, impl: str | None, context: int, reduced: bool, json
         argv += ["--impl", impl]
     if reduced:
         argv.append("--reduced")
+    if reference_backend != "numpy":
+        argv += ["--reference-backend", reference_backend]
     return argv
 
 
@@ -65,7 +68,7 @@ def _read(json_path: Path) -> dict:
 
 
 def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced: bool,
-        log=print) -> tuple[list[CaseResult], str | None, dict]:
+        log=print, reference_backend: str = "numpy") -> tuple[list[CaseResult], str | None, dict]:
     """Run the parts, at most ``jobs`` at once; (the merged results in part order, the implementation's
     name and the first part's environment record, as the parts reported them)."""
     child_env = _env(jobs)
@@ -75,7 +78,8 @@ def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced
 
     def one(i: int, part: dict, json_path: Path) -> None:
         cmd = [sys.executable, "-m", "conformance.cli",
-               *part_argv(part, impl=impl, context=context, reduced=reduced, json_path=json_path)]
+               *part_argv(part, impl=impl, context=context, reduced=reduced, json_path=json_path,
+                         reference_backend=reference_backend)]
         tag = f"[{label(part)}] "
         last = ""
         try:

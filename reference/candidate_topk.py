@@ -24,13 +24,14 @@ from __future__ import annotations
 import numpy as np
 
 from reference import precision as P
+from reference.backend import portable, xp
 from reference.precision import inter, represent, work
 
 
 def _global_ids(n_rows: int, shortlist) -> np.ndarray:
     if shortlist is None:
-        return np.arange(n_rows, dtype=np.int64)
-    gid = np.asarray(shortlist, dtype=np.int64)
+        return xp.arange(n_rows, dtype=np.int64)
+    gid = xp.asarray(shortlist, dtype=np.int64)
     if gid.shape != (n_rows,):
         raise ValueError(f"candidate_topk: shortlist has shape {gid.shape}, head has {n_rows} rows")
     return gid
@@ -48,13 +49,17 @@ def _transform(z, output_multiplier: float, softcap: float) -> np.ndarray:
 
 def _forced_rows(forced_ids, gid, eligible) -> np.ndarray:
     """Head row of each forced global id (the lowest eligible row holding it; -1: none)."""
-    row_of = {}
-    for r in np.flatnonzero(eligible)[::-1]:
-        row_of[int(gid[r])] = int(r)
-    forced = np.asarray(forced_ids, dtype=np.int64)
-    return np.vectorize(lambda v: row_of.get(int(v), -1), otypes=[np.int64])(forced)
+    rows = xp.flatnonzero(eligible)  # ascending
+    order = xp.argsort(gid[rows], kind="stable")  # by id; equal ids keep the lower row first
+    ids = gid[rows][order]
+    forced = xp.asarray(forced_ids, dtype=np.int64)
+    if ids.size == 0:
+        return xp.full(forced.shape, -1, dtype=np.int64)
+    at = xp.minimum(xp.searchsorted(ids, forced, side="left"), ids.size - 1)
+    return xp.where(ids[at] == forced, rows[order[at]], -1).astype(np.int64)
 
 
+@portable
 def candidate_topk(
     hidden,
     head,
@@ -75,30 +80,30 @@ def candidate_topk(
         raise ValueError(f"candidate_topk: {n_eligible} eligible rows, top_k = {top_k}")
 
     # a stable sort on -z keeps equal logits in row order: the C4 tie rule
-    key = np.where(eligible, -z, np.inf)
-    order = np.argsort(key, axis=-1, kind="stable")[..., : min(top_k + 1, n_eligible)]
-    s = np.take_along_axis(z, order, axis=-1).astype(np.float64)
+    key = xp.where(eligible, -z, np.inf)
+    order = xp.argsort(key, axis=-1, kind="stable")[..., : min(top_k + 1, n_eligible)]
+    s = xp.take_along_axis(z, order, axis=-1).astype(np.float64)
     rows = order[..., :top_k]
 
     with np.errstate(invalid="ignore"):  # a NaN score, or two equal infinite ones, has a NaN gap: left NaN
         gaps = s[..., :-1] - s[..., 1:]  # gap below each rank that has a successor
-    inf = np.full(s.shape[:-1] + (1,), np.inf)
-    above = np.concatenate([inf, gaps[..., : top_k - 1]], axis=-1)
-    below = gaps[..., :top_k] if n_eligible > top_k else np.concatenate([gaps, inf], axis=-1)
-    margin = np.minimum(above, below)
+    inf = xp.full(s.shape[:-1] + (1,), np.inf)
+    above = xp.concatenate([inf, gaps[..., : top_k - 1]], axis=-1)
+    below = gaps[..., :top_k] if n_eligible > top_k else xp.concatenate([gaps, inf], axis=-1)
+    margin = xp.minimum(above, below)
 
     regret = None
     if forced_ids is not None:
         rows = _forced_rows(forced_ids, gid, eligible)
-        forced = np.asarray(forced_ids, dtype=np.int64)
+        forced = xp.asarray(forced_ids, dtype=np.int64)
         repeated = (forced[..., :, None] == forced[..., None, :]).sum(axis=-1) > 1
-        rows = np.where(repeated, -1, rows)  # an id listed twice is no top-k
-    picked = np.take_along_axis(z, np.maximum(rows, 0), axis=-1)
-    picked = np.where(rows >= 0, picked, np.nan)
+        rows = xp.where(repeated, -1, rows)  # an id listed twice is no top-k
+    picked = xp.take_along_axis(z, xp.maximum(rows, 0), axis=-1)
+    picked = xp.where(rows >= 0, picked, np.nan)
     if forced_ids is not None:
         # how far the implementation's id at each rank is from the reference's (raw logits): an
         # ambiguous rank may hold a near-tied id, never an arbitrary one
-        regret = np.where(rows >= 0, np.abs(s[..., :top_k] - np.where(rows >= 0, picked, 0)), np.inf)
+        regret = xp.where(rows >= 0, xp.abs(s[..., :top_k] - xp.where(rows >= 0, picked, 0)), np.inf)
     scores = represent(_transform(picked, output_multiplier, softcap), "fp32")
     ids = gid[order[..., :top_k]].astype(np.int32)
     out = {"scores": scores, "ids": ids, "ids.margin": margin}

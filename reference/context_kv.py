@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import precision as P
+from reference.backend import portable, xp
 from reference.norms import plain_head_rmsnorm, rope_1d
 from reference.precision import represent, work
 
@@ -28,36 +29,37 @@ from reference.precision import represent, work
 def chunk_rows(rows: int, capacity: int | None) -> np.ndarray:
     """Indices into the chunk of the rows that are stored (all, or the final ``capacity`` of a ring)."""
     first = 0 if capacity is None else max(0, rows - capacity)
-    return np.arange(first, rows)
+    return xp.arange(first, rows)
 
 
 def ring_slots(positions, capacity: int) -> np.ndarray:
-    return np.mod(np.asarray(positions, dtype=np.int64), capacity)
+    return xp.mod(xp.asarray(positions, dtype=np.int64), capacity)
 
 
 def paged_rows(positions, page_table, page_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(physical page, row in page) of each absolute position."""
-    p = np.asarray(positions, dtype=np.int64)
-    return np.asarray(page_table, dtype=np.int64)[p // page_size], p % page_size
+    p = xp.asarray(positions, dtype=np.int64)
+    return xp.asarray(page_table, dtype=np.int64)[p // page_size], p % page_size
 
 
 def live_mask(frontier: int, cache_shape, storage: str, page_table=None, page_size=None) -> np.ndarray:
     """Boolean of ``cache_shape``: the elements holding a live position (C7), the compared ones."""
-    mask = np.zeros(cache_shape[:-2], dtype=bool)
+    mask = xp.zeros(cache_shape[:-2], dtype=bool)
     if storage == "ring":
         capacity = cache_shape[0]
-        mask[ring_slots(np.arange(max(0, frontier - capacity), frontier), capacity)] = True
+        mask[ring_slots(xp.arange(max(0, frontier - capacity), frontier), capacity)] = True
     else:
-        mask[paged_rows(np.arange(frontier), page_table, int(page_size))] = True
-    return np.broadcast_to(mask[..., None, None], cache_shape).copy()
+        mask[paged_rows(xp.arange(frontier), page_table, int(page_size))] = True
+    return xp.broadcast_to(mask[..., None, None], cache_shape).copy()
 
 
+@portable
 def context_kv(
     context, k_cache, v_cache, wk, wv, k_norm, start, eps, theta, head_dim, storage, page_size=None, page_table=None,
 ) -> dict[str, np.ndarray]:
     c = work(context)
     start, rows = int(start), c.shape[0]
-    positions = start + np.arange(rows, dtype=np.int64)
+    positions = start + xp.arange(rows, dtype=np.int64)
     k_raw = P.matmul(c, work(wk).T).reshape(rows, -1, int(head_dim))  # [T, Hk, D] even when Hk = 1
     k = represent(rope_1d(plain_head_rmsnorm(k_raw, k_norm, eps, int(head_dim)), positions, theta), "bf16")
     v_raw = P.matmul(c, work(wv).T).reshape(k.shape)
@@ -65,7 +67,7 @@ def context_kv(
 
     k_out, v_out = work(k_cache).copy(), work(v_cache).copy()
     store_rows(k_out, v_out, positions, k, v, storage, page_table, page_size)
-    return {"k_cache": k_out, "v_cache": v_out, "frontier": np.asarray(start + rows, dtype=np.int64)}
+    return {"k_cache": k_out, "v_cache": v_out, "frontier": xp.asarray(start + rows, dtype=np.int64)}
 
 
 def store_rows(k_out, v_out, positions, k, v, storage: str, page_table=None, page_size=None) -> None:

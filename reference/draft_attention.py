@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import precision as P
+from reference.backend import portable, xp
 from reference.precision import inter, represent, work
 
 
@@ -31,21 +32,21 @@ def key_positions(frontier, live, capacity: int, width: int) -> tuple[np.ndarray
 
     Slot s holds the unique p in [F - C, F) with p = s (mod C); it is present when p >= 0.
     """
-    f = np.asarray(frontier, dtype=np.int64)[:, None]
-    slot = np.arange(capacity, dtype=np.int64)
-    p_ctx = f - capacity + np.mod(slot - (f - capacity), capacity)
-    p_blk = f + np.arange(width, dtype=np.int64)
-    present_blk = np.arange(width) < np.asarray(live, dtype=np.int64)[:, None]
-    return np.concatenate([p_ctx, p_blk], axis=1), np.concatenate([p_ctx >= 0, present_blk], axis=1)
+    f = xp.asarray(frontier, dtype=np.int64)[:, None]
+    slot = xp.arange(capacity, dtype=np.int64)
+    p_ctx = f - capacity + xp.mod(slot - (f - capacity), capacity)
+    p_blk = f + xp.arange(width, dtype=np.int64)
+    present_blk = xp.arange(width) < xp.asarray(live, dtype=np.int64)[:, None]
+    return xp.concatenate([p_ctx, p_blk], axis=1), xp.concatenate([p_ctx >= 0, present_blk], axis=1)
 
 
 def allowed(frontier, live, capacity: int, width: int, window: int) -> np.ndarray:
     """Boolean [B, W queries, C+W keys]: which key each query row may attend."""
     pos, present = key_positions(frontier, live, capacity, width)
-    pq = np.asarray(frontier, dtype=np.int64)[:, None] + np.arange(width, dtype=np.int64)
-    mask = np.broadcast_to(present[:, None, :], (pos.shape[0], width, pos.shape[1]))
+    pq = xp.asarray(frontier, dtype=np.int64)[:, None] + xp.arange(width, dtype=np.int64)
+    mask = xp.broadcast_to(present[:, None, :], (pos.shape[0], width, pos.shape[1]))
     if window > 0:
-        mask = mask & (np.abs(pos[:, None, :] - pq[:, :, None]) < window)
+        mask = mask & (xp.abs(pos[:, None, :] - pq[:, :, None]) < window)
     return mask
 
 
@@ -56,29 +57,30 @@ def attend(q, k, v, k_cache, v_cache, frontier, live, window: int) -> np.ndarray
     hk = k.shape[2]
     if hq % hk:
         raise ValueError(f"draft_attention: {hq} query heads are not a multiple of {hk} KV heads")
-    keys = np.concatenate([work(k_cache), k], axis=1)
-    vals = np.concatenate([work(v_cache), v], axis=1)
-    keys, vals = np.repeat(keys, hq // hk, axis=2), np.repeat(vals, hq // hk, axis=2)
+    keys = xp.concatenate([work(k_cache), k], axis=1)
+    vals = xp.concatenate([work(v_cache), v], axis=1)
+    keys, vals = xp.repeat(keys, hq // hk, axis=2), xp.repeat(vals, hq // hk, axis=2)
     mask = allowed(frontier, live, k_cache.shape[1], w, window)[:, None]  # [B, 1, W, C+W]
     s = P.einsum("bihd,bkhd->bhik", q, keys) * q.dtype.type(1.0 / np.sqrt(d))
-    s = np.where(mask, s, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    p = np.where(mask, P.exp(s - m), 0)
-    row_sum = np.sum(p, axis=-1)  # [B, Hq, W], from the unrounded P as a flash kernel keeps it
+    s = xp.where(mask, s, -np.inf)
+    m = xp.max(s, axis=-1, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    p = xp.where(mask, P.exp(s - m), 0)
+    row_sum = xp.sum(p, axis=-1)  # [B, Hq, W], from the unrounded P as a flash kernel keeps it
     p = inter(p, "probs")
-    finite = np.isfinite(vals)
-    pv = P.einsum("bhik,bkhd->bihd", p, np.where(finite, vals, 0))
+    finite = xp.isfinite(vals)
+    pv = P.einsum("bhik,bkhd->bihd", p, xp.where(finite, vals, 0))
     # A non-finite V (FP16 overflow is kept, C1) counts only where it is attended: a key
     # outside the window or the populated bounds must not turn 0 * inf into NaN.
-    for b, key, h, j in np.argwhere(~finite):
+    for b, key, h, j in xp.argwhere(~finite).tolist():
         weight = p[b, h, :, key]
         with np.errstate(invalid="ignore"):
-            pv[b, :, h, j] += np.where(weight > 0, weight * vals[b, key, h, j], 0)
-    denom = np.transpose(row_sum, (0, 2, 1))[..., None]
-    return np.divide(pv, denom, out=np.zeros_like(pv), where=denom > 0)
+            pv[b, :, h, j] += xp.where(weight > 0, weight * vals[b, key, h, j], 0)
+    denom = xp.transpose(row_sum, (0, 2, 1))[..., None]
+    return xp.where(denom > 0, pv / xp.where(denom > 0, denom, 1), 0)  # rows with no key: zeros
 
 
+@portable
 def draft_attention(q, k, v, k_cache, v_cache, frontier, live, window) -> dict[str, np.ndarray]:
     """The Op: ``out`` [B, W, Hq, D], represented BF16 (rows < live compared)."""
     return {"out": represent(attend(q, k, v, k_cache, v_cache, frontier, live, int(window)), "bf16")}

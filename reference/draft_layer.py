@@ -34,6 +34,7 @@ import numpy as np
 
 from reference import grouped_conv
 from reference import precision as P
+from reference.backend import portable, xp
 from reference.draft_attention import attend
 from reference.norms import plain_head_rmsnorm, plain_rmsnorm, rope_1d, silu
 from reference.precision import inter, represent, work
@@ -59,7 +60,7 @@ def forward(
     conv = variant == "dflash2"
     x = work(x)
     b, w, _ = x.shape
-    positions = np.asarray(frontier, dtype=np.int64)[:, None] + np.arange(w, dtype=np.int64)
+    positions = xp.asarray(frontier, dtype=np.int64)[:, None] + xp.arange(w, dtype=np.int64)
 
     # DFlash2's fused prepare keeps the normalized input private; only its outputs are BF16
     n = plain_rmsnorm(x, input_norm, eps)
@@ -91,6 +92,7 @@ def forward(
     return y + z
 
 
+@portable
 def draft_layer(
     x, k_cache, v_cache, frontier, live, input_norm, wq, wk, wv, q_norm, k_norm, wo, post_norm, w_gate, w_up,
     w_down, eps, theta, head_dim, window, variant,

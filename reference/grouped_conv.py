@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import precision as P
+from reference.backend import portable
 from reference.precision import inter, represent, work
 
 GROUP = 16
@@ -71,6 +72,7 @@ def finish(z, base, finish_delta) -> np.ndarray:
     return represent(finish_raw(z, base, finish_delta), "bf16")
 
 
+@portable
 def grouped_conv(x, z, base, proj) -> dict[str, np.ndarray]:
     """The Op: prepare on x, finish on z with prepare's delta."""
     prepared, finish_delta = prepare(x, base, proj)

@@ -73,6 +73,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reference.backend import xp
+
 from reference.norms import rope_angles
 
 UNIT = 2.0**-8
@@ -82,7 +84,7 @@ ACC = 4.0 * 2.0**-24 / UNIT  # FP32 accumulation of a dot product, per unit of s
 
 
 def rss(*terms) -> np.ndarray:
-    return np.sqrt(sum(np.square(t) for t in terms))
+    return xp.sqrt(sum(xp.square(t) for t in terms))
 
 
 @dataclass(frozen=True)
@@ -100,22 +102,22 @@ class Tracked:
 
 
 def exact(x) -> Tracked:
-    v = np.asarray(x, np.float64)
-    return Tracked(v, np.zeros_like(v))
+    v = xp.asarray(x, np.float64)
+    return Tracked(v, xp.zeros_like(v))
 
 
 def rounded(x) -> Tracked:
     """A value stored at a legitimate rounding point of its own (s = |x|)."""
-    v = np.asarray(x, np.float64)
-    return Tracked(v, np.abs(v))
+    v = xp.asarray(x, np.float64)
+    return Tracked(v, xp.abs(v))
 
 
 def linear(x: Tracked, w) -> Tracked:
     """y = x @ w.T (a projection or GEMM)."""
-    w = np.asarray(w, np.float64)
+    w = xp.asarray(w, np.float64)
     y = x.v @ w.T
-    upstream = np.sqrt(np.square(x.s) @ np.square(w).T)
-    return Tracked(y, rss(upstream, np.abs(y), ACC * (np.abs(x.v) @ np.abs(w).T)))
+    upstream = xp.sqrt(xp.square(x.s) @ xp.square(w).T)
+    return Tracked(y, rss(upstream, xp.abs(y), ACC * (xp.abs(x.v) @ xp.abs(w).T)))
 
 
 def add(a: Tracked, b: Tracked) -> Tracked:
@@ -129,19 +131,19 @@ def mul(a: Tracked, b: Tracked) -> Tracked:
 
 
 def rmsnorm(x: Tracked, weight, eps: float) -> Tracked:
-    w = np.asarray(weight, np.float64)
+    w = xp.asarray(weight, np.float64)
     n = x.v.shape[-1]
-    r = np.sqrt(np.mean(x.v * x.v, axis=-1, keepdims=True) + float(eps))
+    r = xp.sqrt(xp.mean(x.v * x.v, axis=-1, keepdims=True) + float(eps))
     v = w * (x.v / r)
-    coupling = np.sqrt(np.sum(np.square(x.v * x.s), axis=-1, keepdims=True)) / (n * r * r)
+    coupling = xp.sqrt(xp.sum(xp.square(x.v * x.s), axis=-1, keepdims=True)) / (n * r * r)
     return Tracked(v, rss(w / r * rss(x.s, x.v * coupling), v))
 
 
 def angle_budget(positions, head_dim: int, theta: float) -> np.ndarray:
     """[..., D/2]: the legitimate angle error of FP32 angle formation, in units of UNIT."""
-    ang = np.abs(rope_angles(positions, head_dim, theta))
-    pos = np.asarray(positions, dtype=np.int64)[..., None]
-    return np.where(np.abs(pos) < FP32_EXACT_POSITIONS, ANGLE_ULPS * ang * 2.0**-24 / UNIT, 0.0)
+    ang = xp.abs(rope_angles(positions, head_dim, theta))
+    pos = xp.asarray(positions, dtype=np.int64)[..., None]
+    return xp.where(xp.abs(pos) < FP32_EXACT_POSITIONS, ANGLE_ULPS * ang * 2.0**-24 / UNIT, 0.0)
 
 
 def rope(x: Tracked, positions, theta: float) -> Tracked:
@@ -149,21 +151,21 @@ def rope(x: Tracked, positions, theta: float) -> Tracked:
     d = x.v.shape[-1]
     ang = rope_angles(positions, d, theta)[..., None, :]
     da = angle_budget(positions, d, theta)[..., None, :]
-    c, s = np.cos(ang), np.sin(ang)
+    c, s = xp.cos(ang), xp.sin(ang)
     lo, hi = x.v[..., : d // 2], x.v[..., d // 2:]
     slo, shi = x.s[..., : d // 2], x.s[..., d // 2:]
     vlo, vhi = lo * c - hi * s, hi * c + lo * s
-    ac, as_ = np.abs(c), np.abs(s)
+    ac, as_ = xp.abs(c), xp.abs(s)
     mlo = rss(ac * slo, as_ * shi, lo * c, hi * s, vhi * da)
     mhi = rss(ac * shi, as_ * slo, hi * c, lo * s, vlo * da)
-    return Tracked(np.concatenate([vlo, vhi], -1), np.concatenate([mlo, mhi], -1))
+    return Tracked(xp.concatenate([vlo, vhi], -1), xp.concatenate([mlo, mhi], -1))
 
 
 def silu(x: Tracked) -> Tracked:
     with np.errstate(over="ignore"):
-        sig = 1.0 / (1.0 + np.exp(-x.v))
+        sig = 1.0 / (1.0 + xp.exp(-x.v))
     v = x.v * sig
-    slope = np.abs(sig * (1.0 + x.v * (1.0 - sig)))
+    slope = xp.abs(sig * (1.0 + x.v * (1.0 - sig)))
     return Tracked(v, rss(slope * x.s, v))
 
 
@@ -176,44 +178,44 @@ def attention(q: Tracked, k: Tracked, v: Tracked, k_cache, v_cache, mask) -> Tra
 
     def keys_of(block: Tracked, cache) -> Tracked:
         cache = cache if isinstance(cache, Tracked) else exact(cache)
-        val = np.repeat(np.concatenate([cache.v, block.v], axis=1), rep, axis=2)
-        mag = np.repeat(np.concatenate([cache.s, block.s], axis=1), rep, axis=2)
+        val = xp.repeat(xp.concatenate([cache.v, block.v], axis=1), rep, axis=2)
+        mag = xp.repeat(xp.concatenate([cache.s, block.s], axis=1), rep, axis=2)
         return Tracked(val, mag)
 
     keys, vals = keys_of(k, k_cache), keys_of(v, v_cache)
     scale = 1.0 / np.sqrt(d)
-    sc = np.einsum("bihd,bkhd->bhik", q.v, keys.v, optimize=True) * scale
-    sc = np.where(mask, sc, -np.inf)
-    m = np.max(sc, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    p = np.where(mask, np.exp(sc - m), 0)
-    total = np.sum(p, axis=-1, keepdims=True)
-    wts = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
-    finite = np.isfinite(vals.v)
-    av = np.where(finite, np.abs(vals.v), 0.0)
-    out = np.einsum("bhik,bkhd->bihd", wts, np.where(finite, vals.v, 0.0), optimize=True)
-    kv = np.where(np.isfinite(keys.v), keys.v, 0.0)
-    score_mag = np.sqrt(np.einsum("bihd,bkhd->bhik", np.square(q.s), np.square(kv), optimize=True)
-                        + np.einsum("bihd,bkhd->bhik", np.square(q.v), np.square(keys.s), optimize=True)) * scale
-    w2, ws2 = np.square(wts), np.square(wts * score_mag)
+    sc = xp.einsum("bihd,bkhd->bhik", q.v, keys.v, optimize=True) * scale
+    sc = xp.where(mask, sc, -np.inf)
+    m = xp.max(sc, axis=-1, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    p = xp.where(mask, xp.exp(sc - m), 0)
+    total = xp.sum(p, axis=-1, keepdims=True)
+    wts = xp.where(total > 0, p / xp.where(total > 0, total, 1), 0)  # a row with no key: no weights
+    finite = xp.isfinite(vals.v)
+    av = xp.where(finite, xp.abs(vals.v), 0.0)
+    out = xp.einsum("bhik,bkhd->bihd", wts, xp.where(finite, vals.v, 0.0), optimize=True)
+    kv = xp.where(xp.isfinite(keys.v), keys.v, 0.0)
+    score_mag = xp.sqrt(xp.einsum("bihd,bkhd->bhik", xp.square(q.s), xp.square(kv), optimize=True)
+                        + xp.einsum("bihd,bkhd->bhik", xp.square(q.v), xp.square(keys.s), optimize=True)) * scale
+    w2, ws2 = xp.square(wts), xp.square(wts * score_mag)
     # rss_k(w S (|V| + |out|)) <= rss_k(w S |V|) + |out| rss_k(w S): the bound keeps [B,W,H,D] sized
-    mag = np.sqrt(np.einsum("bhik,bkhd->bihd", w2, np.square(vals.s) + np.square(av), optimize=True)
-                  + np.einsum("bhik,bkhd->bihd", ws2, 2 * np.square(av), optimize=True)
-                  + 2 * np.transpose(np.sum(ws2, axis=-1), (0, 2, 1))[..., None] * np.square(out) + np.square(out))
+    mag = xp.sqrt(xp.einsum("bhik,bkhd->bihd", w2, xp.square(vals.s) + xp.square(av), optimize=True)
+                  + xp.einsum("bhik,bkhd->bihd", ws2, 2 * xp.square(av), optimize=True)
+                  + 2 * xp.transpose(xp.sum(ws2, axis=-1), (0, 2, 1))[..., None] * xp.square(out) + xp.square(out))
     # a non-finite V that is attended makes the output non-finite: no envelope there (compared exactly)
-    hit = np.einsum("bhik,bkhd->bihd", (wts > 0).astype(np.float64), (~finite).astype(np.float64), optimize=True) > 0
-    return Tracked(np.where(hit, np.nan, out), np.where(hit, np.inf, mag))
+    hit = xp.einsum("bhik,bkhd->bihd", (wts > 0).astype(np.float64), (~finite).astype(np.float64), optimize=True) > 0
+    return Tracked(xp.where(hit, np.nan, out), xp.where(hit, np.inf, mag))
 
 
 def conv(x: Tracked, base_side, delta: Tracked, group: int) -> Tracked:
     """x [B,W,H]; base_side [2 taps, H] exact; delta [B,W,2 taps,G] -> [B,W,H] (grouped_conv._conv)."""
     bsz, w, h = x.v.shape
     g = h // group
-    base = np.asarray(base_side, np.float64).reshape(1, 1, 2, g, group)
+    base = xp.asarray(base_side, np.float64).reshape(1, 1, 2, g, group)
     coef_v = base + delta.v[..., None]
     # the coefficient's split (module docstring): (base + delta) rounded once (|c|) or the products
     # base x and delta x rounded separately (rss(|b|, |d|) per |x|); |b| + |d| covers either
-    coef_s = rss(delta.s[..., None], np.abs(base) + np.abs(delta.v[..., None]))
+    coef_s = rss(delta.s[..., None], xp.abs(base) + xp.abs(delta.v[..., None]))
     xv, xs = x.v.reshape(bsz, w, g, group), x.s.reshape(bsz, w, g, group)
     t0 = mul(Tracked(coef_v[:, :, 0], coef_s[:, :, 0]), Tracked(xv, xs))
     out_v, out_s = t0.v.copy(), t0.s.copy()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.backend import portable, xp
 from reference.draft_layer import BF16_INTERMEDIATES as LAYER_BF16
 from reference.draft_layer import forward
 from reference.norms import plain_rmsnorm
@@ -34,12 +35,13 @@ CONV_WEIGHTS = ("attn_conv_base", "mlp_conv_base", "attn_conv_proj", "mlp_conv_p
 
 def block_tokens(anchor, mask_token_id: int, num_drafts: int) -> np.ndarray:
     """[B, W] input tokens: the anchor, then K MASK tokens."""
-    anchor = np.asarray(anchor, dtype=np.int64)
-    tokens = np.full((anchor.shape[0], num_drafts + 1), int(mask_token_id), dtype=np.int64)
+    anchor = xp.asarray(anchor, dtype=np.int64)
+    tokens = xp.full((anchor.shape[0], num_drafts + 1), int(mask_token_id), dtype=np.int64)
     tokens[:, 0] = anchor
     return tokens
 
 
+@portable
 def masked_block(
     anchor, embed, frontier, live, context_k, context_v, input_norm, wq, wk, wv, q_norm, k_norm, wo, post_norm,
     w_gate, w_up, w_down, final_norm, mask_token_id, windows, eps, theta, head_dim, variant, num_drafts,
@@ -52,9 +54,9 @@ def masked_block(
     if len(windows) != len(wq) or len(context_k) != len(wq):
         raise ValueError(f"masked_block: {len(windows)} windows and {len(context_k)} rings for {len(wq)} layers")
     # the gather before the cast: the same values, without a float64 copy of the whole table
-    x = work(np.asarray(embed)[block_tokens(anchor, mask_token_id, int(num_drafts))])
+    x = work(xp.asarray(embed)[block_tokens(anchor, mask_token_id, int(num_drafts))])
     width = x.shape[1]
-    attn_live = np.asarray(live) if variant == "dflash" else np.full(x.shape[0], width)
+    attn_live = xp.asarray(live) if variant == "dflash" else xp.full(x.shape[0], width)
     for layer, window in enumerate(windows):
         weights = {name: w[layer] for name, w in stacked.items()}
         x = inter(

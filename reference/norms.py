@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from reference import precision as P
+from reference.backend import xp
 from reference.precision import work
 
 
 def plain_rmsnorm(x, weight, eps: float) -> np.ndarray:
     x = work(x)
-    ms = np.mean(x * x, axis=-1, keepdims=True)
-    return work(weight) * (x / np.sqrt(ms + x.dtype.type(eps)))
+    ms = xp.mean(x * x, axis=-1, keepdims=True)
+    return work(weight) * (x / xp.sqrt(ms + x.dtype.type(eps)))
 
 
 def plain_head_rmsnorm(x, weight, eps: float, head_dim: int) -> np.ndarray:
@@ -41,8 +42,8 @@ def rope_angles(positions, head_dim: int, theta: float) -> np.ndarray:
     float32 position cannot represent positions above 2**24.
     """
     half = head_dim // 2
-    inv_freq = float(theta) ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
-    pos = np.asarray(positions, dtype=np.int64).astype(np.float64)
+    inv_freq = float(theta) ** (-xp.arange(half, dtype=np.float64) * 2.0 / head_dim)
+    pos = xp.asarray(positions, dtype=np.int64).astype(np.float64)
     return pos[..., None] * inv_freq
 
 
@@ -51,9 +52,9 @@ def rope_1d(x, positions, theta: float) -> np.ndarray:
     x = work(x)
     d = x.shape[-1]
     ang = rope_angles(positions, d, theta)[..., None, :]  # [..., 1, D/2]
-    cos, sin = np.cos(ang).astype(x.dtype), np.sin(ang).astype(x.dtype)
+    cos, sin = xp.cos(ang).astype(x.dtype), xp.sin(ang).astype(x.dtype)
     lo, hi = x[..., : d // 2], x[..., d // 2 :]
-    return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
+    return xp.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
 
 
 def silu(x) -> np.ndarray:

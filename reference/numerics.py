@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from reference.backend import xp
+
 
 @dataclass(frozen=True)
 class Format:
@@ -53,23 +55,23 @@ def get_format(fmt: str | Format) -> Format:
 def quantum(x, fmt: str | Format) -> np.ndarray:
     """Spacing of ``fmt`` at |x| (ulp of the binade holding x; subnormal floor)."""
     f = get_format(fmt)
-    x = np.asarray(x, dtype=np.float64)
-    _, e = np.frexp(np.where(np.isfinite(x), x, 0.0))
+    x = xp.asarray(x, dtype=np.float64)
+    _, e = xp.frexp(xp.where(xp.isfinite(x), x, 0.0))
     # |x| in [2**(e-1), 2**e): the binade's spacing is 2**(e - precision).
-    q = np.ldexp(1.0, (e - f.precision).astype(np.int64))
-    return np.maximum(q, f.min_quantum)
+    q = xp.ldexp(1.0, (e - f.precision).astype(np.int32))  # frexp's exponents are int32 on both backends
+    return xp.maximum(q, f.min_quantum)
 
 
 def round_to(x, fmt: str | Format) -> np.ndarray:
     """Round float64 values to ``fmt`` (RNE, once); returns float64."""
     f = get_format(fmt)
-    x = np.asarray(x, dtype=np.float64)
+    x = xp.asarray(x, dtype=np.float64)
     q = quantum(x, f)
     with np.errstate(over="ignore", invalid="ignore"):
-        y = np.rint(x / q) * q  # x / q is exact: q is a power of two
+        y = xp.rint(x / q) * q  # x / q is exact: q is a power of two
         # the overflow threshold: values that round to 2**(emax+1) become inf
-        y = np.where(np.abs(y) > f.max_finite, np.copysign(np.inf, x), y)
-    return np.where(np.isfinite(x), y, x)
+        y = xp.where(xp.abs(y) > f.max_finite, xp.copysign(np.inf, x), y)
+    return xp.where(xp.isfinite(x), y, x)
 
 
 def to_bf16(x) -> np.ndarray:

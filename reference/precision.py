@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reference import numerics
+from reference.backend import xp
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def baseline(bf16_intermediates=()):
 
 def work(x) -> np.ndarray:
     """Cast an input to the working float type."""
-    return np.asarray(x, dtype=current().dtype)
+    return xp.asarray(x, dtype=current().dtype)
 
 
 def inter(x, name: str) -> np.ndarray:
@@ -65,7 +66,7 @@ def inter(x, name: str) -> np.ndarray:
     pol = current()
     if name in pol.bf16_intermediates:
         return numerics.to_bf16(x).astype(pol.dtype)
-    return np.asarray(x, dtype=pol.dtype)
+    return xp.asarray(x, dtype=pol.dtype)
 
 
 def represent(x, fmt: str) -> np.ndarray:
@@ -78,9 +79,9 @@ def _f64_then_round(fn):
         dtype = current().dtype
         if dtype == np.float64:
             return fn(*args, **kwargs)
-        cast = [np.asarray(a, np.float64) if isinstance(a, np.ndarray) or np.isscalar(a) and not isinstance(a, str)
-                else a for a in args]
-        return np.asarray(fn(*cast, **kwargs)).astype(dtype)
+        cast = [xp.asarray(a, np.float64) if isinstance(a, np.ndarray | xp.ndarray) or np.isscalar(a)
+                and not isinstance(a, str) else a for a in args]
+        return xp.asarray(fn(*cast, **kwargs)).astype(dtype)
 
     wrapped.__name__ = fn.__name__
     wrapped.__doc__ = f"numpy.{fn.__name__} in the working precision (baseline: float64, rounded once to float32)."
@@ -88,15 +89,24 @@ def _f64_then_round(fn):
 
 
 def _matmul(a, b):
-    return np.asarray(a) @ np.asarray(b)
+    return xp.asarray(a) @ xp.asarray(b)
+
+
+def _on_backend(name: str):
+    """xp.<name>, looked up when called (the backend is chosen per call)."""
+    def fn(*args, **kwargs):
+        return getattr(xp, name)(*args, **kwargs)
+
+    fn.__name__ = name
+    return fn
 
 
 _matmul.__name__ = "matmul"
 matmul = _f64_then_round(_matmul)
-einsum = _f64_then_round(lambda spec, *ops: np.einsum(spec, *ops, optimize=True))
+einsum = _f64_then_round(lambda spec, *ops: xp.einsum(spec, *ops, optimize=True))
 einsum.__name__ = "einsum"
-exp = _f64_then_round(np.exp)
-log = _f64_then_round(np.log)
-tanh = _f64_then_round(np.tanh)
-cos = _f64_then_round(np.cos)
-sin = _f64_then_round(np.sin)
+exp = _f64_then_round(_on_backend("exp"))
+log = _f64_then_round(_on_backend("log"))
+tanh = _f64_then_round(_on_backend("tanh"))
+cos = _f64_then_round(_on_backend("cos"))
+sin = _f64_then_round(_on_backend("sin"))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.backend import portable, xp
+
 from reference import magnitude as mg
 from reference.candidate_topk import _forced_rows
 from reference.context_kv import paged_rows, ring_slots
@@ -27,29 +29,30 @@ SOFTMAX_TERMS = 3.0  # exp's own rounding, the division by the sum, the stored F
 
 
 def _abs64(x) -> np.ndarray:
-    return np.abs(np.asarray(x, np.float64))
+    return xp.abs(xp.asarray(x, np.float64))
 
 
 # --- BF16 chains -----------------------------------------------------------------------------
 
 
 def feature_capture(kw, out) -> dict:
-    r = np.asarray(kw["block_outputs"], np.float64)
-    s = np.concatenate([r[int(i)] for i in kw["target_layer_ids"]], axis=-1)
+    r = xp.asarray(kw["block_outputs"], np.float64)
+    s = xp.concatenate([r[int(i)] for i in kw["target_layer_ids"]], axis=-1)
     c = mg.rmsnorm(mg.linear(mg.exact(s), kw["fc_weight"]), kw["hidden_norm"], kw["eps"])
     return {"context": c.s}
 
 
+@portable
 def context_kv(kw, out) -> dict:
     c = mg.exact(kw["context"])
     rows, d = c.v.shape[0], int(kw["head_dim"])
-    positions = int(kw["start"]) + np.arange(rows, dtype=np.int64)
+    positions = int(kw["start"]) + xp.arange(rows, dtype=np.int64)
     k = mg.rope(mg.rmsnorm(mg.linear(c, kw["wk"]).reshape(rows, -1, d), kw["k_norm"], kw["eps"]), positions,
                 kw["theta"])
     v = mg.linear(c, kw["wv"]).reshape(k.s.shape)
-    ks, vs = np.zeros(np.shape(kw["k_cache"])), np.zeros(np.shape(kw["v_cache"]))  # untouched rows: copies
+    ks, vs = xp.zeros(xp.shape(kw["k_cache"])), xp.zeros(xp.shape(kw["v_cache"]))  # untouched rows: copies
     if kw["storage"] == "ring":
-        keep = np.arange(max(0, rows - ks.shape[0]), rows)
+        keep = xp.arange(max(0, rows - ks.shape[0]), rows)
         slots = ring_slots(positions[keep], ks.shape[0])
         ks[slots], vs[slots] = k.s[keep], v.s[keep]
     else:
@@ -62,9 +65,10 @@ def _mask(kw_frontier, live, capacity, width, window):
     return allowed(kw_frontier, live, capacity, width, int(window))[:, None]
 
 
+@portable
 def draft_attention(kw, out) -> dict:
     q, k, v = mg.exact(kw["q"]), mg.exact(kw["k"]), mg.exact(kw["v"])
-    mask = _mask(kw["frontier"], kw["live"], np.shape(kw["k_cache"])[1], q.v.shape[1], kw["window"])
+    mask = _mask(kw["frontier"], kw["live"], xp.shape(kw["k_cache"])[1], q.v.shape[1], kw["window"])
     return {"out": mg.attention(q, k, v, kw["k_cache"], kw["v_cache"], mask).s}
 
 
@@ -72,16 +76,17 @@ def prepare(x: mg.Tracked, base, proj) -> tuple[mg.Tracked, mg.Tracked]:
     """grouped_conv.prepare tracked: (prepared, finish delta)."""
     b, w, h = x.v.shape
     delta = mg.linear(x, proj).reshape(b, w, 2, 2, h // GROUP)
-    return mg.conv(x, np.asarray(base, np.float64)[0], delta[:, :, 0], GROUP), delta[:, :, 1]
+    return mg.conv(x, xp.asarray(base, np.float64)[0], delta[:, :, 0], GROUP), delta[:, :, 1]
 
 
+@portable
 def grouped_conv(kw, out) -> dict:
     """``out`` must hold the finish delta the implementation returned (follow): finished reads it.
     That delta is the BF16 copy; an implementation may finish with the FP32 delta it rounded
     (CONTRACTS C2 v3), which differs from it by up to u |delta|: so it enters as a rounding point
     (``rounded``: s = |delta|), not as an exact input."""
     prepared, delta = prepare(mg.exact(kw["x"]), kw["base"], kw["proj"])
-    finish = mg.conv(mg.exact(kw["z"]), np.asarray(kw["base"], np.float64)[1], mg.rounded(out["finish_delta"]), GROUP)
+    finish = mg.conv(mg.exact(kw["z"]), xp.asarray(kw["base"], np.float64)[1], mg.rounded(out["finish_delta"]), GROUP)
     return {"prepared": prepared.s, "finish_delta": delta.s, "finished": finish.s}
 
 
@@ -91,7 +96,7 @@ def layer(x: mg.Tracked, k_cache, v_cache, frontier, live, input_norm, wq, wk, w
     """draft_layer.forward, tracked (the caches may be Tracked: magnitude.attention)."""
     conv = variant == "dflash2"
     b, w, _ = x.v.shape
-    positions = np.asarray(frontier, dtype=np.int64)[:, None] + np.arange(w, dtype=np.int64)
+    positions = xp.asarray(frontier, dtype=np.int64)[:, None] + xp.arange(w, dtype=np.int64)
     n = mg.rmsnorm(x, input_norm, eps)
     if conv:
         n, finish_a = prepare(n, attn_conv_base, attn_conv_proj)
@@ -101,36 +106,38 @@ def layer(x: mg.Tracked, k_cache, v_cache, frontier, live, input_norm, wq, wk, w
 
     q, k = head(wq, q_norm), head(wk, k_norm)
     v = mg.linear(n, wv).reshape(b, w, -1, head_dim)
-    capacity = (k_cache.v if isinstance(k_cache, mg.Tracked) else np.asarray(k_cache)).shape[1]
+    capacity = (k_cache.v if isinstance(k_cache, mg.Tracked) else xp.asarray(k_cache)).shape[1]
     mask = _mask(frontier, live, capacity, w, window)
     a = mg.attention(q, k, v, k_cache, v_cache, mask).reshape(b, w, -1)
     o = mg.linear(a, wo)
     if conv:
-        o = mg.conv(o, np.asarray(attn_conv_base, np.float64)[1], finish_a, GROUP)
+        o = mg.conv(o, xp.asarray(attn_conv_base, np.float64)[1], finish_a, GROUP)
     y = mg.add(x, o)
     m = mg.rmsnorm(y, post_norm, eps)
     if conv:
         m, finish_m = prepare(m, mlp_conv_base, mlp_conv_proj)
     z = mg.linear(mg.mul(mg.silu(mg.linear(m, w_gate)), mg.linear(m, w_up)), w_down)
     if conv:
-        z = mg.conv(z, np.asarray(mlp_conv_base, np.float64)[1], finish_m, GROUP)
+        z = mg.conv(z, xp.asarray(mlp_conv_base, np.float64)[1], finish_m, GROUP)
     return mg.add(y, z)
 
 
+@portable
 def draft_layer(kw, out) -> dict:
     kw = dict(kw)
     x = mg.exact(kw.pop("x"))
     return {"x_next": layer(x, **kw).s}
 
 
+@portable
 def masked_block(kw, out) -> dict:
     stacked = {name: kw[name] for name in LAYER_WEIGHTS}
     if kw["variant"] == "dflash2":
         stacked.update({name: kw[name] for name in CONV_WEIGHTS})
-    rows = np.asarray(kw["embed"])[block_tokens(kw["anchor"], kw["mask_token_id"], int(kw["num_drafts"]))]
-    x = mg.exact(np.asarray(rows, np.float64))  # gathered first: no float64 copy of the whole table
+    rows = xp.asarray(kw["embed"])[block_tokens(kw["anchor"], kw["mask_token_id"], int(kw["num_drafts"]))]
+    x = mg.exact(xp.asarray(rows, np.float64))  # gathered first: no float64 copy of the whole table
     width = x.v.shape[1]
-    live = np.asarray(kw["live"]) if kw["variant"] == "dflash" else np.full(x.v.shape[0], width)
+    live = xp.asarray(kw["live"]) if kw["variant"] == "dflash" else xp.full(x.v.shape[0], width)
     for i, window in enumerate(kw["windows"]):
         x = layer(x, kw["context_k"][i], kw["context_v"][i], kw["frontier"], live, eps=kw["eps"], theta=kw["theta"],
                   head_dim=kw["head_dim"], window=int(window), variant=kw["variant"],
@@ -174,7 +181,7 @@ def accumulation_weights(n: int) -> np.ndarray:
     weights (tests/test_fp32_accumulation_envelope.py measures every order at H 5120)."""
     n = int(n)
     tiles = -(-n // TILE)
-    return accumulation_depth(n) + tiles - np.arange(n) // TILE
+    return accumulation_depth(n) + tiles - xp.arange(n) // TILE
 
 
 def fp32_logit_magnitude(hidden, head) -> np.ndarray:
@@ -192,39 +199,41 @@ def softmax_scale(p, y, sy, keep) -> np.ndarray:
     """s of p = softmax(y) over ``keep`` (p the reference's, float64), given s of y: the argument
     y - max carries sy + sy(max) + |y - max|, exp and the division are relative; the sum adds
     log2(n) roundings (a tree; the relative error of a positive sum)."""
-    p = np.asarray(p, np.float64)
+    p = xp.asarray(p, np.float64)
     if not keep.any():
-        return np.zeros_like(p)
-    top = int(np.argmax(np.where(keep, y, -np.inf)))
-    arg = np.where(keep, sy + sy[top] + np.abs(y - y[top]), 0.0)
+        return xp.zeros_like(p)
+    top = int(xp.argmax(xp.where(keep, y, -np.inf)))
+    arg = xp.where(keep, sy + sy[top] + xp.abs(y - y[top]), 0.0)
     terms = max(1.0, float(np.log2(max(2, int(keep.sum())))))
-    rel = arg + float(np.sum(p * arg)) + terms + SOFTMAX_TERMS
-    return np.where(keep, p * rel, 0.0)
+    rel = arg + float(xp.sum(p * arg)) + terms + SOFTMAX_TERMS
+    return xp.where(keep, p * rel, 0.0)
 
 
+@portable
 def candidate_topk(kw, out) -> dict:
     with np.errstate(invalid="ignore"):  # a NaN score (C4: the NaN-score case) has no magnitude
         sz = raw_mag = fp32_logit_magnitude(kw["hidden"], kw["head"])
-        z = np.asarray(kw["hidden"], np.float64) @ np.asarray(kw["head"], np.float64).T
+        z = xp.asarray(kw["hidden"], np.float64) @ xp.asarray(kw["head"], np.float64).T
     m, c = float(kw.get("output_multiplier", 0.0)), float(kw.get("softcap", 0.0))
     if m > 0:
-        z, sz = z * m, m * sz + np.abs(z * m)
+        z, sz = z * m, m * sz + xp.abs(z * m)
     if c > 0:
-        t = np.tanh(z / c)
-        sz = (1 - t * t) * (sz + np.abs(z)) + 2 * np.abs(c * t)
-    gid = np.arange(sz.shape[-1]) if kw.get("shortlist") is None else np.asarray(kw["shortlist"])
+        t = xp.tanh(z / c)
+        sz = (1 - t * t) * (sz + xp.abs(z)) + 2 * xp.abs(c * t)
+    gid = xp.arange(sz.shape[-1]) if kw.get("shortlist") is None else xp.asarray(kw["shortlist"])
     eligible = (gid >= 0) & (gid < int(kw["vocab_size"]))
-    rows = np.maximum(_forced_rows(out["ids"], gid, eligible), 0)  # the head row of each chosen id
-    raw = np.where(eligible, raw_mag, 0.0).max(axis=-1, keepdims=True)
-    return {"scores": np.take_along_axis(sz, rows, axis=-1),
-            "ids.scale": np.broadcast_to(2 * raw, np.shape(out["ids"]))}
+    rows = xp.maximum(_forced_rows(out["ids"], gid, eligible), 0)  # the head row of each chosen id
+    raw = xp.where(eligible, raw_mag, 0.0).max(axis=-1, keepdims=True)
+    return {"scores": xp.take_along_axis(sz, rows, axis=-1),
+            "ids.scale": xp.broadcast_to(2 * raw, xp.shape(out["ids"]))}
 
 
+@portable
 def proposal_head(kw, out) -> dict:
     head = kw["head"]
-    ids = np.arange(head.shape[0]) if kw.get("shortlist") is None else np.asarray(kw["shortlist"])
+    ids = xp.arange(head.shape[0]) if kw.get("shortlist") is None else xp.asarray(kw["shortlist"])
     eligible = (ids >= 0) & (ids < int(kw["vocab_size"]))
-    raw = np.where(eligible, fp32_logit_magnitude(kw["hidden"], head), 0.0).max(axis=-1)
+    raw = xp.where(eligible, fp32_logit_magnitude(kw["hidden"], head), 0.0).max(axis=-1)
     return {"tokens.scale": 2 * raw}
 
 
@@ -232,29 +241,29 @@ def penalized_magnitude(logits_row, prompt_row, counts_row, vocab_size, rho, f, 
     """s of the processed logits (C5 steps 1-3) in FP32 units: each penalty is one or two
     FP32 operations on the logit (the logits themselves are given)."""
     z = penalized_logits(logits_row, prompt_row, counts_row, vocab_size, rho, f, r)
-    counts = np.asarray(counts_row, np.float64)
-    fin = np.isfinite(z)
-    az = np.abs(np.where(fin, z, 0.0))
-    seen = (np.asarray(prompt_row) != 0) | (counts > 0)
-    sz = np.where(seen & (float(rho) != 1), az, 0.0)
+    counts = xp.asarray(counts_row, np.float64)
+    fin = xp.isfinite(z)
+    az = xp.abs(xp.where(fin, z, 0.0))
+    seen = (xp.asarray(prompt_row) != 0) | (counts > 0)
+    sz = xp.where(seen & (float(rho) != 1), az, 0.0)
     if float(f) or float(r):
-        sz = sz + np.abs(float(f) * counts) + abs(float(r)) * (counts > 0) + az
+        sz = sz + xp.abs(float(f) * counts) + abs(float(r)) * (counts > 0) + az
     return sz
 
 
 def probs_scale(z, sz, temperature: float, probs) -> np.ndarray:
     """s of p = softmax(z / T) over the kept tokens (those with p > 0), FP32 units."""
-    probs = np.asarray(probs, np.float64)
+    probs = xp.asarray(probs, np.float64)
     if temperature <= 0:
-        return np.zeros_like(probs)  # greedy: one-hot, exact
-    fin = np.isfinite(z)
-    y = np.where(fin, z / temperature, 0.0)
-    return softmax_scale(probs, y, sz / temperature + np.abs(y), probs > 0)
+        return xp.zeros_like(probs)  # greedy: one-hot, exact
+    fin = xp.isfinite(z)
+    y = xp.where(fin, z / temperature, 0.0)
+    return softmax_scale(probs, y, sz / temperature + xp.abs(y), probs > 0)
 
 
 def target_distribution(kw, out) -> dict:
-    probs = np.asarray(out["probs"], np.float64)
-    s = np.zeros_like(probs)
+    probs = xp.asarray(out["probs"], np.float64)
+    s = xp.zeros_like(probs)
     for n in range(probs.shape[0]):
         z = penalized_logits(kw["logits"][n], kw["prompt_mask"][n], kw["output_counts"][n], kw["vocab_size"],
                              kw["repetition_penalty"][n], kw["frequency_penalty"][n], kw["presence_penalty"][n])
@@ -268,23 +277,24 @@ def race_scale(weights, s_weights, seed, position, purpose) -> float:
     """The envelope of an exponential race's margin (C3 scores log w - log(-log U), FP32
     units): the relative envelope of the winner's and the runner-up's weights, plus each
     score's own FP32 evaluation (|score|)."""
-    w = np.asarray(weights, np.float64)
-    support = np.flatnonzero(w > 0)
+    w = xp.asarray(weights, np.float64)
+    support = xp.flatnonzero(w > 0)
     if support.size < 2:
         return 0.0
     u = uniform(seed, position, purpose, support)
-    score = np.log(w[support]) - np.log(-np.log(u))
-    top2 = np.argsort(-score, kind="stable")[:2]
+    score = xp.log(w[support]) - xp.log(-xp.log(u))
+    top2 = xp.argsort(-score, kind="stable")[:2]
     v = support[top2]
-    return float(np.sum(np.asarray(s_weights, np.float64)[v] / w[v]) + np.sum(np.abs(score[top2])))
+    return float(xp.sum(xp.asarray(s_weights, np.float64)[v] / w[v]) + xp.sum(xp.abs(score[top2])))
 
 
 def greedy_scale(z, sz) -> float:
     """The envelope of an argmax lead over processed logits z (FP32 units): twice the largest s."""
-    fin = np.isfinite(z)
-    return float(2 * np.max(np.where(fin, sz + np.abs(np.where(fin, z, 0.0)), 0.0))) if fin.any() else 0.0
+    fin = xp.isfinite(z)
+    return float(2 * xp.max(xp.where(fin, sz + xp.abs(xp.where(fin, z, 0.0)), 0.0))) if fin.any() else 0.0
 
 
+@portable
 def candidate_selector(kw, out) -> dict:
     """g: its GEMM. (q and the walk's decisions carry their magnitudes from the reference itself,
     which knows the path it took: reference.candidate_selector.)"""

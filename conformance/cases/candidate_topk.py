@@ -25,6 +25,7 @@ import numpy as np
 
 from conformance.registry import DECISION, FP32_OUTPUT, REPRESENTED, Case, OpSpec, Output, case_rng, register
 from reference import scales
+from reference.backend import portable
 from reference.candidate_topk import candidate_topk
 from reference.numerics import storage
 
@@ -305,9 +306,10 @@ def _nan_scores(case_id) -> Case:
     return _case(case_id, hidden, head, {"vocab_size": vr}, ("nan_scores",))
 
 
+@portable
 def force(kwargs, impl):
     """Teacher forcing (C2): the reference's scores at the implementation's ids."""
-    return candidate_topk(**kwargs, forced_ids=np.asarray(impl["ids"]))
+    return candidate_topk(**kwargs, forced_ids=impl["ids"])
 
 
 SPEC = register(
