@@ -43,7 +43,7 @@ _ATTN = ("draft_attention", "draft_layer", "masked_block")
 
 
 class WindowLe(PlantedEngine):
-    family, bug, ops = "window", "the local window's mask built with |p_k - p_q| <= S instead of < S", _ATTN
+    family, bug, ops = "window", "the local window's mask built with abs(p_k - p_q) <= S instead of < S", _ATTN
 
     def mask(self, frontier, live, capacity, width, window):
         pos, present = (torch.from_numpy(a).to(self.device) for a in key_positions(frontier, live, capacity, width))
