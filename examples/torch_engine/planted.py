@@ -63,7 +63,8 @@ class LiveIgnored(PlantedEngine):
 
 
 class GqaRepeat(PlantedEngine):
-    family, bug, ops = "gqa_head_mapping", "repeat_kv with x.repeat (head h reads KV head h % Hk), not repeat_interleave", _ATTN
+    family, bug, ops = "gqa_head_mapping", \
+        "repeat_kv with x.repeat (head h reads KV head h % Hk), not repeat_interleave", _ATTN
 
     @staticmethod
     def repeat_kv(x, groups):
@@ -87,7 +88,8 @@ class RopeInterleaved(PlantedEngine):
 
 
 class Fp32Positions(PlantedEngine):
-    family, bug, ops = "positions", "RoPE angles from float32 positions at every position (HF's path, past 2^24 too)", _ROPE
+    family, bug, ops = "positions", \
+        "RoPE angles from float32 positions at every position (HF's path, past 2^24 too)", _ROPE
 
     def cos_sin(self, positions, d, theta, dtype):
         inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d))
@@ -104,7 +106,8 @@ class CaptureIndexBase(PlantedEngine):
         ("feature_capture",)
 
     def feature_capture(self, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
-        return super().feature_capture(block_outputs, fc_weight, hidden_norm, [int(i) - 1 for i in target_layer_ids], eps)
+        ids = [int(i) - 1 for i in target_layer_ids]  # torch's negative index wraps id 0 to the last block
+        return super().feature_capture(block_outputs, fc_weight, hidden_norm, ids, eps)
 
 
 class NormEpsOutsideSqrt(PlantedEngine):
@@ -124,7 +127,8 @@ class NormEpsOutsideSqrt(PlantedEngine):
 
 
 class ConvTapsExchanged(PlantedEngine):
-    family, bug, ops = "conv", "the conv kernel's two taps exchanged (coef[1] on the current column, coef[0] on the previous)", \
+    family, bug, ops = "conv", \
+        "the conv kernel's two taps exchanged (coef[1] on the current column, coef[0] on the previous)", \
         ("grouped_conv",)
 
     @staticmethod
@@ -153,7 +157,8 @@ class ConvTapsExchanged(PlantedEngine):
 
 
 class AnchorAsMask(PlantedEngine):
-    family, bug, ops = "anchor_as_mask", "the block's input ids built as torch.full(mask_token_id): the anchor embedded as MASK", \
+    family, bug, ops = "anchor_as_mask", \
+        "the block's input ids built as torch.full(mask_token_id): the anchor embedded as MASK", \
         ("masked_block",)
 
     def masked_block(self, anchor, mask_token_id, **kw):
@@ -165,7 +170,8 @@ class AnchorAsMask(PlantedEngine):
 
 
 class NextTokenShift(PlantedEngine):
-    family, bug, ops = "next_token_shift", "hidden rolled one column (torch.roll(h, 1, 1)), read as next-token logits", \
+    family, bug, ops = "next_token_shift", \
+        "hidden rolled one column (torch.roll(h, 1, 1)), read as next-token logits", \
         ("proposal_head",)
 
     def proposal_head(self, hidden, head, vocab_size, shortlist=None):
@@ -174,7 +180,8 @@ class NextTokenShift(PlantedEngine):
 
 
 class Bf16HeadLogits(PlantedEngine):
-    family, bug, ops = "rounding", "the proposal head's logits left in BF16 (F.linear on BF16 tensors) before the argmax", \
+    family, bug, ops = "rounding", \
+        "the proposal head's logits left in BF16 (F.linear on BF16 tensors) before the argmax", \
         ("proposal_head",)
 
     def proposal_head(self, hidden, head, vocab_size, shortlist=None):
