@@ -255,8 +255,9 @@ def _envelope_frac(x, r, mask, scale, env, o: Output):
     """(fraction of the envelope, worst index, worst componentwise u*s multiple, normwise multiple)."""
     u = unit(o.value_fmt)
     s = np.asarray(scale, np.float64) + registry.FTZ_FLOOR / u
-    with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity: masked as equal below
-        diff = np.where(mask & (x != r), np.abs(x - r), 0.0)
+    # inf - inf where both are the same infinity, NaN - NaN where both are NaN: equal, no error
+    with np.errstate(invalid="ignore"):
+        diff = np.where(mask & (x != r) & ~(np.isnan(x) & np.isnan(r)), np.abs(x - r), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         e = np.where(diff == 0, 0.0, diff / (u * s))
     e = np.where(np.isnan(e), np.inf, e)

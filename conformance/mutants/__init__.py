@@ -33,6 +33,7 @@ from conformance.mutants.candidate_topk import (
     TopkNanAsPosInf,
     TopkNanBeforeNegInf,
     TopkNanFirst,
+    TopkNanGreatest,
     TopkShortlistNoRemap,
     TopkSoftcapBeforeSelection,
     TopkTiesToHighest,
@@ -300,6 +301,7 @@ MUTANTS = [
     TopkNanAsNegInf(),
     TopkNanAsPosInf(),
     TopkNanBeforeNegInf(),
+    TopkNanGreatest(),
 ]
 
 _seen: set = set()
@@ -457,6 +459,7 @@ __all__ = [
     "TopkNanAsPosInf",
     "TopkNanBeforeNegInf",
     "TopkNanFirst",
+    "TopkNanGreatest",
     "TopkShortlistNoRemap",
     "TopkSoftcapBeforeSelection",
     "TopkTiesToHighest",

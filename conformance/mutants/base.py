@@ -277,5 +277,6 @@ ROWS = {
     "selector_first_step": "selector_first family: the walk's first step without the anchor as predecessor, "
                            "without its pair term, or with its branches swapped",
     "store_rounding": "rounding family: a BF16 store rounded half away from zero, or through FP16 first",
-    "nan_order": "nan_order family: NaN ranked as -inf, as +inf, or between the numbers and -inf",
+    "nan_order": "nan_order family: NaN ranked as -inf, as +inf, between the numbers and -inf, or above "
+                 "every number (torch.sort, torch.topk)",
 }

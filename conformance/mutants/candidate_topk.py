@@ -134,9 +134,15 @@ class _NanOrderMutant(Mutant):
                 key = np.where(nan, -np.inf, key)
             elif self.bug.get("nan_as") == "between":  # NaN after +inf and every finite logit, before -inf
                 key = np.where(nan, np.finfo(key.dtype).max, key)
-            key = np.where((gid >= 0) & (gid < vocab_size), key, np.inf)
+            eligible = np.broadcast_to((gid >= 0) & (gid < vocab_size), key.shape)
+            key = np.where(eligible, key, np.inf)
             # NaN keys (none left when the bug is on) sort last, as the reference's stable sort has them
-            rows = np.argsort(key, axis=-1, kind="stable")[..., :top_k]
+            rows = np.argsort(key, axis=-1, kind="stable")
+            if self.bug.get("nan_as") == "greatest":  # NaN above every number, +inf included: a second
+                # stable sort puts the eligible NaN rows first, each group keeping its order (rows)
+                first = np.take_along_axis(nan & eligible, rows, axis=-1)
+                rows = np.take_along_axis(rows, np.argsort(~first, axis=-1, kind="stable"), axis=-1)
+            rows = rows[..., :top_k]
             scores = _transform(np.take_along_axis(z, rows, axis=-1), output_multiplier, softcap)
         return {"scores": numerics.storage(scores, "fp32"), "ids": gid[rows].astype(np.int32)}
 
@@ -159,3 +165,10 @@ class TopkNanBeforeNegInf(_NanOrderMutant):
     finite negative number)."""
 
     variant, BUG = "before_neg_inf", {"nan_as": "between"}
+
+
+class TopkNanGreatest(_NanOrderMutant):
+    """NaN logits ranked above every number, +inf included, NaN rows by lower row: what
+    ``torch.sort(descending=True)`` and ``torch.topk`` do (NaN compares as the largest value)."""
+
+    variant, BUG = "greatest", {"nan_as": "greatest"}

@@ -14,9 +14,11 @@ from reference.precision import represent, work
 
 
 def _fp32_rope(x, positions, theta):
-    """RoPE with angles formed in FP32 from FP32 positions (exact only below 2^24)."""
+    """RoPE with angles formed in FP32 from FP32 positions (exact only below 2^24). The inverse
+    frequencies as HF and vLLM form them, 1 / theta^(2i / D) in FP32: past 2^24 the angle is
+    position times them, so one ulp of another formula moves it by whole turns."""
     d = x.shape[-1]
-    inv = np.float32(theta) ** (-np.arange(d // 2, dtype=np.float32) * np.float32(2.0 / d))
+    inv = (np.float32(1.0) / np.float32(theta) ** (np.arange(0, d, 2).astype(np.float32) / np.float32(d)))
     ang = (np.asarray(positions).astype(np.float32)[..., None] * inv)[..., None, :]
     cos, sin = np.cos(ang.astype(np.float64)).astype(x.dtype), np.sin(ang.astype(np.float64)).astype(x.dtype)
     lo, hi = x[..., : d // 2], x[..., d // 2:]

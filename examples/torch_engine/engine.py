@@ -134,16 +134,25 @@ class TorchEngine(ComposedRounds):
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         return (x * cos) + (self.rotate_half(x) * sin)
 
+    def mask(self, frontier, live, capacity: int, width: int, window: int) -> torch.Tensor:
+        """[B, W queries, C+W keys]: which key each query row may attend (C7's window and ring)."""
+        mask_np = allowed(np.asarray(frontier), np.asarray(live), capacity, width, window)
+        return torch.from_numpy(np.array(mask_np, dtype=bool)).to(self.device)
+
+    @staticmethod
+    def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+        """[B, N, Hk, D] -> [B, N, Hk * groups, D]: query head h reads KV head h // groups (HF repeat_kv)."""
+        return x.repeat_interleave(groups, dim=2)
+
     def attention(self, q, k, v, k_cache, v_cache, frontier, live, window: int) -> torch.Tensor:
         """q [B,W,Hq,D] BF16, k/v [B,W,Hk,D] BF16, caches [B,C,Hk,D] -> [B,W,Hq,D] BF16 (SDPA)."""
         b, w, hq, d = q.shape
         hk = k.shape[2]
         keys = torch.cat([k_cache.to(BF), k], dim=1)
         vals = torch.cat([v_cache.to(BF), v], dim=1)
-        mask_np = allowed(np.asarray(frontier), np.asarray(live), k_cache.shape[1], w, int(window))  # [B,W,N]
-        mask = torch.from_numpy(np.array(mask_np, dtype=bool)).to(self.device)
-        keys = keys.repeat_interleave(hq // hk, dim=2).transpose(1, 2)  # [B,Hq,N,D] (repeat_kv)
-        vals = vals.repeat_interleave(hq // hk, dim=2).transpose(1, 2)
+        mask = self.mask(frontier, live, k_cache.shape[1], w, int(window))  # [B,W,N]
+        keys = self.repeat_kv(keys, hq // hk).transpose(1, 2)  # [B,Hq,N,D]
+        vals = self.repeat_kv(vals, hq // hk).transpose(1, 2)
         finite = torch.isfinite(vals)
         vals0 = torch.where(finite, vals, 0).to(BF)
         if self.attn_impl == "sdpa":
@@ -350,9 +359,7 @@ class TorchEngine(ComposedRounds):
         tp = self.t(top_p).float()[:, None]
         p_sorted = torch.softmax(torch.where(keep_sorted, sorted_z, float("-inf")), dim=-1)
         cum = torch.cumsum(p_sorted, dim=-1)
-        # keep the shortest prefix reaching top_p: a token stays while the mass before it is < top_p
-        before = cum - p_sorted
-        keep_sorted &= (tp >= 1) | (before < tp) | (rank == 0)
+        keep_sorted &= (tp >= 1) | self.top_p_keep(cum, p_sorted, tp) | (rank == 0)
         mp = self.t(min_p).float()[:, None]
         p_sorted = torch.softmax(torch.where(keep_sorted, sorted_z, float("-inf")), dim=-1)
         keep_sorted &= (mp <= 0) | ~(p_sorted < mp * p_sorted[:, :1])
@@ -360,6 +367,11 @@ class TorchEngine(ComposedRounds):
         sampled = torch.zeros_like(z).scatter_(1, order, p_sorted)
         probs = torch.where(greedy[:, None], probs, sampled)
         return {"probs": self.np_(probs.float())}
+
+    @staticmethod
+    def top_p_keep(cum: torch.Tensor, p_sorted: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
+        """The shortest prefix reaching top_p: a token stays while the mass before it is < top_p."""
+        return (cum - p_sorted) < tp
 
     def speculative_accept(self, **kw):
         return self._discrete.speculative_accept(**kw)

@@ -22,16 +22,16 @@ def _fails(impl, op, diagnose=True):
 
 
 def test_nan_first_torch_topk_is_named():
-    """torch.sort(descending) ranks NaN first; no catalog variant orders NaN exactly that way, so no
-    match, but on both NaN cases the closest catalogued pitfall is one of the NaN-ordering family's,
-    with its evidence."""
+    """torch.sort(descending) ranks NaN first, +inf included: on both NaN cases the first hypothesis
+    is a match with the NaN-ordering family's variant that orders NaN that way, with its evidence."""
     failing = _fails(TorchSortTopk(), "candidate_topk")
     assert sorted(r.case for r in failing) == ["candidate_topk/nan_order__nan_rows_below_inf_rows_Vr48_K2",
                                               "candidate_topk/nan_scores__inf_hidden_times_zero_head_Vr32_K2"]
     nan_family = {m.pitfall for m in mutants.MUTANTS if m.family == "nan_order"}
     for r in failing:
         top = hypotheses(r)[0]
-        assert top["pitfall"] in nan_family and top["kind"] in ("match", "nearest"), hypotheses(r)
+        assert top["pitfall"] in nan_family and top["kind"] == "match", hypotheses(r)
+        assert top["mutant"] == "nan_order-greatest", top
         assert top["evidence"] and 0 < top["confidence"] <= 1
         assert top["pitfall"] in r.diagnosis_note
 
