@@ -14,12 +14,14 @@
 #   geometry-35b the fast mode at the 35B geometry (DFlash), full width, every B and W, parts as 4 processes
 #   geometry-27b the fast mode at the 27B geometry (DFlash2), likewise
 #   geometry     geometry-35b and geometry-27b
+#   geometry-gpu-ref both geometries in one timed run with the float64 reference on the GPU (--reference-backend
+#                cupy; GEOMETRY_JOBS processes, default 3)
 #   bench        python -m benchmarks.gpu_bench: every Op and the rounds, PyTorch eager and graph, the floors
 #
 # The exit status is 0 when every step exited 0, 1 otherwise, 2 for a usage error.
 set -uo pipefail
 
-ALL_PARTS="tests-a tests-b suites round-suite geometry-35b geometry-27b bench"
+ALL_PARTS="tests-a tests-b suites round-suite geometry-35b geometry-27b geometry-gpu-ref bench"
 BIG_GPU_TESTS="tests/gpu/test_fast_attention.py tests/gpu/test_fast_head.py tests/gpu/test_fast_block.py \
 tests/gpu/test_fast_round.py"
 
@@ -42,7 +44,7 @@ for p in "${PARTS[@]}"; do
   case $p in
     tests) expanded+=(tests-a tests-b) ;;
     geometry) expanded+=(geometry-35b geometry-27b) ;;
-    tests-a|tests-b|suites|round-suite|geometry-35b|geometry-27b|bench) expanded+=("$p") ;;
+    tests-a|tests-b|suites|round-suite|geometry-35b|geometry-27b|geometry-gpu-ref|bench) expanded+=("$p") ;;
     *) echo "gpu_check: unknown part '$p'" >&2; usage ;;
   esac
 done
@@ -99,6 +101,10 @@ for part in "${expanded[@]}"; do
     geometry-27b)
       step geometry-27b 580 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
         --geometry dflash2-27b --jobs 4 --json "$OUT/geometry_fast_27b.json" ;;
+    geometry-gpu-ref)
+      # both official geometries with the float64 reference on the GPU (CuPy), timed as one run
+      step geometry-gpu-ref 580 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
+        --reference-backend cupy --jobs "${GEOMETRY_JOBS:-3}" --json "$OUT/geometry_fast_gpu_ref.json" ;;
     bench)
       step bench 570 $PY -m benchmarks.gpu_bench --json "$OUT/bench.json" ;;
   esac
