@@ -32,9 +32,10 @@ tensor alive until the entry leaves the cache. As for the CuPy Ops, a weight mus
 first call (its derived copies would not see it); the rings may be written between calls (they are read in place).
 
 Under a ``torch.cuda.graph`` capture the ops launch their kernels into the capture (masked_block / draft_layer then
-take the plain launches, not their own graph). What CuPy allocates during the capture (outputs, scratch) comes from
-CuPy's memory pool for the capture stream: keep the captured output tensors alive as long as the graph (as torch's
-static-output idiom does), and replay graphs that contain these ops on one stream at a time.
+take the plain launches, not their own graph). Everything CuPy allocates inside an op (outputs, scratch, plans)
+comes from torch's caching allocator (``_torch_malloc``), so a capture draws from the graph's private pool: keep the
+captured output tensors alive as long as the graph (as torch's static-output idiom does), and replay graphs that
+contain these ops on one stream at a time.
 
 torch is optional for kernels_cu: only this module imports it, and importing it without torch raises an ImportError
 that says so.
@@ -118,8 +119,18 @@ def _out(a, bf16: bool = False) -> torch.Tensor:
     return torch.from_dlpack(a)
 
 
+def _torch_malloc(size: int):
+    """CuPy's allocations inside an op taken from torch's caching allocator (on torch's current stream): one memory
+    pool for the engine, and under a ``torch.cuda.graph`` capture the graph's private pool, where a cudaMalloc of
+    CuPy's own pool would invalidate the capture. The torch tensor owns the memory until CuPy drops it."""
+    c = _cupy()
+    t = torch.empty((max(int(size), 1),), dtype=torch.uint8, device=torch.cuda.current_device())
+    return c.cuda.MemoryPointer(c.cuda.UnownedMemory(t.data_ptr(), int(size), t), 0)
+
+
 class _on_stream:
-    """CuPy's current device and stream set to the tensor's device and torch's current stream there."""
+    """CuPy's current device and stream set to the tensor's device and torch's current stream there, and CuPy's
+    allocator to torch's (``_torch_malloc``)."""
 
     def __init__(self, t: torch.Tensor):
         self.dev = t.device
@@ -130,9 +141,12 @@ class _on_stream:
         self._d.__enter__()
         self._s = c.cuda.ExternalStream(torch.cuda.current_stream(self.dev).cuda_stream)
         self._s.__enter__()
+        self._a = c.cuda.using_allocator(_torch_malloc)
+        self._a.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._a.__exit__(*exc)
         self._s.__exit__(*exc)
         self._d.__exit__(*exc)
         return False
