@@ -16,7 +16,9 @@ the envelope fraction alone named a mutant that changes much more than the imple
 
 Every FAIL also gets ranked *hypotheses* (at most ``TOP``), each with its evidence and a
 confidence: the matches; where nothing matches, the nearest mutants that explain most of the
-difference (worded as "closest", never as a match); structural signatures of the difference
+difference (worded as "closest", never as a match); where neither, a family whose variants change
+the same region in the same direction (``diagnosis.family``, worded as "a bug of the family",
+never as a pitfall); structural signatures of the difference
 (``diagnosis.structure``, never worded as a catalogued pitfall); and, once the run is over
 (``finalize``), the case flags over-represented among the Op's failing cases
 (``diagnosis.symptoms``). "None" is an honest answer: no hypothesis is made without evidence.
@@ -39,6 +41,7 @@ from conformance import compare
 from conformance.compare import Result
 from conformance.diagnosis import explain as ex
 from conformance.diagnosis import match as mt
+from conformance.diagnosis import family as fm
 from conformance.diagnosis import picture, structure, symptoms
 from conformance.registry import REPRESENTED
 
@@ -211,7 +214,8 @@ class Diagnoser:
         from conformance import registry
 
         spec = registry.ops().get(vec.op)
-        maps = ex.error_maps(vec, impl, *([suite_reference(vec, spec, impl)] * 2))
+        sref = suite_reference(vec, spec, impl)
+        maps = ex.error_maps(vec, impl, sref, sref)
         self._maps = maps
         diff = ex.difference(maps)
         impl_nans = ex.nan_rows(vec, impl, vec.expected)
@@ -219,7 +223,7 @@ class Diagnoser:
         reason = None if beyond else why_fail(vec, impl, spec)
         if not beyond and reason is None:  # inside every allowance and no FAIL: nothing to explain
             return [], []
-        found, near = [], []
+        found, near, rest = [], [], []
         for m in self._mutants(vec.op):
             out = self.mutant_outputs(vec, m)
             if out is None:
@@ -246,16 +250,24 @@ class Diagnoser:
                 h = _near_hypothesis(m, e)
                 if h is not None:
                     near.append(h)
+                else:
+                    rest.append(m)
         found.sort(key=lambda x: x.rank)
         hyps = [_match_hypothesis(x) for x in found]
         if not found:
             hyps += sorted(near, key=lambda h: -h["confidence"])
+        shapes = []
         if self.structure and len(hyps) < TOP:
             try:
-                hyps += structure.signatures(vec, spec, impl, maps, diff)
+                shapes = structure.signatures(vec, spec, impl, maps, diff)
             except Exception:  # noqa: BLE001 - a signature search that breaks adds nothing
                 pass
-        return found, hyps[:TOP]
+        if not found and not near and rest:  # a sibling bug: the family's mechanism (diagnosis.family)
+            signed = fm.signed(vec, maps, impl, sref)
+            ev = [(m, fm.evidence(vec, signed, diff, m.key, self._with_scales(vec, spec, m, self.mutant_outputs(vec, m))))
+                  for m in rest]
+            hyps += fm.hypotheses(ev, family, shapes)
+        return found, (hyps + shapes)[:TOP]
 
     def matches(self, vec, impl: Mapping) -> list[Match]:
         return self.analyse(vec, impl)[0]
@@ -336,6 +348,9 @@ def note(found: list[dict], hyps: list[dict], vec, impl) -> str:
     near = [h for h in hyps if h["kind"] == "nearest"]
     if near:
         text += f"; {near[0]['text']}: {near[0]['evidence']}"
+    fams = [h for h in hyps if h["kind"] == "family"]
+    if fams:
+        text += f"; {fams[0]['text']}: {fams[0]['evidence']}"
     shapes = [h for h in hyps if h["kind"] == "structure"]
     if shapes:
         text += f"; error structure: {shapes[0]['text']}"

@@ -36,7 +36,7 @@ def test_dry_run_lists_every_part_in_order(tmp_path):
     assert r.returncode == 0, r.stderr
     names = [line.split("]")[0][1:] for line in r.stdout.splitlines()]
     assert names == ["tests-a", "tests-b", "suite-exact", "suite-fast", "suite-fast-round", "suite-round",
-                     "geometry-35b", "geometry-27b", "bench"]
+                     "geometry-35b", "geometry-27b", "geometry-gpu-ref", "bench"]
     out = str((tmp_path / "out").resolve())
     text = r.stdout
     for impl in ("kernels_cu.backend:CudaBackend", "kernels_cu.fast:FastCudaBackend", "kernels_cu.fast_round:FastRound",
@@ -44,6 +44,7 @@ def test_dry_run_lists_every_part_in_order(tmp_path):
         assert f"--impl {impl}" in text
     assert f"--json {out}/suite_fast.json" in text and f"--json {out}/bench.json" in text
     assert "-m benchmarks.gpu_bench" in text and "--jobs 4" in text
+    assert "--reference-backend cupy" in text  # the timed run with the float64 reference on the GPU
     assert (tmp_path / "out").is_dir() and not any((tmp_path / "out").iterdir())  # a dry run writes no log
 
 

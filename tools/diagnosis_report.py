@@ -15,7 +15,7 @@ Planting a mutant on an engine E: where the mutant is exactly the reference on c
 those inputs, its own rounding throughout. Otherwise the bug's effect is carried over: represented
 outputs are E's plus (mutant - float32 baseline), rounded to their storage format (non-finite values
 the mutant's own); decisions and exact outputs the mutant's where it differs from the baseline, E's
-elsewhere. Named first: the top hypothesis (a match, or the closest mutant) is of the planted
+elsewhere. Named first: the top hypothesis (a match, the closest mutant, or a family hypothesis) is of the planted
 mutant's family, or a mutant of that family is tied first with identical outputs on the case.
 Top 3: the family among the first three hypotheses. Wrong: another family named first.
 
@@ -117,7 +117,9 @@ def score(results, fam: str) -> dict:
     top3 = sum(fam in [h.get("family") for h in hypotheses(r)[:3]] + _tops(r) for r in fails)
     wrong = [r for r in fails if _tops(r) and fam not in _tops(r)]
     same = sum(bool(r.diagnosis) and r.diagnosis[0].get("exact", False) for r in wrong)
-    return {"fails": len(fails), "first": first, "top3": top3, "wrong": len(wrong), "wrong_exact": same}
+    by_family = sum(hypotheses(r)[0]["kind"] == "family" for r in wrong if hypotheses(r))
+    return {"fails": len(fails), "first": first, "top3": top3, "wrong": len(wrong), "wrong_exact": same,
+            "wrong_family": by_family}
 
 
 def _examples(results, fam, n=1) -> list[str]:
@@ -162,7 +164,7 @@ def _rate(a, b) -> str:
 def _totals(rows) -> dict:
     t = defaultdict(int)
     for r in rows:
-        for k in ("fails", "first", "top3", "wrong", "wrong_exact"):
+        for k in ("fails", "first", "top3", "wrong", "wrong_exact", "wrong_family"):
             t[k] += r.get(k, 0)
     return t
 
@@ -216,13 +218,13 @@ def _out_of_family(vectors: str) -> list[str]:
             k = np.asarray(out["k_cache"]).astype(np.float64) + 0.5
             return {**out, "k_cache": numerics.storage(k, "bf16")}
 
-    lines = ["| bug outside every family | FAILs | a pitfall named | structural hypothesis first | none |",
+    lines = ["| bug outside every family | FAILs | a pitfall or family named | structural hypothesis first | none |",
              "|---|---|---|---|---|"]
     for impl, op in ((ScaledAttention(), "draft_attention"), (ReversedTopk(), "candidate_topk"),
                      (OffsetK(), "context_kv")):
         res = [r for r in run_suite(impl, Path(vectors), ops_pattern=op, diagnose=True) if r.result == Result.FAIL]
         summary(res)
-        named = sum(any(h.get("pitfall") for h in hypotheses(r)) or bool(r.diagnosis) for r in res)
+        named = sum(any(h.get("pitfall") or h.get("family") for h in hypotheses(r)) or bool(r.diagnosis) for r in res)
         struct = sum(bool(hypotheses(r)) and hypotheses(r)[0]["kind"] == "structure" for r in res)
         none = sum(not hypotheses(r) for r in res)
         lines.append(f"| {impl.name} ({op}) | {len(res)} | {named} | {struct} | {none} |")
@@ -236,10 +238,38 @@ def _controls(vectors: str) -> list[str]:
     for v in VARIANTS:
         res = run_suite(v, Path(vectors), diagnose=True)
         fails += sum(r.result.failed for r in res)
-        named += sum(bool(r.diagnosis) or any(h.get("pitfall") for h in hypotheses(r)) for r in res)
+        named += sum(bool(r.diagnosis) or any(h.get("pitfall") or h.get("family") for h in hypotheses(r))
+                     for r in res)
     return [f"Every legitimate variant ({len(VARIANTS)}) over every vector: {fails} FAIL/ERROR, {named} result(s) "
             "naming a pitfall. ACCEPTABLE cases are never diagnosed; tests/diagnosis/test_no_false_accusation.py "
             "also asks the analysis about each ACCEPTABLE case directly and requires no pitfall named."]
+
+
+def _timing(vectors: str, want: int = 50) -> list[str]:
+    """What the diagnosis adds to a run with ``want`` FAILs: mutants in catalog order, each with its own
+    entry removed (no match: the closest-mutant and family searches run too, the slow path), run with
+    and without the diagnosis, until ``want`` FAILs are diagnosed."""
+    import os
+
+    plain = diag = 0.0
+    fails = 0
+    for m in mutants.MUTANTS:
+        if m.expect != "fail" or fails >= want:
+            continue
+        t = time.perf_counter()
+        res = run_suite(m, Path(vectors), ops_pattern=m.op)
+        plain += time.perf_counter() - t
+        n = sum(r.result == Result.FAIL for r in res)
+        if not n:
+            continue
+        d = Diagnoser(max_cases=want - fails, catalog=[x for x in mutants.MUTANTS if x is not m])
+        t = time.perf_counter()
+        run_suite(m, Path(vectors), ops_pattern=m.op, diagnose=d)
+        diag += time.perf_counter() - t
+        fails += min(n, d.done)
+    return [f"Cost: runs with {fails} FAILs diagnosed (the catalog's mutants in order, each without its own entry, "
+            f"so the closest-mutant and family searches run) took {diag:.1f} s with the diagnosis and {plain:.1f} s "
+            f"without: the diagnosis added {diag - plain:.1f} s on this machine ({os.cpu_count()} cores, one used)."]
 
 
 def main(argv=None) -> int:
@@ -270,21 +300,25 @@ def main(argv=None) -> int:
         except ImportError:
             torch_why = "not run here: torch is not installed on the machine that wrote this report"
     lines = ["# Diagnosis: naming a bug the catalog was not built from", "",
-             f"Generated by `python tools/diagnosis_report.py{' --variants ' + args.variants if args.variants else ''}` "
-             f"({time.perf_counter() - t0:.0f} s). Method: the tool's docstring. A FAIL counts once per case.", ""]
+             f"Generated by `python tools/diagnosis_report.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
+             f"({time.perf_counter() - t0:.0f} s). Method: the tool's docstring. A FAIL counts once per case.", "",
+             *_timing(args.vectors), ""]
     t = _totals(loo)
     alone = sum(r.get("siblings", 0) == 0 for r in loo)
     lines += ["## (a) Leave-one-out", "",
               "Each mutant runs over its Op's vectors with its own catalog entry removed: only another variant of "
-              "its family (same pitfall, same Op) can name it, as a match or as the closest mutant. A family with "
+              "its family (same Op) can name it: as a match, as the closest mutant, or as a family hypothesis (its "
+              "variants change the same rows in the same direction: conformance/diagnosis/family.py). A family with "
               "no other variant on that Op (`variants left` 0) cannot be named this way; an honest diagnosis then "
               "says \"no catalogued pitfall\" rather than another family's name (`wrong name first`).", "",
               f"Overall: {_verdict_line(t)}.", "",
               f"{alone} of {len(loo)} mutants have no other variant of their family on their Op in this catalog: "
               "for them leave-one-out can only be an honest \"no catalogued pitfall\" (or a wrong name). Of the "
               f"{t['wrong']} FAILs where another family is named first, {t['wrong_exact']} are bit-identical to that "
-              "family's mutant on the case (the case cannot tell the two bugs apart); the rest conform to it within "
-              "the allowance.", ""] + _family_table(loo, loo=True) + [""]
+              f"family's mutant on the case (the case cannot tell the two bugs apart), {t['wrong_family']} are a family "
+              "hypothesis (another family's variants change the same rows in the same direction, clearly more than "
+              "the planted family's), the rest conform to another family's mutant within the allowance or are its "
+              "closest.", ""] + _family_table(loo, loo=True) + [""]
     allp = [r for rows in planted.values() for r in rows]
     t = _totals(allp)
     lines += ["## (b) Every mutant on every legitimate precision variant", "",

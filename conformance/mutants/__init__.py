@@ -117,6 +117,7 @@ from conformance.mutants.masked_block import (
 )
 from conformance.mutants.preview_commit import (
     MaskTokenStripped,
+    PreviewCutAfterNext,
     PreviewCutBeforeEos,
 )
 from conformance.mutants.proposal_head import (
@@ -125,6 +126,7 @@ from conformance.mutants.proposal_head import (
     HeadTiesToHighest,
     HeadVocabPadding,
     NextTokenShift,
+    NextTokenShiftForward,
 )
 from conformance.mutants.speculative_accept import (
     AcceptEngineSeed,
@@ -302,6 +304,8 @@ MUTANTS = [
     TopkNanAsPosInf(),
     TopkNanBeforeNegInf(),
     TopkNanGreatest(),
+    NextTokenShiftForward(),
+    PreviewCutAfterNext(),
 ]
 
 _seen: set = set()
@@ -412,6 +416,7 @@ __all__ = [
     "MinPStrict",
     "Mutant",
     "NextTokenShift",
+    "NextTokenShiftForward",
     "NormEpsOnSum",
     "NormEpsOutsideSqrt",
     "NormOnePlusWeight",
@@ -420,6 +425,7 @@ __all__ = [
     "PenaltiesAfterTemperature",
     "PenaltiesLastTokenOnly",
     "PenaltiesMissing",
+    "PreviewCutAfterNext",
     "PreviewCutBeforeEos",
     "ResidualNoClamp",
     "ResidualSumZeroNan",

@@ -21,6 +21,18 @@ class NextTokenShift(Mutant):
         return self._baseline(proposal_head, hidden=np.roll(hidden, 1, axis=1), **kw)
 
 
+class NextTokenShiftForward(Mutant):
+    """The same column misalignment the other way: column i's token from the hidden one column
+    later (the last column, having none, from column 0), as a head that pairs each hidden with the
+    label slot after it."""
+
+    op, pitfall, variant = "proposal_head", "next_token_shift", "forward"
+    family = "next_token_shift"
+
+    def proposal_head(self, hidden, **kw):
+        return self._baseline(proposal_head, hidden=np.roll(hidden, -1, axis=1), **kw)
+
+
 class Bf16Logits(Mutant):
     """Head logits stored BF16 before the argmax (a GEMM writing the model dtype): logits one BF16
     ulp apart tie, and the lowest row wins."""

@@ -90,7 +90,9 @@ ORDER = [
     "conv_tap_layout-group_major", "capture_layer_order-sorted", "capture_layer_order-reversed", "capture_index_base",
     "vocab_pad_boundary-plus_one", "vocab_pad_boundary-minus_one", "selector_first_step-pred_top1", "selector_first_step-no_pair",
     "selector_first_step-branches_swapped", "store_rounding-half_away", "store_rounding-via_fp16", "nan_order-as_neg_inf",
-    "nan_order-as_pos_inf", "nan_order-before_neg_inf", "nan_order-greatest"
+    "nan_order-as_pos_inf", "nan_order-before_neg_inf", "nan_order-greatest",
+    # second forms of families that had one: the same misalignment or cut the other way
+    "next_token_shift-forward", "preview_cut_before_eos-one_after"
 ]
 ROUND_ORDER = [
     "context_role_weights", "layer_id_origin", "capture_before_layer", "draft_temperature",
