@@ -1,16 +1,19 @@
 """GPU benchmark: each Op at the official geometries in the exact mode, the fast mode and the
 same math in PyTorch BF16 eager.
 
-Method (/work/.library/device/METHOD.md): CUDA events around the call only, 3 warm-ups, the
+Method: CUDA events around the call only, 3 warm-ups, the
 median of 25 timed calls, the L2 (60 MB on an H200) flushed before every call by writing a
 256 MB buffer; inputs are created once in PyTorch and shared with CuPy through DLPack (no
 copies), so the three versions read the same device memory. Reported with each Op: the floor
 (bytes that must move at the measured copy bandwidth), ours / floor and ours / torch.
 
-    python -m benchmarks.gpu_bench [--ops candidate_topk,proposal_head,...] [--quick] [--json out.json]
+    python -m benchmarks.gpu_bench [--ops candidate_topk,proposal_head,...] [--quick] [--geometry]
+                                   [--json out.json]
 
 Prints a table last; --json writes every number with the environment (versions, compile
-options). Needs CuPy and PyTorch on a CUDA GPU.
+options). --geometry also times the full-geometry conformance run (both official geometries, the
+fast mode, the float64 reference on the GPU) after the Op rows, as a user runs it: the CLI in a
+subprocess, wall clock from start to report. Needs CuPy and PyTorch on a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -933,6 +936,37 @@ BENCHES.update(feature_capture=bench_feature_capture, grouped_conv=bench_grouped
                candidate_selector=bench_candidate_selector, op_plans=bench_op_plans)
 
 
+def bench_geometry(jobs: int, limit: float) -> dict:
+    """Both official geometries through ``dflash-conformance geometry`` with the fast mode and the CuPy
+    float64 reference (``--reference-backend cupy``), in a subprocess: wall seconds and verdict counts."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = os.path.join(tmp, "geometry.json")
+        cmd = [sys.executable, "-m", "conformance.cli", "geometry", "--impl", "kernels_cu.fast:FastCudaBackend",
+               "--reference-backend", "cupy", "--jobs", str(jobs), "--json", report_path]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+            rc, tail = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()[-1:]
+        except subprocess.TimeoutExpired:
+            rc, tail = None, [f"stopped after {limit:.0f} s"]
+        seconds = time.perf_counter() - t0
+        counts, complete = {}, False
+        if os.path.exists(report_path):
+            with open(report_path) as f:
+                rep = json.load(f)
+            complete = bool(rep.get("complete"))
+            for case in rep.get("results", []):
+                counts[case["result"]] = counts.get(case["result"], 0) + 1
+    out = {"command": " ".join(["dflash-conformance", *cmd[3:-2]]), "seconds": seconds, "exit_status": rc,
+           "complete": complete, "verdicts": counts, "last_line": tail[0] if tail else ""}
+    print(json.dumps({"geometry": out}), flush=True)
+    return out
+
+
 def row(op, shape, exact_ms, fast_ms, torch_ms, floor_ms):
     r = {"op": op, "shape": shape, "exact_ms": exact_ms, "fast_ms": fast_ms, "torch_ms": torch_ms,
          "floor_ms": floor_ms}
@@ -959,6 +993,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default=",".join(BENCHES))
     ap.add_argument("--quick", action="store_true", help="B8 W16 only")
     ap.add_argument("--no-exact", action="store_true", help="skip the exact mode (slow at full width)")
+    ap.add_argument("--geometry", action="store_true",
+                    help="also time the full-geometry conformance run (both geometries, CuPy float64 reference)")
+    ap.add_argument("--geometry-jobs", type=int, default=3, help="--jobs of that run (default 3)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     cp, torch = _imports()
@@ -988,13 +1025,24 @@ def main(argv=None) -> int:
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
     env["proposal_head_gemm"] = str(fast.environment().get("proposal_head_gemm"))  # with the tunings made
+    geo = None
+    if args.geometry:
+        fast.resident.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+        geo = bench_geometry(args.geometry_jobs, limit=900)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "ceilings": ceil, "rows": rows, "seconds": time.time() - t0}, f, indent=1)
+            json.dump({"environment": env, "ceilings": ceil, "rows": rows, "geometry": geo,
+                       "seconds": time.time() - t0}, f, indent=1)
     print(f"\ncopy {ceil['copy_bandwidth_TBps']:.2f} TB/s, bf16 GEMM {ceil['bf16_gemm_TFLOPs_8192']:.0f} TFLOP/s, "
           f"gemmEx 16x5120x17408 {ceil['gemmEx_16x5120x17408_ms'] * 1e3:.1f} us "
           f"(torch {ceil['torch_16x5120x17408_ms'] * 1e3:.1f} us); floor = bytes at the measured copy bandwidth")
     print(table(rows))
+    if geo is not None:
+        verdicts = ", ".join(f"{n} {k}" for k, n in sorted(geo["verdicts"].items())) or "no report"
+        print(f"\nfull-geometry conformance, both geometries ({geo['command']}): {geo['seconds']:.0f} s, "
+              f"{verdicts}, exit status {geo['exit_status']}{'' if geo['complete'] else ', INCOMPLETE'}")
     return 0
 
 
