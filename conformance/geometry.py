@@ -25,7 +25,9 @@ holds about 15 GB; run this on a large host (the GPU machine), or with
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
@@ -47,9 +49,31 @@ def small(cfg: DraftConfig) -> DraftConfig:
                    window=min(cfg.sliding_window or 64, 64), rank=32 if cfg.selector_rank else None)
 
 
+_BLOCK = 1 << 24  # elements drawn from one generator; larger tensors are drawn block by block in threads
+
+
 def _bf16(rng: np.random.Generator, shape, scale: float) -> np.ndarray:
-    # float32 draw cast once to BF16: any BF16 value is a valid input, and this is fast at full width
-    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(ml_dtypes.bfloat16)
+    """Normal(0, scale) drawn in float32 and cast once to BF16 (any BF16 value is a valid input).
+
+    A tensor larger than one block (the full-width weights: 6 GB at the 27B geometry, about a
+    minute on one core) takes one seed from ``rng`` and draws each block from its own generator
+    (SeedSequence.spawn) in a thread pool: NumPy's generators release the GIL while they fill, so
+    the draw scales with the cores, and the values do not depend on how many there are."""
+    n = int(np.prod(shape))
+    if n <= _BLOCK:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(ml_dtypes.bfloat16)
+    out = np.empty(n, ml_dtypes.bfloat16)
+    starts = range(0, n, _BLOCK)
+    seeds = np.random.SeedSequence(int(rng.integers(2**63))).spawn(len(starts))
+
+    def fill(j: int) -> None:
+        a = starts[j]
+        block = np.random.default_rng(seeds[j]).standard_normal(min(_BLOCK, n - a), dtype=np.float32)
+        out[a:a + block.size] = (block * np.float32(scale)).astype(ml_dtypes.bfloat16)
+
+    with ThreadPoolExecutor(max(1, min(len(starts), os.cpu_count() or 1))) as pool:
+        list(pool.map(fill, range(len(starts))))
+    return out.reshape(shape)
 
 
 def _gain(rng, shape) -> np.ndarray:
