@@ -6,7 +6,7 @@
 # target_distribution and speculative_accept (NOT_IMPLEMENTED: its kernel draws its own uniforms),
 # plus FlashInfer with the context_kv head norm in PyTorch FP32 (FlashInferTorchNorm).
 #
-#   examples/third_party_check.sh OUT [--dry-run]
+#   [THIRD_PARTY_SDPA="Math ..."] [THIRD_PARTY_FI_OPS=op,...] examples/third_party_check.sh OUT [--dry-run]
 #
 # OUT receives at most 8 files: one JSON report per run (sdpa_math.json, sdpa_flash.json,
 # sdpa_efficient.json, sdpa_cudnn.json, flashinfer.json, flashinfer_torch_norm.json), summary.txt
@@ -61,8 +61,10 @@ export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi_ws}
 # addon that only speeds up passing torch tensors; without it tvm-ffi passes them through DLPack on
 # torch's current stream. Set TVM_FFI_DISABLE_TORCH_C_DLPACK=0 to build it anyway.
 export TVM_FFI_DISABLE_TORCH_C_DLPACK=${TVM_FFI_DISABLE_TORCH_C_DLPACK:-1}
-SDPA_CLASSES="Math Flash Efficient Cudnn"
-FI_OPS="draft_attention,context_kv,target_distribution,speculative_accept"
+# what runs: THIRD_PARTY_SDPA, the SDPA backends (default all four; empty: none), THIRD_PARTY_FI_OPS,
+# FlashInfer's Ops (default all four; the FP32-norm run goes with context_kv; empty: no FlashInfer)
+SDPA_CLASSES=${THIRD_PARTY_SDPA-Math Flash Efficient Cudnn}
+FI_OPS=${THIRD_PARTY_FI_OPS-draft_attention,context_kv,target_distribution,speculative_accept}
 
 remaining() { echo $((DEADLINE - $(date +%s))); }
 lower() { echo "$1" | tr '[:upper:]' '[:lower:]'; }
@@ -141,7 +143,10 @@ fi
 
 # --- FlashInfer: install the carried wheels, check the import --------------------------------------
 FI_OK=0
-if ls .whl/*.whl > /dev/null 2>&1 || [ "$DRY" = 1 ]; then
+[ -n "$FI_OPS" ] || [ "$DRY" = 1 ] || echo "flashinfer: not asked for (THIRD_PARTY_FI_OPS is empty)" >> "$LOGS/versions.txt"
+if [ -z "$FI_OPS" ]; then
+    :
+elif ls .whl/*.whl > /dev/null 2>&1 || [ "$DRY" = 1 ]; then
     if [ "$DRY" = 1 ]; then
         echo "[dry-run] python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:\$PYTHONPATH"
     else
@@ -193,25 +198,28 @@ print(' '.join('-isystem ' + d for d in dirs))" 2>/dev/null)
         echo "FLASHINFER_EXTRA_CUDAFLAGS '${FLASHINFER_EXTRA_CUDAFLAGS:-}'; FLASHINFER_EXTRA_LDFLAGS '${FLASHINFER_EXTRA_LDFLAGS:-}'"
     } >> "$LOGS/versions.txt"
 fi
-step $(( $(remaining) < 150 ? $(remaining) : 150 )) versions_flashinfer.log python3 -c "import flashinfer, tvm_ffi; \
+RC=1
+[ -n "$FI_OPS" ] && step $(( $(remaining) < 150 ? $(remaining) : 150 )) versions_flashinfer.log python3 -c "import flashinfer, tvm_ffi; \
 from flashinfer.jit import env; print('flashinfer', flashinfer.__version__, 'tvm_ffi', tvm_ffi.__version__, \
 'jit dir', env.FLASHINFER_JIT_DIR)"
-if [ "$RC" = 0 ]; then
+if [ -n "$FI_OPS" ] && [ "$RC" = 0 ]; then
     FI_OK=1
     [ "$DRY" = 0 ] && grep '^flashinfer ' "$LOGS/versions_flashinfer.log" >> "$LOGS/versions.txt"
-else
+elif [ -n "$FI_OPS" ]; then
     [ "$DRY" = 0 ] && echo "flashinfer: import failed (exit $RC; logs.tar.gz: versions_flashinfer.log)" >> "$LOGS/versions.txt"
 fi
 
 # --- FlashInfer warm-up in the background: its four JIT modules compiled in parallel, then each Op
 # tried once on its first vector ---------------------------------------------------------------------
+WARM_WHAT=all
+case "$FI_OPS" in *,*) ;; ?*) WARM_WHAT=$FI_OPS ;; esac  # one Op: compile only its modules
 if [ "$FI_OK" = 1 ]; then
     WARM_LIMIT=$(( $(remaining) - 100 ))
     [ "$WARM_LIMIT" -ge 60 ] || WARM_LIMIT=60
     if [ "$DRY" = 1 ]; then
-        echo "[dry-run] timeout $WARM_LIMIT python3 -m examples.flashinfer.warmup all > $LOGS/warmup.log &"
+        echo "[dry-run] timeout $WARM_LIMIT python3 -m examples.flashinfer.warmup $WARM_WHAT > $LOGS/warmup.log &"
     else
-        timeout -k 10 "$WARM_LIMIT" python3 -m examples.flashinfer.warmup all > "$LOGS/warmup.log" 2>&1 &
+        timeout -k 10 "$WARM_LIMIT" python3 -m examples.flashinfer.warmup "$WARM_WHAT" > "$LOGS/warmup.log" 2>&1 &
         WARM_PIDS="$!"
     fi
 fi
@@ -233,13 +241,20 @@ if [ "$FI_OK" = 1 ]; then
         echo "[dry-run] wait for the warm-up"
     fi
     conformance examples.flashinfer.adapter:FlashInfer "$FI_OPS" flashinfer $(( $(remaining) - 40 ))
-    conformance examples.flashinfer.adapter:FlashInferTorchNorm context_kv flashinfer_torch_norm $(( $(remaining) - 8 ))
+    case ",$FI_OPS," in
+        *,context_kv,*) conformance examples.flashinfer.adapter:FlashInferTorchNorm context_kv flashinfer_torch_norm \
+            $(( $(remaining) - 8 )) ;;
+    esac
 fi
 
 [ "$DRY" = 1 ] && { echo "[dry-run] python3 -m examples.torch_sdpa.summary OUT/*.json > OUT/summary.txt; tar logs into OUT/logs.tar.gz"; exit 0; }
 finish
 complete=0
-for name in sdpa_math sdpa_flash sdpa_efficient sdpa_cudnn flashinfer flashinfer_torch_norm; do
+expected=""
+for cls in $SDPA_CLASSES; do expected="$expected sdpa_$(lower "$cls")"; done
+[ -n "$FI_OPS" ] && expected="$expected flashinfer"
+case ",$FI_OPS," in *,context_kv,*) expected="$expected flashinfer_torch_norm" ;; esac
+for name in $expected; do
     python3 -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get('complete') else 1)" \
         "$OUT/$name.json" 2>/dev/null || complete=1
 done

@@ -249,6 +249,22 @@ def test_script_dry_run_plans_every_run_and_runs_nothing(tmp_path):
     assert limits[:4] == [75] * 4 and all(limit <= 440 for limit in limits)
 
 
+def test_script_runs_only_what_is_asked_for(tmp_path):
+    """THIRD_PARTY_SDPA / THIRD_PARTY_FI_OPS narrow a rerun: one FlashInfer Op warms only its modules,
+    no SDPA run, no FP32-norm run without context_kv; empty FlashInfer Ops: no FlashInfer at all."""
+    out = tmp_path / "out"
+    proc = run_script(str(out), "--dry-run", env={"THIRD_PARTY_SDPA": "", "THIRD_PARTY_FI_OPS": "target_distribution"})
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "sdpa:" not in text and "FlashInferTorchNorm" not in text
+    assert "python3 -m examples.flashinfer.warmup target_distribution" in text
+    assert f"--impl examples.flashinfer.adapter:FlashInfer --vectors vectors --ops target_distribution --json " \
+        f"{out}/flashinfer.json" in text
+    proc = run_script(str(out), "--dry-run", env={"THIRD_PARTY_SDPA": "Math", "THIRD_PARTY_FI_OPS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert "sdpa:Math" in proc.stdout and "sdpa:Flash" not in proc.stdout and "flashinfer" not in proc.stdout
+
+
 def test_script_without_gpu_or_flashinfer_still_reports(tmp_path):
     """On a host with neither (this one, where torch may be absent too) every step fails fast and
     OUT still gets the summary, naming every run, and the logs: at most 8 files."""
