@@ -386,12 +386,18 @@ def test_flashinfer_glue_over_the_vectors(monkeypatch):
     assert counts["NOT_IMPLEMENTED"] == len(vectors_of("speculative_accept"))
     fails = {c for c, r in res.items() if r.result.name == "FAIL"}
     # what the stand-in shares with FlashInfer by design: 0 * inf at a masked key, and top-k / top-p
-    # as thresholds that keep every token tied at the boundary
-    allowed = {"draft_attention/fp16_overflow__v_inf_outside_window_S4_C12_F30_W4",
-               "target_distribution/top_k_exact_ties_at_boundary"}
+    # as thresholds that keep every token tied at the boundary (the diagnosis names those two mutants)
+    thresholds = {"target_distribution/top_k_exact_ties_at_boundary": "top_k_keeps_ties",
+                  "target_distribution/filter_boundary__top_p_reached_exactly_min_p_at_threshold":
+                      "filter_boundary-top_p_keeps_ties"}
+    allowed = {"draft_attention/fp16_overflow__v_inf_outside_window_S4_C12_F30_W4", *thresholds}
     assert fails <= allowed, {c: res[c].detail for c in fails - allowed}
+    assert set(thresholds) <= fails, {c: res[c].result.name for c in thresholds}
+    named = {c: res[c].diagnosis[0]["mutant"] if res[c].diagnosis else res[c].diagnosis_note for c in thresholds}
+    assert named == thresholds, named
     assert sum(r.result.name in ("PASS", "ACCEPTABLE") for r in res.values()) >= \
-        len(vectors_of("draft_attention")) + len(vectors_of("context_kv")) + len(vectors_of("target_distribution")) - 2
+        len(vectors_of("draft_attention")) + len(vectors_of("context_kv")) + len(vectors_of("target_distribution")) \
+        - len(allowed)
 
 
 def test_warmup_runs_each_op_on_its_first_vector(monkeypatch, capsys):

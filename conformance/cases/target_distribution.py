@@ -148,7 +148,9 @@ def generate() -> list[Case]:
         _drawn(f"{c}min_p_on_logits__min_p_0.1_0.3_0.5_0.7", scale=1.0, min_p=np.array([0.1, 0.3, 0.5, 0.7]),
                temperature=T, flags=("min_p_on_logits",)),
         _drawn(f"{c}top_k_at_and_above_vocab", top_k=np.array([32, 33, 1000, 2**31 - 1])),
-        _drawn(f"{c}top_k_exact_ties_at_boundary", top_k=np.array([2, 3, 5, 7]), ties=True, flags=("exact_tie",)),
+        # top_k_keeps_ties: a threshold on value (FlashInfer) keeps every token tied with the k-th
+        _drawn(f"{c}top_k_exact_ties_at_boundary", top_k=np.array([2, 3, 5, 7]), ties=True,
+               flags=("exact_tie", "top_k_keeps_ties")),
         _drawn(f"{c}top_p_0.5_0.9_0.99_0.01", scale=1.0, top_p=np.array([0.5, 0.9, 0.99, 0.01]), temperature=T),
         _drawn(
             f"{c}min_p_0.01_0.05_0.3_0.9",

@@ -162,8 +162,10 @@ from conformance.mutants.target_distribution import (
     TargetTiesToHighest,
     TargetVocabPadding,
     TemperatureAfterFilters,
+    TopKKeepsTies,
     TopPBeforeTopK,
     TopPDropsCrossing,
+    TopPKeepsTies,
     TopPStrict,
 )
 from conformance.mutants.tree_verify import (
@@ -306,6 +308,9 @@ MUTANTS = [
     TopkNanGreatest(),
     NextTokenShiftForward(),
     PreviewCutAfterNext(),
+    # FlashInfer's filters: top-k and top-p as thresholds on value, keeping every token tied at the boundary
+    TopKKeepsTies(),
+    TopPKeepsTies(),
 ]
 
 _seen: set = set()
@@ -458,8 +463,10 @@ __all__ = [
     "TargetTiesToHighest",
     "TargetVocabPadding",
     "TemperatureAfterFilters",
+    "TopKKeepsTies",
     "TopPBeforeTopK",
     "TopPDropsCrossing",
+    "TopPKeepsTies",
     "TopPStrict",
     "TopkNanAsNegInf",
     "TopkNanAsPosInf",

@@ -265,8 +265,11 @@ ROWS = {
     "rng_seed_low_word": "rng family: the seed held in 32 bits, the key's high word lost",
     "rng_counter": "rng family: a Philox counter field wrong (word order, purpose code, index base, position)",
     "filter_order": "filters family: penalties after the temperature, or top-p before top-k",
-    "filter_boundary": "filters family: a top-p or min-p boundary rule strict where C5's is not, or the crossing "
-                       "token dropped",
+    "filter_boundary": "filters family: a top-p or min-p boundary rule strict where C5's is not, the crossing "
+                       "token dropped, or top-p as a threshold on value that keeps every token tied with the "
+                       "prefix's last (FlashInfer's top_p_renorm_probs)",
+    "top_k_keeps_ties": "filters family: top-k as a threshold on value, every token tied with the k-th kept "
+                        "(FlashInfer's top_k_renorm_probs)",
     "ring_read_slot": "window family: the context ring read one slot off (p + 1 or p - 1 mod C)",
     "conv_tap_layout": "conv family: the conv's taps exchanged, shifted the other way, or its delta read "
                        "group-major",

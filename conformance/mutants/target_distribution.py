@@ -129,7 +129,8 @@ for _cls in (PenaltiesMissing, MinPMissing, TargetVocabPadding):
 
 def _filters_row(logits, prompt_mask, output_counts, vocab_size, temperature, top_p, min_p, repetition_penalty,
                  frequency_penalty, presence_penalty, top_k, *, penalties_after_temperature=False,
-                 top_p_before_top_k=False, top_p_strict=False, top_p_drops_crossing=False, min_p_strict=False):
+                 top_p_before_top_k=False, top_p_strict=False, top_p_drops_crossing=False, min_p_strict=False,
+                 top_k_keeps_ties=False, top_p_keeps_ties=False):
     """reference.target_distribution.row_probs written out (C5 steps 1-9), slips as switches."""
     from reference.target_distribution import _softmax_kept, argmax_with_gap, c4_order
 
@@ -150,21 +151,27 @@ def _filters_row(logits, prompt_mask, output_counts, vocab_size, temperature, to
     k = int(top_k)
 
     def top_k_filter():
-        if k > 0:
+        if k > 0 and top_k_keeps_ties:  # a threshold on value: every token tied with the k-th stays
+            keep[:] &= z >= z[order[min(k, order.size) - 1]]
+        elif k > 0:
             keep[order[k:]] = False
 
     def top_p_filter():
         tp = work(top_p)
         if tp < 1:
             kept_order = order[keep[order]]
-            cum = np.cumsum(_softmax_kept(z, keep)[kept_order])
+            p_in = _softmax_kept(z, keep)
+            cum = np.cumsum(p_in[kept_order])
             if top_p_strict:  # the first prefix whose mass exceeds top_p (an exact reach is not enough)
                 n = int(np.searchsorted(cum, tp, side="right")) + 1
             elif top_p_drops_crossing:  # only tokens whose cumulative mass stays within top_p (at least one)
                 n = max(1, int(np.searchsorted(cum, tp, side="right")))
             else:
                 n = int(np.searchsorted(cum, tp, side="left")) + 1
-            keep[kept_order[min(n, kept_order.size):]] = False
+            drop = kept_order[min(n, kept_order.size):]
+            if top_p_keeps_ties:  # a threshold on value: every token as probable as the last one kept stays
+                drop = drop[p_in[drop] < p_in[kept_order[min(n, kept_order.size) - 1]]]
+            keep[drop] = False
 
     for step in ((top_p_filter, top_k_filter) if top_p_before_top_k else (top_k_filter, top_p_filter)):
         step()
@@ -212,3 +219,20 @@ class MinPStrict(_FiltersMutant):
     """min-p drops p <= min_p * p_max (the spec drops p < min_p * p_max): a token exactly at the threshold goes."""
 
     pitfall, variant, BUG = "filter_boundary", "min_p_strict", {"min_p_strict": True}
+
+
+class TopKKeepsTies(_FiltersMutant):
+    """top-k as a threshold on value (FlashInfer's top_k_renorm_probs and its sampling kernels find the k-th
+    largest value and keep every probability >= it): tokens tied with the k-th all stay, not the lower ids only.
+
+    Its own pitfall, not a filter_boundary variant: filter_boundary's case has no top-k, and the case that
+    bites this (ties planted across every rank boundary up to 8) has no top-p or min-p."""
+
+    pitfall, BUG = "top_k_keeps_ties", {"top_k_keeps_ties": True}
+
+
+class TopPKeepsTies(_FiltersMutant):
+    """top-p as a threshold on value (FlashInfer's top_p_renorm_probs and its sampling kernels search a
+    probability pivot and keep every probability >= it): tokens tied with the last one of the prefix all stay."""
+
+    pitfall, variant, BUG = "filter_boundary", "top_p_keeps_ties", {"top_p_keeps_ties": True}

@@ -55,3 +55,43 @@ class ReversedTopk(Engine):
     def candidate_topk(self, **kw):
         out = super().candidate_topk(**kw)
         return {"scores": out["scores"][..., ::-1].copy(), "ids": out["ids"][..., ::-1].copy()}
+
+
+class ThresholdFilters(Engine):
+    """target_distribution as FlashInfer's sampling kernels filter: a float32 softmax at the temperature,
+    top-k and top-p as thresholds on the probability value (``top_k_renorm_probs`` keeps every p >= the
+    k-th largest, ``top_p_renorm_probs`` every p >= the pivot where the sorted prefix mass reaches top_p),
+    each renormalized by dividing by the kept sum, then min-p on the renormalized probabilities. Tokens
+    tied at a boundary all stay (C4 keeps the lower ids only); everything else rounds its own way."""
+
+    def _row_probs(self, z, prompt_mask, counts, vocab_size, temperature, top_p, min_p, rho, freq, pres, top_k):
+        t = F32(temperature)
+        if t <= 0:
+            return super()._row_probs(z, prompt_mask, counts, vocab_size, temperature, top_p, min_p, rho, freq, pres,
+                                      top_k)
+        z = f32(z).copy()
+        z[int(vocab_size):] = -np.inf
+        seen_out = np.asarray(counts) > 0
+        rho = F32(rho)
+        if rho != 1:
+            seen = (np.asarray(prompt_mask) != 0) | seen_out
+            z = np.where(seen, np.where(z > 0, z / rho, z * rho), z).astype(np.float32)
+        z = (z - (F32(freq) * f32(counts) + F32(pres) * seen_out.astype(np.float32))).astype(np.float32)
+        # the online softmax: exp((z - max) / T), one float32 division by the sum
+        e = self._exp(((z - np.max(z)) / t).astype(np.float32))
+        p = (e / self._sum(e)).astype(np.float32)
+
+        def renorm(keep):
+            kept = np.where(keep, p, F32(0)).astype(np.float32)
+            return (kept / self._sum(kept)).astype(np.float32)
+
+        k = int(top_k)
+        if 0 < k < p.size:
+            p = renorm(p >= np.sort(p)[::-1][k - 1])
+        if F32(top_p) < 1:
+            s = np.sort(p)[::-1]
+            before = (self._cumsum(s) - s).astype(np.float32)
+            p = renorm(p >= np.min(s[before < F32(top_p)]))
+        if F32(min_p) > 0:
+            p = renorm(~(p < (F32(min_p) * np.max(p)).astype(np.float32)))
+        return p

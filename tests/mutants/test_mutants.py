@@ -49,6 +49,8 @@ PITFALLS = {
     "rmsnorm_formula", "rng_seed_low_word", "rng_counter", "filter_order", "filter_boundary", "ring_read_slot",
     "conv_tap_layout", "capture_layer_order", "capture_index_base", "vocab_pad_boundary", "selector_first_step",
     "store_rounding", "nan_order",
+    # FlashInfer's threshold filters (top-p's is a filter_boundary variant)
+    "top_k_keeps_ties",
 }
 
 
@@ -92,7 +94,9 @@ ORDER = [
     "selector_first_step-branches_swapped", "store_rounding-half_away", "store_rounding-via_fp16", "nan_order-as_neg_inf",
     "nan_order-as_pos_inf", "nan_order-before_neg_inf", "nan_order-greatest",
     # second forms of families that had one: the same misalignment or cut the other way
-    "next_token_shift-forward", "preview_cut_before_eos-one_after"
+    "next_token_shift-forward", "preview_cut_before_eos-one_after",
+    # FlashInfer's filters: top-k and top-p as thresholds on value (ties at the boundary all kept)
+    "top_k_keeps_ties", "filter_boundary-top_p_keeps_ties",
 ]
 ROUND_ORDER = [
     "context_role_weights", "layer_id_origin", "capture_before_layer", "draft_temperature",
