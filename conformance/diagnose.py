@@ -264,8 +264,9 @@ class Diagnoser:
                 pass
         if not found and not near and rest:  # a sibling bug: the family's mechanism (diagnosis.family)
             signed = fm.signed(vec, maps, impl, sref)
-            ev = [(m, fm.evidence(vec, signed, diff, m.key, self._with_scales(vec, spec, m, self.mutant_outputs(vec, m))))
-                  for m in rest]
+            masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)
+            ev = [(m, fm.evidence(vec, signed, diff, m.key, self._with_scales(vec, spec, m, self.mutant_outputs(vec, m)),
+                                  masks)) for m in rest]
             hyps += fm.hypotheses(ev, family, shapes)
         return found, (hyps + shapes)[:TOP]
 

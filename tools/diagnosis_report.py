@@ -316,18 +316,22 @@ def main(argv=None) -> int:
              *_timing(args.vectors), ""]
     t = _totals(loo)
     alone = sum(r.get("siblings", 0) == 0 for r in loo)
+    reach = sum(r.get("fails", 0) for r in loo if r.get("siblings", 0))
     lines += ["## (a) Leave-one-out", "",
               "Each mutant runs over its Op's vectors with its own catalog entry removed: only another variant of "
               "its family (same Op) can name it: as a match, as the closest mutant, or as a family hypothesis (its "
-              "variants change the same rows in the same direction: conformance/diagnosis/family.py). A family with "
+              "variants change the same rows in the same direction, or the same elements beyond chance: "
+              "conformance/diagnosis/family.py). A family with "
               "no other variant on that Op (`variants left` 0) cannot be named this way; an honest diagnosis then "
               "says \"no catalogued pitfall\" rather than another family's name (`wrong name first`).", "",
               f"Overall: {_verdict_line(t)}.", "",
               f"{alone} of {len(loo)} mutants have no other variant of their family on their Op in this catalog: "
-              "for them leave-one-out can only be an honest \"no catalogued pitfall\" (or a wrong name). Of the "
+              "for them leave-one-out can only be an honest \"no catalogued pitfall\" (or a wrong name), so at most "
+              f"{_rate(reach, t['fails'])} of the FAILs can be named first this way. Of the "
               f"{t['wrong']} FAILs where another family is named first, {t['wrong_exact']} are bit-identical to that "
               f"family's mutant on the case (the case cannot tell the two bugs apart), {t['wrong_family']} are a family "
-              "hypothesis (another family's variants change the same rows in the same direction, clearly more than "
+              "hypothesis (another family's variants change the same rows in the same direction, or the same elements, "
+              "clearly more than "
               "the planted family's), the rest conform to another family's mutant within the allowance or are its "
               "closest.", ""] + _family_table(loo, loo=True) + [""]
     allp = [r for rows in planted.values() for r in rows]

@@ -5,6 +5,7 @@ family gets no family's name; nothing to explain gets no hypothesis."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +69,8 @@ def test_nothing_to_explain_gets_no_hypothesis():
     assert found == [] and hyps == []
 
 
-def _ev(key, overlap, cosine, n=400):
-    return fm.Evidence(key, overlap, cosine, n)
+def _ev(key, overlap, cosine, n=400, d=0, p=0, k=0, total=0):
+    return fm.Evidence(key, overlap, cosine, n, d, p, k, total)
 
 
 class _M:
@@ -93,6 +94,65 @@ def test_rules_of_the_family_hypothesis():
     assert fm.hypotheses([(a, _ev("a1", 0.8, 0.7)), (c, _ev("b1", 0.7, 0.7))], fam) == []
     # a complete value transform of the reference (a scale): no family
     assert fm.hypotheses([(a, _ev("a1", 0.8, 0.7))], fam, [{"signature": "constant scale"}]) == []
+
+
+def test_chance_is_the_hypergeometric_tail():
+    """chance(N, p, d, k) = P(X >= k), X ~ Hypergeometric(N, p, d), summed exactly here."""
+    from math import comb
+
+    for total, p, d, k in ((20, 1, 1, 1), (144, 7, 7, 7), (30, 6, 5, 3), (40, 10, 12, 6), (12, 3, 3, 1)):
+        exact = sum(comb(p, i) * comb(total - p, d - i) for i in range(k, min(p, d) + 1)) / comb(total, d)
+        got = fm.chance(total, p, d, k)
+        assert got == pytest.approx(exact, rel=1e-9) or (got == 1.0 and k <= p * d / total), (total, p, d, k)
+    assert fm.chance(20, 1, 1, 1) == pytest.approx(0.05) and fm.chance(50, 5, 5, 0) == 1.0
+
+
+def test_rules_of_the_support_paths():
+    a, c = _M("a1", "A"), _M("b1", "B")
+    fam = lambda m: m.fam  # noqa: E731
+    # three decisions differ out of 500 compared, exactly those the variant changes: the cosine of
+    # three elements is within the sign test's chance (3 / sqrt(3) > 1), the support is not
+    few = dict(n=3, d=3, p=3, k=3)
+    assert [h["family"] for h in fm.hypotheses([(a, _ev("a1", 1.0, 1.0, **few, total=500))], fam)] == ["A"]
+    # the same three out of six compared: chance (1 / 20) names nothing
+    assert fm.hypotheses([(a, _ev("a1", 1.0, 1.0, **few, total=6))], fam) == []
+    # the same elements with unrelated values (cosine 0.1): named on its support, the values said to differ
+    sup = dict(n=300, d=200, p=220, k=180, total=2000)
+    hs = fm.hypotheses([(a, _ev("a1", 1.0, 0.1, **sup)), (c, _ev("b1", 1.0, 0.1, d=200, p=900, k=90, total=2000))], fam)
+    assert [h["family"] for h in hs] == ["A"] and "same elements" in hs[0]["evidence"]
+    assert 0 < hs[0]["confidence"] <= fm.CONFIDENCE
+    # ... but not where another family's variant moves the same elements (support within MARGIN)
+    assert fm.hypotheses([(a, _ev("a1", 1.0, 0.1, **sup)), (c, _ev("b1", 1.0, 0.1, **sup))], fam) == []
+    # ... nor where the difference covers nearly every compared element (a scale, an offset)
+    assert fm.hypotheses([(a, _ev("a1", 1.0, 0.1, n=2000, d=1950, p=1950, k=1950, total=2000))], fam) == []
+    # the two paths naming different families: none
+    assert fm.hypotheses([(a, _ev("a1", 1.0, 0.1, **sup)), (c, _ev("b1", 0.9, 0.9, n=400))], fam) == []
+
+
+_SMALL_COSINE = re.compile(r"cosine (-?[0-9.]+) of the signed deviations over ([0-9]+) elements")
+
+
+def _new_path(h) -> bool:
+    """A family hypothesis only the support evidence gives: the same elements (values unrelated),
+    or the same direction over too few elements for the sign test alone."""
+    if "changes the same elements" in h["evidence"]:
+        return True
+    m = _SMALL_COSINE.search(h["evidence"])
+    return bool(m) and float(m.group(1)) < fm.SIGMAS / np.sqrt(int(m.group(2)))
+
+
+@pytest.mark.parametrize("key,fam", [("conv_tap_layout-tap_order", "conv"), ("rng_counter-position_minus1", "rng")])
+def test_leave_one_out_named_on_the_support(key, fam):
+    """Leave-one-out (docs/reports/diagnosis.md, section (a)) where the family is named through the
+    support: a conv tap layout whose siblings move the same outputs with unrelated values, an RNG
+    counter whose siblings change exactly the same few tokens. Named first on several FAILs, never
+    another family."""
+    m = next(x for x in mutants.MUTANTS if x.key == key)
+    failing = _fails(m, m.op, diagnose=Diagnoser(max_cases=10**9, catalog=_without(key)))
+    firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
+    assert all(h["family"] == fam for h in firsts if h.get("family")), [h.get("family") for h in firsts]
+    new = [h for h in firsts if h["kind"] == "family" and _new_path(h)]
+    assert len(new) >= 3, [h["evidence"] for h in firsts if h["kind"] == "family"]
 
 
 def test_evidence_of_a_variant_against_itself_and_its_opposite():
