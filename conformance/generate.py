@@ -42,10 +42,24 @@ def _check_case(spec: OpSpec, case: Case) -> None:
         raise GenerationError(f"{case.id}: mask for unknown output {min(set(case.masks) - names)!r}")
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def fresh_kwargs(case: Case) -> dict:
+    """The case's inputs and params for one reference call: arrays as read-only views (a reference
+    that wrote into an input would raise, never change the case for the next call), everything
+    else deep-copied. A full-width case holds gigabytes of weights: a deep copy per call (the
+    reference, the magnitudes, the baseline, every teacher-forced rerun) was most of its time."""
+    return {k: _readonly(v) if isinstance(v, np.ndarray) else copy.deepcopy(v) for k, v in case.kwargs().items()}
+
+
 def _reference(spec: OpSpec, case: Case) -> dict:
-    ref = dict(backend.call(spec.reference, **copy.deepcopy(case.kwargs())))
+    ref = dict(backend.call(spec.reference, **fresh_kwargs(case)))
     if spec.scales is not None:  # C2 v2: s of every represented output, .scale of decisions
-        for name, s in backend.call(spec.scales, copy.deepcopy(case.kwargs()), ref).items():
+        for name, s in backend.call(spec.scales, fresh_kwargs(case), ref).items():
             ref[name if "." in name else f"{name}.scale"] = s
     for o in spec.outputs:
         if o.name not in ref or (o.cls == DECISION and f"{o.name}.margin" not in ref):
@@ -73,12 +87,17 @@ def case_vector(spec: OpSpec, case: Case) -> vectors.Vector:
 def case_tensors(spec: OpSpec, case: Case) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(tensors, header metadata) of one case's vector."""
     _check_case(spec, case)
+    with backend.reuse_inputs():  # one transfer of each input to the device for every call below
+        return _case_tensors(spec, case)
+
+
+def _case_tensors(spec: OpSpec, case: Case) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     ref = _reference(spec, case)
-    base = run_baseline(spec, copy.deepcopy(case.kwargs()))
+    base = run_baseline(spec, fresh_kwargs(case))
     outputs = {o.name: o for o in spec.outputs}
     masks = full_masks(outputs, ref, case.masks)
     try:
-        bnd = bounds.derive(outputs, ref, base, masks, spec.force, lambda: copy.deepcopy(case.kwargs()),
+        bnd = bounds.derive(outputs, ref, base, masks, spec.force, lambda: fresh_kwargs(case),
                             spec.independent, spec.envelope, spec.decision_k)
     except bounds.BoundError as exc:
         raise GenerationError(f"{case.id}: {exc}") from None

@@ -133,6 +133,58 @@ def test_the_stand_in_catches_a_host_array():
             np.concatenate([backend.xp.zeros(1), backend.xp.zeros(1)])
 
 
+def test_reuse_inputs_moves_an_input_once_and_hands_out_copies():
+    """Inside reuse_inputs the same host array goes to the device once; every call gets its own copy,
+    so a call writing into its input changes nothing the next call sees. Outside, every call moves it."""
+    moves = []
+
+    class Counting(_Fake):
+        def __getattr__(self, name):
+            fn = super().__getattr__(name)
+            if name == "asarray":
+                def counted(*a, **k):
+                    moves.append(name)
+                    return fn(*a, **k)
+                return counted
+            return fn
+
+    dev = Counting("counting")
+
+    @backend.portable
+    def scribble(x):
+        y = x * 1.0
+        x[...] = -1.0  # a reference that wrote into its input
+        return {"y": y}
+
+    x = np.arange(4.0)
+    with backend.use(dev), backend.reuse_inputs():
+        first = backend.call(scribble, x)["y"]
+        second = backend.call(scribble, x)["y"]
+    assert len(moves) == 1
+    np.testing.assert_array_equal(first, np.arange(4.0))
+    np.testing.assert_array_equal(second, np.arange(4.0))  # the first call's write did not reach it
+    np.testing.assert_array_equal(x, np.arange(4.0))  # nor the host array
+    with backend.use(dev):
+        backend.call(scribble, x)
+        backend.call(scribble, x)
+    assert len(moves) == 3
+
+
+def test_reference_inputs_are_read_only_views():
+    """generate.fresh_kwargs hands the reference read-only views of the case's arrays (no copy of a
+    full-width case's weights per call): a reference writing into one raises instead of changing the
+    case; params stay independent copies."""
+    spec = registry.ops()["context_kv"]
+    case = next(iter(generate.cases_of(spec)))
+    kw = generate.fresh_kwargs(case)
+    arrays = [k for k, v in kw.items() if isinstance(v, np.ndarray)]
+    assert arrays
+    for k in arrays:
+        assert not kw[k].flags.writeable and np.shares_memory(kw[k], case.inputs[k])
+        with pytest.raises(ValueError):
+            kw[k].flat[0] = 0
+
+
 def test_outside_call_xp_is_numpy_and_results_come_back_as_numpy():
     with backend.use(fake):
         assert backend.module() is np  # the harness around call never meets a device array
