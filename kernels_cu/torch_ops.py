@@ -176,6 +176,11 @@ def _(q, k, v, k_cache, v_cache, frontier, live, window):
 # --- masked_block / draft_layer ----------------------------------------------------------------------------------
 
 
+# a draft layer's weight arguments, in the order the ops take them (the conv ones None for DFlash)
+LAYER_WEIGHTS = ("input_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo", "post_norm", "w_gate", "w_up", "w_down",
+                 "attn_conv_base", "mlp_conv_base", "attn_conv_proj", "mlp_conv_proj")
+
+
 @torch.library.custom_op(f"{NAMESPACE}::masked_block", mutates_args=(), device_types="cuda")
 def masked_block(anchor: torch.Tensor, embed: torch.Tensor, frontier: torch.Tensor, live: torch.Tensor,
                  context_k: torch.Tensor, context_v: torch.Tensor, final_norm: torch.Tensor,
@@ -185,10 +190,8 @@ def masked_block(anchor: torch.Tensor, embed: torch.Tensor, frontier: torch.Tens
                  mlp_conv_base: Optional[torch.Tensor], attn_conv_proj: Optional[torch.Tensor],
                  mlp_conv_proj: Optional[torch.Tensor], mask_token_id: int, windows: list[int], eps: float,
                  theta: float, head_dim: int, variant: str, num_drafts: int) -> torch.Tensor:
-    w = _weights({"input_norm": input_norm, "wq": wq, "wk": wk, "wv": wv, "q_norm": q_norm, "k_norm": k_norm,
-                  "wo": wo, "post_norm": post_norm, "w_gate": w_gate, "w_up": w_up, "w_down": w_down,
-                  "attn_conv_base": attn_conv_base, "mlp_conv_base": mlp_conv_base, "attn_conv_proj": attn_conv_proj,
-                  "mlp_conv_proj": mlp_conv_proj})
+    args = locals()
+    w = _weights({k: args[k] for k in LAYER_WEIGHTS})
     with _on_stream(anchor):
         out = backend().masked_block(anchor=_dl(anchor), embed=_held(embed), frontier=_dl(frontier), live=_dl(live),
                                      context_k=_held(context_k), context_v=_held(context_v),
@@ -215,10 +218,8 @@ def draft_layer(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, f
                 attn_conv_base: Optional[torch.Tensor], mlp_conv_base: Optional[torch.Tensor],
                 attn_conv_proj: Optional[torch.Tensor], mlp_conv_proj: Optional[torch.Tensor], eps: float,
                 theta: float, head_dim: int, window: int, variant: str) -> torch.Tensor:
-    w = _weights({"input_norm": input_norm, "wq": wq, "wk": wk, "wv": wv, "q_norm": q_norm, "k_norm": k_norm,
-                  "wo": wo, "post_norm": post_norm, "w_gate": w_gate, "w_up": w_up, "w_down": w_down,
-                  "attn_conv_base": attn_conv_base, "mlp_conv_base": mlp_conv_base, "attn_conv_proj": attn_conv_proj,
-                  "mlp_conv_proj": mlp_conv_proj})
+    args = locals()
+    w = _weights({k: args[k] for k in LAYER_WEIGHTS})
     with _on_stream(x):
         out = backend().draft_layer(x=_dl(x), k_cache=_held(k_cache), v_cache=_held(v_cache), frontier=_dl(frontier),
                                     live=_dl(live), eps=float(eps), theta=float(theta), head_dim=int(head_dim),
