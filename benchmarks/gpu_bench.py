@@ -936,17 +936,19 @@ BENCHES.update(feature_capture=bench_feature_capture, grouped_conv=bench_grouped
                candidate_selector=bench_candidate_selector, op_plans=bench_op_plans)
 
 
-def bench_geometry(jobs: int, limit: float) -> dict:
+def bench_geometry(jobs: int, limit: float, impl: str = "kernels_cu.fast:FastCudaBackend",
+                   extra: tuple[str, ...] = ("--reference-backend", "cupy")) -> dict:
     """Both official geometries through ``dflash-conformance geometry`` with the fast mode and the CuPy
-    float64 reference (``--reference-backend cupy``), in a subprocess: wall seconds and verdict counts."""
+    float64 reference (``--reference-backend cupy``), in a subprocess: wall seconds and verdict counts.
+    A run cut short or without a complete report says so (``complete`` False), never reads as a pass."""
     import os
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         report_path = os.path.join(tmp, "geometry.json")
-        cmd = [sys.executable, "-m", "conformance.cli", "geometry", "--impl", "kernels_cu.fast:FastCudaBackend",
-               "--reference-backend", "cupy", "--jobs", str(jobs), "--json", report_path]
+        cmd = [sys.executable, "-m", "conformance.cli", "geometry", "--impl", impl, *extra, "--jobs", str(jobs),
+               "--json", report_path]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
