@@ -936,39 +936,6 @@ BENCHES.update(feature_capture=bench_feature_capture, grouped_conv=bench_grouped
                candidate_selector=bench_candidate_selector, op_plans=bench_op_plans)
 
 
-def bench_geometry(jobs: int, limit: float, impl: str = "kernels_cu.fast:FastCudaBackend",
-                   extra: tuple[str, ...] = ("--reference-backend", "cupy")) -> dict:
-    """Both official geometries through ``dflash-conformance geometry`` with the fast mode and the CuPy
-    float64 reference (``--reference-backend cupy``), in a subprocess: wall seconds and verdict counts.
-    A run cut short or without a complete report says so (``complete`` False), never reads as a pass."""
-    import os
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        report_path = os.path.join(tmp, "geometry.json")
-        cmd = [sys.executable, "-m", "conformance.cli", "geometry", "--impl", impl, *extra, "--jobs", str(jobs),
-               "--json", report_path]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
-            rc, tail = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()[-1:]
-        except subprocess.TimeoutExpired:
-            rc, tail = None, [f"stopped after {limit:.0f} s"]
-        seconds = time.perf_counter() - t0
-        counts, complete = {}, False
-        if os.path.exists(report_path):
-            with open(report_path) as f:
-                rep = json.load(f)
-            complete = bool(rep.get("complete"))
-            for case in rep.get("results", []):
-                counts[case["result"]] = counts.get(case["result"], 0) + 1
-    out = {"command": " ".join(["dflash-conformance", *cmd[3:-2]]), "seconds": seconds, "exit_status": rc,
-           "complete": complete, "verdicts": counts, "last_line": tail[0] if tail else ""}
-    print(json.dumps({"geometry": out}), flush=True)
-    return out
-
-
 def row(op, shape, exact_ms, fast_ms, torch_ms, floor_ms):
     r = {"op": op, "shape": shape, "exact_ms": exact_ms, "fast_ms": fast_ms, "torch_ms": torch_ms,
          "floor_ms": floor_ms}
@@ -1032,7 +999,10 @@ def main(argv=None) -> int:
         fast.resident.clear()
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
-        geo = bench_geometry(args.geometry_jobs, limit=900)
+        from conformance.geometry_jobs import timed_run
+
+        geo = timed_run(args.geometry_jobs, limit=900)
+        print(json.dumps({"geometry": geo}), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "ceilings": ceil, "rows": rows, "geometry": geo,

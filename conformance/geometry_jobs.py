@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -125,3 +126,30 @@ def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced
                            f"({len(got)} case(s) reported); its last line: {last[:200]}"))
     return results, name, env
 
+
+def timed_run(jobs: int, limit: float, impl: str = "kernels_cu.fast:FastCudaBackend",
+              extra: tuple[str, ...] = ("--reference-backend", "cupy")) -> dict:
+    """The full-geometry run as a user runs it (``dflash-conformance geometry`` in a subprocess; by
+    default both geometries, the fast mode, the CuPy float64 reference): wall seconds from start to
+    report and the verdict counts (``benchmarks/gpu_bench.py --geometry``). A run cut short or
+    without a complete report says so (``complete`` False), never reads as a pass."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = os.path.join(tmp, "geometry.json")
+        cmd = [sys.executable, "-m", "conformance.cli", "geometry", "--impl", impl, *extra, "--jobs", str(jobs),
+               "--json", report_path]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+            rc, tail = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()[-1:]
+        except subprocess.TimeoutExpired:
+            rc, tail = None, [f"stopped after {limit:.0f} s"]
+        seconds = time.perf_counter() - t0
+        counts, complete = {}, False
+        if os.path.exists(report_path):
+            with open(report_path) as f:
+                rep = json.load(f)
+            complete = bool(rep.get("complete"))
+            for case in rep.get("results", []):
+                counts[case["result"]] = counts.get(case["result"], 0) + 1
+    return {"command": " ".join(["dflash-conformance", *cmd[3:-2]]), "seconds": seconds, "exit_status": rc,
+            "complete": complete, "verdicts": counts, "last_line": tail[0] if tail else ""}
