@@ -19,7 +19,9 @@ confidence: the matches; where nothing matches, the nearest mutants that explain
 difference (worded as "closest", never as a match); where neither, a family whose variants change
 the same region in the same direction (``diagnosis.family``, worded as "a bug of the family",
 never as a pitfall); structural signatures of the difference
-(``diagnosis.structure``, never worded as a catalogued pitfall); and, once the run is over
+(``diagnosis.structure``, never worded as a catalogued pitfall), each preceded by its family where the
+signature is on its own that family's mechanism (``diagnosis.mechanism``: a window edge moved by one,
+the uniforms' position off by one, a proposal column read from its neighbour); and, once the run is over
 (``finalize``), the case flags over-represented among the Op's failing cases
 (``diagnosis.symptoms``). "None" is an honest answer: no hypothesis is made without evidence.
 
@@ -42,7 +44,7 @@ from conformance.compare import Result
 from conformance.diagnosis import explain as ex
 from conformance.diagnosis import match as mt
 from conformance.diagnosis import family as fm
-from conformance.diagnosis import picture, structure, symptoms
+from conformance.diagnosis import mechanism, picture, structure, symptoms
 from conformance.registry import REPRESENTED
 
 MAX_CASES = 200
@@ -262,7 +264,11 @@ class Diagnoser:
                 shapes = structure.signatures(vec, spec, impl, maps, diff)
             except Exception:  # noqa: BLE001 - a signature search that breaks adds nothing
                 pass
-        if not found and not near and rest:  # a sibling bug: the family's mechanism (diagnosis.family)
+        # a signature that is on its own a family's mechanism names that family (diagnosis.mechanism); it
+        # describes the whole difference, so it goes before the variants' weaker evidence, which then stays out
+        shapes = mechanism.readings(vec, impl, shapes)
+        read = any(h.get("kind") == "family" for h in shapes)
+        if not found and not near and rest and not read:  # a sibling bug: the family's mechanism (diagnosis.family)
             signed = fm.signed(vec, maps, impl, sref)
             masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)
             ev = [(m, fm.evidence(vec, signed, diff, m.key, self._with_scales(vec, spec, m, self.mutant_outputs(vec, m)),

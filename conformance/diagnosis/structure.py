@@ -2,7 +2,9 @@
 
 Each is a shape of the error an engineer reads first: a permutation of heads, rows, taps or layers
 along an axis; a shift by one along an axis; a mirrored order; a constant scale; only the last
-element, or only the boundary, of an axis differing; the whole output as the reference's with one
+element, or only the boundary, of an axis differing; draft_attention's query heads reading other KV
+heads than h // G (a head map), or its rows seeing other block extents than live (a row extent); values
+off the format they must follow (V not a BF16 value); the whole output as the reference's with one
 input off by one (a position, a window, a start: where the Op draws uniforms, an RNG counter
 field). None of them names a catalogued pitfall: a signature is what the error looks like, not
 which bug made it. Each comes with its evidence; nothing is returned without it.
@@ -24,6 +26,7 @@ MAX_AXIS = 64  # permutations are searched along axes up to this size
 # integer inputs whose off-by-one is a classic: positions and counters, window bounds, starts
 OFFSET_FIELDS = ("frontier", "start", "window", "position", "positions")
 RNG_INPUTS = ("seed",)
+OFF_FORMAT = 0.9  # of the differing elements off the values' format: a skipped rounding
 
 
 def _close(o, bound, x, r, mask, scale) -> np.ndarray:
@@ -42,6 +45,7 @@ def _axis_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
     if o.cls == REPRESENTED:
         with np.errstate(all="ignore"):
             found += _value_signatures(name, o, bound, x, r, mask, scale)
+            found += _format_signature(name, o, x, mask, diff)
     found += _index_signatures(name, o, bound, x, r, mask, scale, diff)
     return found
 
@@ -56,7 +60,8 @@ def _value_signatures(name, o, bound, x, r, mask, scale) -> list[dict]:
     if rr > 0:
         c = float(np.sum(np.where(ok, x64 * r64, 0.0))) / rr
         if abs(c - 1.0) > 1e-3 and np.isfinite(c) and _close(o, bound, x64, c * r64, mask, scale).all():
-            found.append({"signature": "constant scale", "text": f"{name} is the reference times {c:.6g}",
+            found.append({"signature": "constant scale", "output": name, "factor": c,
+                          "text": f"{name} is the reference times {c:.6g}",
                           "evidence": f"every compared element of {name} within the allowance of {c:.6g} x "
                                       "the reference", "confidence": 0.8})
     c = float(np.mean((x64 - r64)[ok]))
@@ -65,6 +70,27 @@ def _value_signatures(name, o, bound, x, r, mask, scale) -> list[dict]:
                       "evidence": f"every compared element of {name} within the allowance of the reference "
                                   f"+ {c:.6g}", "confidence": 0.8})
     return found
+
+
+def _format_signature(name, o, x, mask, diff) -> list[dict]:
+    """Most differing elements (``OFF_FORMAT``) hold values outside the format the output's values must
+    follow (V a BF16 value stored as FP16): a rounding to that format skipped."""
+    if o.cls != REPRESENTED or o.value_fmt == o.fmt:
+        return []
+    from reference import numerics
+
+    x64 = np.asarray(x).astype(np.float64)
+    fin = np.isfinite(x64)
+    held = np.where(fin, numerics.storage(np.where(fin, x64, 0.0), o.value_fmt).astype(np.float64), x64)
+    off = fin & (held != x64) & mask
+    d = int((diff & mask).sum())
+    k = int((off & diff).sum())
+    if d == 0 or k < OFF_FORMAT * d:
+        return []
+    return [{"signature": "off format", "output": name, "format": o.value_fmt,
+             "text": f"{name} holds values that are not {o.value_fmt} values",
+             "evidence": f"{k} of the {d} differing elements of {name} are off the {o.value_fmt} grid its values "
+                         f"must lie on", "confidence": 0.8}]
 
 
 def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
@@ -104,7 +130,8 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
             idx = range(1, n) if step == 1 else range(n - 1)
             changed = [i for i in idx if where[i]]
             if changed and all(same(i, i - step) for i in idx):
-                found.append({"signature": "shift by one", "text": f"{lab} shifted by {step:+d} (index i holds the "
+                found.append({"signature": "shift by one", "output": name, "axis": a, "step": step,
+                              "text": f"{lab} shifted by {step:+d} (index i holds the "
                               f"reference's i {'-' if step == 1 else '+'} 1)",
                               "evidence": f"{len(changed)} differing indices of axis {a}, each equal within the "
                                           "allowance to its neighbour in the reference", "confidence": 0.7})
@@ -119,7 +146,9 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
                 perm.append(i if i in js else js[0])
             if perm is not None and perm != list(range(n)) and len(set(perm)) == n:
                 moved = [f"{i}<-{j}" for i, j in enumerate(perm) if i != j]
-                found.append({"signature": "permutation", "text": f"{lab} permuted: {', '.join(moved[:8])}"
+                # a cyclic rotation (index i holds the reference's i - s, wrapping): s, else None
+                rot = next((s for s in (1, -1) if all(j == (i - s) % n for i, j in enumerate(perm))), None)
+                found.append({"signature": "permutation", "output": name, "axis": a, "rotation": rot, "text": f"{lab} permuted: {', '.join(moved[:8])}"
                               + (" ..." if len(moved) > 8 else ""),
                               "evidence": f"each index of axis {a} equals (within the allowance) another index of "
                                           "the reference, a one-to-one map", "confidence": 0.8})
@@ -155,11 +184,95 @@ def _offset_signatures(vec, spec, impl: Mapping) -> list[dict]:
                 continue
             if verdict.result in (Result.PASS, Result.ACCEPTABLE):
                 what = "a position / RNG counter field" if rng and field != "window" else "an input"
-                found.append({"signature": "input off by one",
+                found.append({"signature": "input off by one", "field": field, "step": step,
                               "text": f"the reference's output with `{field}` {step:+d} ({what})",
                               "evidence": f"the implementation is {verdict.result.name} against the reference "
                                           f"rerun with {field} {step:+d}", "confidence": 0.85})
     return found
+
+
+def _head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """draft_attention's query heads each equal, within the allowance, the attention over one KV head
+    other than the spec's h // G for some h: the heads read through another map. One reference run per
+    KV head, with every KV head of the block and the caches replaced by that one."""
+    if spec is None or vec.op != "draft_attention" or "out" not in impl:
+        return []
+    kw0 = fresh(vec)
+    hq, hk = np.shape(kw0["q"])[2], np.shape(kw0["k"])[2]
+    x = np.asarray(impl["out"])
+    if hk < 2 or hq % hk or x.shape != np.shape(vec.expected["out"]):
+        return []
+    o = vec.outputs["out"]
+    mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)["out"]
+    ok = np.zeros((hq, hk), bool)  # ok[h, j]: query head h reads KV head j
+    for j in range(hk):
+        kw = fresh(vec)
+        for name in ("k", "v", "k_cache", "v_cache"):
+            a = np.asarray(kw[name])
+            kw[name] = np.ascontiguousarray(np.repeat(a[:, :, j:j + 1], hk, axis=2))
+        try:
+            with np.errstate(all="ignore"):
+                ref = dict(spec.reference(**kw))
+                sc = spec.scales(kw, ref).get("out") if spec.scales is not None else None
+        except Exception:  # noqa: BLE001, S112 - inputs the reference refuses: no signature
+            return []
+        e = error_map(o, vec.bounds.get("out", {}), x, ref["out"], mask, sc)
+        ok[:, j] = (e <= 2.0).reshape(-1, hq, x.shape[-1]).transpose(1, 0, 2).reshape(hq, -1).all(axis=1)
+    spec_map = np.arange(hq) // (hq // hk)
+    if not ok.any(axis=1).all() or ok[np.arange(hq), spec_map].all():
+        return []
+    got = [int(spec_map[h]) if ok[h, spec_map[h]] else int(np.argmax(ok[h])) for h in range(hq)]
+    moved = [f"{h}->{j}" for h, j in enumerate(got) if j != spec_map[h]]
+    return [{"signature": "head map", "output": "out", "map": got,
+             "text": f"query heads read other KV heads: {', '.join(moved[:8])}" + (" ..." if len(moved) > 8 else ""),
+             "evidence": f"each query head's output equals (within the allowance) the attention over one KV head; "
+                         f"{len(moved)} of {hq} are not h // {hq // hk}", "confidence": 0.8}]
+
+
+def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """draft_attention's query rows each equal, within the allowance, the reference with the block's live
+    extent set to some L: which block keys each row sees. Said when every compared row is explained and
+    some row sees another extent than ``live``: ``causal`` when each row i sees the first i + 1 keys,
+    ``beyond live`` when the rows see keys past the live extent. One reference run per L in 1..W."""
+    if spec is None or vec.op != "draft_attention" or "out" not in impl:
+        return []
+    kw0 = fresh(vec)
+    live = np.asarray(kw0["live"]).astype(np.int64).reshape(-1)
+    x = np.asarray(impl["out"])
+    if x.ndim != 4 or x.shape != np.shape(vec.expected["out"]) or live.size != x.shape[0]:
+        return []
+    b, w = x.shape[:2]
+    o = vec.outputs["out"]
+    mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)["out"]
+    rows = mask.reshape(b, w, -1).any(axis=2)  # the compared rows
+    ok = np.zeros((w + 1, b, w), bool)  # ok[L, b, i]: row (b, i) is the reference's with live L
+    for n in range(1, w + 1):
+        kw = fresh(vec)
+        kw["live"] = np.full_like(np.asarray(kw["live"]), n)
+        try:
+            with np.errstate(all="ignore"):
+                ref = dict(spec.reference(**kw))
+                sc = spec.scales(kw, ref).get("out") if spec.scales is not None else None
+        except Exception:  # noqa: BLE001, S112 - an extent the reference refuses: not this one
+            continue
+        e = error_map(o, vec.bounds.get("out", {}), x, ref["out"], mask, sc)
+        ok[n] = (e <= 2.0).reshape(b, w, -1).all(axis=2)
+    idx = np.arange(w)
+    own = ok[np.clip(live, 0, w)[:, None], np.arange(b)[:, None], idx[None, :]]  # the spec's extent
+    if not (ok.any(axis=0) | ~rows)[rows].all() or own[rows].all():
+        return []
+    causal = np.minimum(live[:, None], idx[None, :] + 1)
+    if ok[causal, np.arange(b)[:, None], idx[None, :]][rows].all():
+        kind, what = "causal", "each query row i sees only the block's first i + 1 keys (a causal mask)"
+    elif (((np.arange(w + 1)[:, None, None] > live[None, :, None]) & ok).any(axis=0) | own)[rows].all():
+        kind, what = "beyond live", "rows see block keys past the live extent"
+    else:
+        kind, what = "other", "rows see other block extents than live"
+    return [{"signature": "row extent", "extent": kind, "output": "out",
+             "text": f"out: {what}",
+             "evidence": f"each compared row equals (within the allowance) the reference with the live extent set to "
+                         f"some L of 1..{w}; {int((~own & rows).sum())} of {int(rows.sum())} rows not at L = live",
+             "confidence": 0.8}]
 
 
 def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[dict]:
@@ -168,6 +281,11 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = _offset_signatures(vec, spec, impl)
+    for probe in (_head_map_signature, _row_extent_signature):
+        try:
+            found += probe(vec, spec, impl)
+        except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature
+            continue
     for name, o in vec.outputs.items():
         if not diff[name].any():
             continue

@@ -1,0 +1,114 @@
+"""Family readings: structural signatures that are, on their own, a family's mechanism.
+
+A structural signature (``structure``) says what the error looks like and names no pitfall. A
+few signatures, on a given Op, can only come from one catalogued mechanism, whatever its
+details, so they name that family without any variant of the catalog having to reproduce the
+bug (an engine's bug is rarely one of the written variants):
+
+- ``window``: on the attention Ops, the implementation conforms to the reference rerun with
+  ``window`` one larger or smaller (the window's edge moved, in the mask or in the ring's
+  extent); on draft_attention, rerun with ``frontier`` off by one (the ring read one slot off:
+  every key's position and slot move together).
+- ``rng``: on the Ops that draw C3 uniforms from the position (speculative_accept, tree_verify),
+  the reference rerun with ``frontier`` off by one: the draws' position counter is off by one.
+- ``next_token_shift``: proposal_head's ``tokens`` moved one column along the proposal axis (a
+  shift, or the same rotation with wrap-around): column i read from the logits of column i +- 1.
+- ``gqa_head_mapping``: draft_attention's query heads each the attention over one KV head, some
+  of them not the spec's h // G (``structure``'s head map).
+- ``window`` again: draft_attention's rows each see the block's first i + 1 keys (a causal mask,
+  ``structure``'s row extent); ``extent``: its rows see block keys past the live extent.
+- ``rounding`` again: most differing elements hold values off the format the output's values must
+  follow (V stored as FP16 without its BF16 rounding: ``structure``'s off format).
+- ``norm``: feature_capture's output is the reference times sqrt(n) or 1 / sqrt(n), n the
+  normalised width (within 1 %): the RMS taken as a root of the sum instead of the mean, or the
+  mean's divisor applied twice.
+- ``rounding``: a represented output uniformly shrunk by less than 2^-7 (one BF16 unit of
+  relative precision), with at least ``TOWARD_ZERO`` (90 %) of its differing elements smaller in
+  magnitude than the reference's: the bias of truncation toward zero at a store, which
+  round-to-nearest does not have. A shrink of 2^-7 or more, any growth, or a shrink with elements
+  moved both ways (a changed norm's input shrinks its output on average, not element by element)
+  is read as a constant scale and names nothing.
+
+Each reading keeps the signature's confidence and evidence and is placed just before it. The
+readings were chosen from what each mechanism does to the output, not fitted to the catalog;
+docs/reports/diagnosis.md counts how many FAILs each names and tests/diagnosis checks that no
+legitimate variant and no bug outside the families is read as one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ATTENTION_OPS = ("draft_attention", "draft_layer", "masked_block")
+UNIFORM_OPS = ("speculative_accept", "tree_verify")
+NORM_TOLERANCE = 0.01
+TRUNCATION = 2.0 ** -7
+TOWARD_ZERO = 0.9
+
+
+def _family(shape: dict, fam: str, why: str) -> dict:
+    return {"kind": "family", "family": fam, "reading": shape["signature"],
+            "text": f"a bug of the `{fam}` family (docs/pitfalls.md): {why}",
+            "evidence": f"{shape['text']}: {shape['evidence']}", "confidence": shape["confidence"]}
+
+
+def _toward_zero(x, r) -> float:
+    """The fraction of the differing finite elements of x smaller in magnitude than r's."""
+    with np.errstate(all="ignore"):
+        x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
+        if x.shape != r.shape:
+            return 0.0
+        ok = np.isfinite(x) & np.isfinite(r) & (x != r)
+        return float((np.abs(x[ok]) < np.abs(r[ok])).mean()) if ok.any() else 0.0
+
+
+def _reading(op: str, vec, impl, s: dict) -> dict | None:
+    sig = s.get("signature")
+    if sig == "input off by one":
+        field, step = s.get("field"), s.get("step")
+        if field == "window" and op in ATTENTION_OPS:
+            return _family(s, "window", f"the window's edge one key {'wider' if step > 0 else 'narrower'}")
+        if field == "frontier" and op == "draft_attention":
+            return _family(s, "window", "the context ring read one slot off (every key's position moved by "
+                                        f"{step:+d})")
+        if field == "frontier" and op in UNIFORM_OPS:
+            return _family(s, "rng", f"the uniforms drawn at position {step:+d} (C3's position counter)")
+        return None
+    if sig == "row extent" and s.get("extent") == "causal":
+        return _family(s, "window", "a causal mask over the block's keys")
+    if sig == "row extent" and s.get("extent") == "beyond live":
+        return _family(s, "extent", "rows attend to block keys past the live extent")
+    if sig == "off format":
+        return _family(s, "rounding", f"the rounding to {s.get('format')} skipped before the store")
+    if sig == "head map":
+        return _family(s, "gqa_head_mapping", "query heads mapped to KV heads another way than h // G")
+    if op == "proposal_head" and s.get("output") == "tokens" and s.get("axis") == 1 and (
+            sig == "shift by one" or (sig == "permutation" and s.get("rotation") is not None)):
+        return _family(s, "next_token_shift", "each proposal column holds its neighbour's token")
+    if sig == "constant scale" and "factor" in s:
+        c = float(s["factor"])
+        if op == "feature_capture":
+            n = int(np.shape(vec.expected[s["output"]])[-1]) if s.get("output") in vec.expected else 0
+            if n > 1 and any(abs(c * f - 1.0) <= NORM_TOLERANCE for f in (math.sqrt(n), 1.0 / math.sqrt(n))):
+                return _family(s, "norm", f"the output off by sqrt({n})^{'-1' if c < 1 else '1'}, the normalised "
+                                          "width: a sum where the RMS takes the mean")
+        out = s.get("output")
+        if 1.0 - TRUNCATION < c < 1.0 and out in impl and out in vec.expected \
+                and _toward_zero(impl[out], vec.expected[out]) >= TOWARD_ZERO:
+            return _family(s, "rounding", f"every element shrunk by {1.0 - c:.2g} (< 2^-7): truncation toward zero "
+                                          "at a store")
+    return None
+
+
+def readings(vec, impl, shapes: list[dict]) -> list[dict]:
+    """``shapes`` (signatures of the implementation's outputs ``impl``) with each signature that reads as a family preceded by that family hypothesis."""
+    out, named = [], set()
+    for s in shapes:
+        h = _reading(vec.op, vec, impl, s)
+        if h is not None and h["family"] not in named:
+            named.add(h["family"])
+            out.append(h)
+        out.append(s)
+    return out

@@ -1,0 +1,151 @@
+"""Family readings (conformance/diagnosis/mechanism.py): a structural signature that is on its own a
+family's mechanism names that family, with every variant of the family removed from the catalog; a
+signature that is not (a 2 % scale, a shrink that moves elements both ways, a width that is not the
+norm's) names none."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conformance import mutants
+from conformance.compare import Result
+from conformance.controls.engine import Engine
+from conformance.diagnose import Diagnoser, family, hypotheses, summary
+from conformance.diagnosis import mechanism
+from conformance.runner import run_suite
+from reference import numerics
+
+VECTORS = Path(__file__).parents[2] / "vectors"
+
+
+# --- the rules, on hand-made signatures ------------------------------------------------------------
+
+
+def _vec(op, **expected):
+    return SimpleNamespace(op=op, expected={k: np.asarray(v) for k, v in expected.items()})
+
+
+def _read(op, sig, impl=None, **expected):
+    shape = {"text": "t", "evidence": "e", "confidence": 0.8, **sig}
+    hs = mechanism.readings(_vec(op, **expected), impl or {}, [shape])
+    return hs[0]["family"] if hs[0].get("kind") == "family" else None
+
+
+def test_an_edge_moved_by_one_is_the_window_on_attention_ops_only():
+    sig = {"signature": "input off by one", "field": "window", "step": 1}
+    assert _read("draft_layer", sig) == "window"
+    assert _read("target_distribution", sig) is None
+    front = {"signature": "input off by one", "field": "frontier", "step": -1}
+    assert _read("draft_attention", front) == "window"  # the ring read one slot off
+    assert _read("speculative_accept", front) == "rng"  # the uniforms' position counter
+    assert _read("masked_block", front) is None  # positions, the anchor and the ring all move there
+
+
+def test_a_scale_is_a_family_only_where_it_is_the_mechanism():
+    x = np.array([[1.0, 2.0, -4.0, 8.0]])
+    # 1/8 on a 64-wide norm output: sqrt(64); the same factor on a 100-wide one is not sqrt(100)
+    assert _read("feature_capture", {"signature": "constant scale", "output": "h", "factor": 0.125},
+                 h=np.zeros((2, 64))) == "norm"
+    assert _read("feature_capture", {"signature": "constant scale", "output": "h", "factor": 0.125},
+                 h=np.zeros((2, 100))) is None
+    # every differing element shrunk toward zero by < 2^-7: truncation; a 2 % growth: no family
+    shrunk = {"out": x * (1 - 2.0 ** -9)}
+    assert _read("draft_attention", {"signature": "constant scale", "output": "out", "factor": 1 - 2.0 ** -9},
+                 shrunk, out=x) == "rounding"
+    assert _read("draft_attention", {"signature": "constant scale", "output": "out", "factor": 1.02},
+                 {"out": x * 1.02}, out=x) is None
+    # the same average shrink with elements moved both ways is not a rounding toward zero
+    mixed = {"out": x * np.array([1 - 2.0 ** -6, 1 + 2.0 ** -7, 1 - 2.0 ** -6, 1 + 2.0 ** -7])}
+    assert _read("draft_attention", {"signature": "constant scale", "output": "out", "factor": 1 - 2.0 ** -9},
+                 mixed, out=x) is None
+    # a shrink of 2^-7 or more is a scale, not a rounding
+    assert _read("draft_attention", {"signature": "constant scale", "output": "out", "factor": 0.99},
+                 {"out": x * 0.99}, out=x) is None
+
+
+def test_a_column_rotation_is_the_next_token_shift_a_shuffle_is_not():
+    rot = {"signature": "permutation", "output": "tokens", "axis": 1, "rotation": 1}
+    assert _read("proposal_head", rot) == "next_token_shift"
+    assert _read("proposal_head", {**rot, "rotation": None}) is None
+    assert _read("proposal_head", {**rot, "axis": 0}) is None  # batch rows exchanged
+
+
+def test_each_family_is_read_once_before_its_signature():
+    shapes = [{"signature": "input off by one", "field": "window", "step": s, "text": "t", "evidence": "e",
+               "confidence": 0.85} for s in (1, -1)]
+    hs = mechanism.readings(_vec("draft_attention"), {}, shapes)
+    assert len(hs) == 3 and hs[0]["kind"] == "family" and hs[0]["family"] == "window"
+    assert hs[1] is shapes[0] and hs[2] is shapes[1]
+
+
+# --- engines with a family's bug, diagnosed by a catalog without that family ----------------------
+
+
+class RepeatHeads(Engine):
+    """GQA as x.repeat(1, G) maps it: query head h reads KV head h % Hk (the spec: h // G)."""
+
+    def draft_attention(self, q, k, v, k_cache, v_cache, frontier, live, window):
+        hq, hk = np.shape(q)[2], np.shape(k)[2]
+        out = None
+        for j in range(hk):
+            one = {n: np.repeat(np.asarray(a)[:, :, j:j + 1], hk, axis=2)
+                   for n, a in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache))}
+            o = self._attend(q, frontier=frontier, live=live, window=window, **one)
+            out = np.zeros_like(o) if out is None else out
+            heads = [h for h in range(hq) if h % hk == j]
+            out[:, :, heads] = o[:, :, heads]
+        return {"out": numerics.storage(out, "bf16")}
+
+
+class CausalBlock(Engine):
+    """A causal mask over the block: query column i attends to block keys j <= i only."""
+
+    def draft_attention(self, q, k, v, k_cache, v_cache, frontier, live, window):
+        live = np.asarray(live)
+        w = np.shape(q)[1]
+        cols = [self._attend(q, k, v, k_cache, v_cache, frontier, np.minimum(live, i + 1).astype(live.dtype),
+                             window)[:, i] for i in range(w)]
+        return {"out": numerics.storage(np.stack(cols, axis=1), "bf16")}
+
+
+class TruncatedStore(Engine):
+    """The attention output stored to BF16 by dropping the low 16 bits (toward zero)."""
+
+    def draft_attention(self, **kw):
+        bits = np.asarray(self._attend(**kw), np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+        return {"out": bits.view(np.float32).astype(np.float64)}
+
+
+class RolledProposals(Engine):
+    """proposal_head's tokens rolled one column (torch.roll(tokens, 1, dims=1))."""
+
+    def proposal_head(self, **kw):
+        t = super().proposal_head(**kw)["tokens"]
+        return {"tokens": np.roll(t, 1, axis=1)}
+
+
+@pytest.mark.parametrize("impl,op,fam", [
+    (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
+    (CausalBlock(), "draft_attention", "window"),
+    (TruncatedStore(), "draft_attention", "rounding"),
+    (RolledProposals(), "proposal_head", "next_token_shift"),
+], ids=["repeat_heads", "causal_block", "truncated_store", "rolled_proposals"])
+def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
+    """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
+    hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
+    case too small for the signature to single the mechanism out)."""
+    catalog = [m for m in mutants.MUTANTS if family(m) != fam]
+    results = run_suite(impl, VECTORS, ops_pattern=op, diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
+    summary(results)
+    failing = [r for r in results if r.result == Result.FAIL]
+    assert failing
+    firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
+    assert all(h.get("family") == fam for h in firsts if h.get("family")), [h.get("family") for h in firsts]
+    read = [h for h in firsts if h.get("family") == fam and h.get("reading")]
+    assert len(read) * 2 > len(failing), (len(read), len(failing))
+    assert all(math.isfinite(h["confidence"]) and h["evidence"] for h in read)
