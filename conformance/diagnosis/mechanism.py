@@ -15,7 +15,9 @@ bug (an engine's bug is rarely one of the written variants):
   shift, or the same rotation with wrap-around): column i read from the logits of column i +- 1.
 - ``gqa_head_mapping``: draft_attention's query heads each the attention over one KV head, some
   of them not the spec's h // G (``structure``'s head map).
-- ``window`` again: draft_attention's rows each see the block's first i + 1 keys (a causal mask,
+- ``window`` again: context_kv's cache rows stored in other slots than their positions' (the ring's
+  writer: ``structure``'s slots moved, or its caches shifted or permuted along the slot axis);
+  draft_attention's rows each see the block's first i + 1 keys (a causal mask,
   ``structure``'s row extent); ``extent``: its rows see block keys past the live extent.
 - ``rounding`` again: most differing elements hold values off the format the output's values must
   follow (V stored as FP16 without its BF16 rounding: ``structure``'s off format).
@@ -76,6 +78,9 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         if field == "frontier" and op in UNIFORM_OPS:
             return _family(s, "rng", f"the uniforms drawn at position {step:+d} (C3's position counter)")
         return None
+    if op == "context_kv" and (sig == "slots moved" or (sig in ("shift by one", "permutation") and s.get("axis") == 0
+                                                       and s.get("output") in ("k_cache", "v_cache"))):
+        return _family(s, "window", "the ring's writer stores rows in other slots")
     if sig == "row extent" and s.get("extent") == "causal":
         return _family(s, "window", "a causal mask over the block's keys")
     if sig == "row extent" and s.get("extent") == "beyond live":

@@ -4,7 +4,7 @@ Each is a shape of the error an engineer reads first: a permutation of heads, ro
 along an axis; a shift by one along an axis; a mirrored order; a constant scale; only the last
 element, or only the boundary, of an axis differing; draft_attention's query heads reading other KV
 heads than h // G (a head map), or its rows seeing other block extents than live (a row extent); values
-off the format they must follow (V not a BF16 value); the whole output as the reference's with one
+off the format they must follow (V not a BF16 value); context_kv's cache rows stored in other slots; the whole output as the reference's with one
 input off by one (a position, a window, a start: where the Op draws uniforms, an RNG counter
 field). None of them names a catalogued pitfall: a signature is what the error looks like, not
 which bug made it. Each comes with its evidence; nothing is returned without it.
@@ -275,13 +275,55 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
              "confidence": 0.8}]
 
 
+def _slot_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """context_kv's caches: every slot (a ring row or a page row: all axes but the last two) that differs
+    holds, within the allowance, the reference's row of another slot or its own old row (not written),
+    and at least one holds another slot's row: rows stored in the wrong slots."""
+    if vec.op != "context_kv":
+        return []
+    kw0 = fresh(vec)
+    masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)
+    moved = stale = 0
+    for name in ("k_cache", "v_cache"):
+        if name not in impl or name not in kw0 or name not in vec.outputs:
+            continue
+        x, r, old = (np.asarray(a) for a in (impl[name], vec.expected[name], kw0[name]))
+        if x.shape != r.shape or x.shape != old.shape or x.ndim < 3:
+            return []
+        tail = x.shape[-2:]
+        xs, rs, olds = (a.reshape((-1,) + tail) for a in (x, r, old))
+        ms = np.broadcast_to(masks[name], x.shape).reshape((-1,) + tail)
+        sc = vec.expected.get(f"{name}.scale")
+        ss = None if sc is None or np.shape(sc) != x.shape else np.asarray(sc).reshape((-1,) + tail)
+        o, bound = vec.outputs[name], vec.bounds.get(name, {})
+
+        def close(i, j, xs=xs, rs=rs, ms=ms, ss=ss, o=o, bound=bound):
+            return bool(_close(o, bound, xs[i], rs[j], ms[i], None if ss is None else ss[j]).all())
+
+        for i in range(xs.shape[0]):
+            if close(i, i):
+                continue
+            if any(close(i, j) for j in range(xs.shape[0]) if j != i):
+                moved += 1
+            elif np.array_equal(xs[i].astype(np.float64), olds[i].astype(np.float64), equal_nan=True):
+                stale += 1
+            else:
+                return []
+    if moved == 0:
+        return []
+    return [{"signature": "slots moved", "output": "k_cache, v_cache",
+             "text": "cache rows stored in other slots than their positions' (or left unwritten)",
+             "evidence": f"{moved} differing slot rows each hold, within the allowance, the reference's row of another "
+                         f"slot; {stale} hold their old contents", "confidence": 0.75}]
+
+
 def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[dict]:
     """Structural hypotheses, most confident first."""
     from conformance.compare import full_masks
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = _offset_signatures(vec, spec, impl)
-    for probe in (_head_map_signature, _row_extent_signature):
+    for probe in (_head_map_signature, _row_extent_signature, _slot_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature
