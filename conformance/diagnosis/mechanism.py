@@ -11,6 +11,9 @@ bug (an engine's bug is rarely one of the written variants):
   every key's position and slot move together).
 - ``rng``: on the Ops that draw C3 uniforms from the position (speculative_accept, tree_verify),
   the reference rerun with ``frontier`` off by one: the draws' position counter is off by one.
+- ``rng`` again: the reference rerun with ``seed`` transformed (its 32-bit words swapped or one of
+  them lost, or row 0's seed in every row: ``structure``'s input transformed): the Philox key built
+  from the seed another way, on any Op.
 - ``next_token_shift``: proposal_head's ``tokens`` moved one column along the proposal axis (a
   shift, or the same rotation with wrap-around): column i read from the logits of column i +- 1.
 - ``gqa_head_mapping``: draft_attention's query heads each the attention over one KV head, some
@@ -89,6 +92,8 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "rounding", f"the rounding to {s.get('format')} skipped before the store")
     if sig == "head map":
         return _family(s, "gqa_head_mapping", "query heads mapped to KV heads another way than h // G")
+    if sig == "input transformed" and s.get("field") == "seed":
+        return _family(s, "rng", f"the key built from the seed with {s.get('transform')}")
     if op == "proposal_head" and s.get("output") == "tokens" and s.get("axis") == 1 and (
             sig == "shift by one" or (sig == "permutation" and s.get("rotation") is not None)):
         return _family(s, "next_token_shift", "each proposal column holds its neighbour's token")

@@ -3,11 +3,14 @@
 Each is a shape of the error an engineer reads first: a permutation of heads, rows, taps or layers
 along an axis; a shift by one along an axis; a mirrored order; a constant scale; only the last
 element, or only the boundary, of an axis differing; draft_attention's query heads reading other KV
-heads than h // G (a head map), or its rows seeing other block extents than live (a row extent); values
-off the format they must follow (V not a BF16 value); context_kv's cache rows stored in other slots; the whole output as the reference's with one
-input off by one (a position, a window, a start: where the Op draws uniforms, an RNG counter
-field). None of them names a catalogued pitfall: a signature is what the error looks like, not
-which bug made it. Each comes with its evidence; nothing is returned without it.
+heads than h // G (a head map), or its rows seeing other block extents than live (a row extent);
+values off the format they must follow (V not a BF16 value); context_kv's cache rows stored in other
+slots; the whole output as the reference's with one input off by one (a position, a window, a start:
+where the Op draws uniforms, an RNG counter field), or with one input mishandled the common ways (a
+64-bit input's words swapped or one lost, row 0's value in every row). None of them names a
+catalogued pitfall: a signature is what the error looks like, not which bug made it
+(``diagnosis.mechanism`` reads the few that are on their own a family's mechanism). Each comes with
+its evidence; nothing is returned without it.
 """
 
 from __future__ import annotations
@@ -155,6 +158,20 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
     return found
 
 
+def _conforms(vec, spec, impl: Mapping, kwargs):
+    """The implementation's verdict against the reference rerun on ``kwargs()`` (fresh inputs each call);
+    None where the reference refuses them."""
+    try:
+        with np.errstate(all="ignore"):
+            ref = dict(spec.reference(**kwargs()))
+            if spec.scales is not None:
+                ref.update({(k if "." in k else f"{k}.scale"): s for k, s in spec.scales(kwargs(), ref).items()})
+            return compare.compare(vec.outputs, ref, impl, vec.masks, vec.bounds, spec.force, kwargs,
+                                   spec.independent, spec=spec).result
+    except Exception:  # noqa: BLE001 - an input the reference refuses: no signature
+        return None
+
+
 def _offset_signatures(vec, spec, impl: Mapping) -> list[dict]:
     if spec is None:
         return []
@@ -173,21 +190,55 @@ def _offset_signatures(vec, spec, impl: Mapping) -> list[dict]:
                 kw[field] = (np.asarray(kw[field]) + step).astype(np.asarray(kw[field]).dtype) \
                     if np.ndim(kw[field]) else type(kw[field])(int(kw[field]) + step)
                 return kw
-            try:
-                with np.errstate(all="ignore"):
-                    ref = dict(spec.reference(**kwargs()))
-                    if spec.scales is not None:
-                        ref.update({(k if "." in k else f"{k}.scale"): s for k, s in spec.scales(kwargs(), ref).items()})
-                    verdict = compare.compare(vec.outputs, ref, impl, vec.masks, vec.bounds, spec.force, kwargs,
-                                              spec.independent, spec=spec)
-            except Exception:  # noqa: BLE001, S112 - an input the reference refuses off by one: no signature
-                continue
-            if verdict.result in (Result.PASS, Result.ACCEPTABLE):
+            result = _conforms(vec, spec, impl, kwargs)
+            if result in (Result.PASS, Result.ACCEPTABLE):
                 what = "a position / RNG counter field" if rng and field != "window" else "an input"
                 found.append({"signature": "input off by one", "field": field, "step": step,
                               "text": f"the reference's output with `{field}` {step:+d} ({what})",
-                              "evidence": f"the implementation is {verdict.result.name} against the reference "
+                              "evidence": f"the implementation is {result.name} against the reference "
                                           f"rerun with {field} {step:+d}", "confidence": 0.85})
+    return found
+
+
+_M32 = np.uint64(0xFFFFFFFF)
+# how a 64-bit integer input is commonly mangled: its two 32-bit words exchanged, or one of them lost
+WORD_TRANSFORMS = {
+    "its 32-bit words swapped": lambda a: ((a & _M32) << np.uint64(32)) | (a >> np.uint64(32)),
+    "its high word dropped": lambda a: a & _M32,
+    "its low word dropped": lambda a: a & ~_M32,
+}
+
+
+def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """The implementation conforms to the reference rerun with one input transformed the way inputs are
+    commonly mishandled: a 64-bit input's words swapped or one of them lost; a per-row input (one value
+    per batch row) given row 0's value in every row."""
+    if spec is None:
+        return []
+    found = []
+    kw0 = fresh(vec)
+    for field, v0 in kw0.items():
+        v0 = np.asarray(v0) if isinstance(v0, (np.ndarray, np.integer, int)) else None
+        if v0 is None or v0.dtype.kind not in "iu":
+            continue
+        forms = {}
+        if v0.dtype == np.uint64:
+            forms.update({k: (lambda a, f=f: f(np.asarray(a, np.uint64))) for k, f in WORD_TRANSFORMS.items()})
+        if v0.ndim == 1 and v0.size > 1 and np.unique(v0).size > 1:
+            forms["row 0's value in every row"] = lambda a: np.full_like(np.asarray(a), np.asarray(a)[0])
+        for what, f in forms.items():
+            def kwargs(field=field, f=f):
+                kw = fresh(vec)
+                kw[field] = f(kw[field])
+                return kw
+            if np.array_equal(kwargs()[field], v0):  # the transform changes nothing here: no evidence
+                continue
+            result = _conforms(vec, spec, impl, kwargs)
+            if result in (Result.PASS, Result.ACCEPTABLE):
+                found.append({"signature": "input transformed", "field": field, "transform": what,
+                              "text": f"the reference's output with `{field}` {what}",
+                              "evidence": f"the implementation is {result.name} against the reference rerun with "
+                                          f"`{field}` {what}", "confidence": 0.85})
     return found
 
 
@@ -322,7 +373,7 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     from conformance.compare import full_masks
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
-    found = _offset_signatures(vec, spec, impl)
+    found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature):
         try:
             found += probe(vec, spec, impl)

@@ -149,3 +149,13 @@ def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     read = [h for h in firsts if h.get("family") == fam and h.get("reading")]
     assert len(read) * 2 > len(failing), (len(read), len(failing))
     assert all(math.isfinite(h["confidence"]) and h["evidence"] for h in read)
+
+
+def test_a_mangled_seed_is_the_rng_a_moved_slot_the_ring_writer():
+    seed = {"signature": "input transformed", "field": "seed", "transform": "its 32-bit words swapped"}
+    assert _read("speculative_accept", seed) == "rng"
+    assert _read("speculative_accept", {**seed, "field": "frontier"}) is None
+    assert _read("context_kv", {"signature": "slots moved"}) == "window"
+    assert _read("context_kv", {"signature": "shift by one", "output": "k_cache", "axis": 0}) == "window"
+    assert _read("context_kv", {"signature": "shift by one", "output": "k_cache", "axis": 2}) is None  # heads
+    assert _read("draft_attention", {"signature": "slots moved"}) is None
