@@ -802,6 +802,11 @@ def main(argv=None, specs=None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback unless asked
         if os.environ.get("DFLASH_TRACEBACK"):
             traceback.print_exc()
+        if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):  # CuPy, torch or the host
+            print(f"error: out of memory ({type(exc).__name__}: {exc})".splitlines()[0] + "; with --jobs N, fewer "
+                  "processes share the device (--jobs 1), or --reference-backend numpy keeps the reference off the GPU",
+                  file=sys.stderr)
+            return 2
         print(f"error: internal error (a bug of dflash-conformance, please report it): {type(exc).__name__}: {exc}"
               .splitlines()[0] + " (DFLASH_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 2

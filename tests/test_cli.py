@@ -172,3 +172,21 @@ def test_the_cli_runs_as_a_process(toy_vectors):
                           timeout=60)
     assert proc.returncode == 2 and proc.stderr == "error: --impl: cannot import x: ModuleNotFoundError: " \
                                                    "No module named 'x'\n"
+
+
+def test_out_of_device_memory_is_one_line_not_an_internal_error(monkeypatch, capsys):
+    """A device that runs out of memory (CuPy's and torch's OutOfMemoryError) is the run's size, not a bug
+    of the tool: one line that says so and what to change, exit 2."""
+    from conformance import cli as cli_module
+
+    class OutOfMemoryError(Exception):
+        pass
+
+    def boom(args):
+        raise OutOfMemoryError("Out of memory allocating 10,171,187,200 bytes")
+
+    monkeypatch.setattr(cli_module, "_cmd_list", boom)
+    assert cli_module.main(["list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "out of memory" in err and "--jobs" in err
+    assert "internal error" not in err

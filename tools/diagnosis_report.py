@@ -119,8 +119,10 @@ def score(results, fam: str) -> dict:
     wrong = [r for r in fails if _tops(r) and fam not in _tops(r)]
     same = sum(bool(r.diagnosis) and r.diagnosis[0].get("exact", False) for r in wrong)
     by_family = sum(hypotheses(r)[0]["kind"] == "family" for r in wrong if hypotheses(r))
+    # named first by a reading of a structural signature (diagnosis.mechanism), not by a variant
+    read = sum(fam in _tops(r) and bool(hypotheses(r)) and "reading" in hypotheses(r)[0] for r in fails)
     return {"fails": len(fails), "first": first, "top3": top3, "wrong": len(wrong), "wrong_exact": same,
-            "wrong_family": by_family}
+            "wrong_family": by_family, "read": read}
 
 
 def _examples(results, fam, n=1) -> list[str]:
@@ -161,7 +163,7 @@ def _rate(a, b) -> str:
 def _totals(rows) -> dict:
     t = defaultdict(int)
     for r in rows:
-        for k in ("fails", "first", "top3", "wrong", "wrong_exact", "wrong_family"):
+        for k in ("fails", "first", "top3", "wrong", "wrong_exact", "wrong_family", "read"):
             t[k] += r.get(k, 0)
     return t
 
@@ -172,15 +174,16 @@ def _family_table(rows, loo: bool = False) -> list[str]:
         if "error" in r:
             continue
         f = fam[r["family"]]
-        for k in ("fails", "first", "top3", "wrong"):
+        for k in ("fails", "first", "top3", "wrong", "read"):
             f[k] += r[k]
         f["mutants"] += 1
         f["siblings"] = max(f["siblings"], r["siblings"])
-    out = ["| family | mutants | FAILs | named first | top 3 | wrong name first |" + (" variants left |" if loo else ""),
-           "|---|---|---|---|---|---|" + ("---|" if loo else "")]
+    out = ["| family | mutants | FAILs | named first | top 3 | wrong name first |"
+           + (" of the named first: by a reading | variants left |" if loo else ""),
+           "|---|---|---|---|---|---|" + ("---|---|" if loo else "")]
     for name, f in sorted(fam.items()):
         out.append(f"| {name} | {f['mutants']} | {f['fails']} | {_rate(f['first'], f['fails'])} | "
-                   f"{_rate(f['top3'], f['fails'])} | {f['wrong']} |" + (f" {f['siblings']} |" if loo else ""))
+                   f"{_rate(f['top3'], f['fails'])} | {f['wrong']} |" + (f" {f['read']} | {f['siblings']} |" if loo else ""))
     return out
 
 
@@ -316,18 +319,23 @@ def main(argv=None) -> int:
              *_timing(args.vectors), ""]
     t = _totals(loo)
     alone = sum(r.get("siblings", 0) == 0 for r in loo)
-    reach = sum(r.get("fails", 0) for r in loo if r.get("siblings", 0))
     lines += ["## (a) Leave-one-out", "",
-              "Each mutant runs over its Op's vectors with its own catalog entry removed: only another variant of "
-              "its family (same Op) can name it: as a match, as the closest mutant, or as a family hypothesis (its "
-              "variants change the same rows in the same direction, or the same elements beyond chance: "
-              "conformance/diagnosis/family.py). A family with "
-              "no other variant on that Op (`variants left` 0) cannot be named this way; an honest diagnosis then "
-              "says \"no catalogued pitfall\" rather than another family's name (`wrong name first`).", "",
-              f"Overall: {_verdict_line(t)}.", "",
+              "Each mutant runs over its Op's vectors with its own catalog entry removed. Its family can then be "
+              "named two ways: by another variant of the family on the same Op (a match, the closest mutant, or a "
+              "family hypothesis: its variants change the same rows in the same direction, or the same elements "
+              "beyond chance, conformance/diagnosis/family.py), or by a *reading*: a structural signature of the "
+              "difference that is on its own the family's mechanism (a window edge or the ring read off by one, a "
+              "GQA head map, a causal row extent, cache rows in other slots, a seed's words swapped, a column "
+              "rotation, a norm off by sqrt(n), a truncating store, V off its BF16 grid: "
+              "conformance/diagnosis/mechanism.py). Several signatures are reruns of the reference on a "
+              "transformed input (a field off by one, a seed's word lost), which is also how some catalogued "
+              "mutants are written: for those mutants the reading is the mutant's own transform found "
+              "generically, and the column `by a reading` counts how many named-first FAILs came that way. "
+              "Neither way may name another family (`wrong name first`); \"no catalogued pitfall\" is the honest "
+              "answer where neither applies.", "",
+              f"Overall: {_verdict_line(t)}; {t['read']} of the {t['first']} named first by a reading.", "",
               f"{alone} of {len(loo)} mutants have no other variant of their family on their Op in this catalog: "
-              "for them leave-one-out can only be an honest \"no catalogued pitfall\" (or a wrong name), so at most "
-              f"{_rate(reach, t['fails'])} of the FAILs can be named first this way. Of the "
+              f"only a reading can name them. Of the "
               f"{t['wrong']} FAILs where another family is named first, {t['wrong_exact']} are bit-identical to that "
               f"family's mutant on the case (the case cannot tell the two bugs apart), {t['wrong_family']} are a family "
               "hypothesis (another family's variants change the same rows in the same direction, or the same elements, "
