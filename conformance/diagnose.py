@@ -268,7 +268,7 @@ class Diagnoser:
         # describes the whole difference, so it goes before the variants' weaker evidence, which then stays out
         shapes = mechanism.readings(vec, impl, shapes)
         read = any(h.get("kind") == "family" for h in shapes)
-        if not found and not near and rest and not read:  # a sibling bug: the family's mechanism (diagnosis.family)
+        if not found and not near and rest and not read:  # a sibling bug (diagnosis.family)
             signed = fm.signed(vec, maps, impl, sref)
             masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)
             ev = [(m, fm.evidence(vec, signed, diff, m.key, self._with_scales(vec, spec, m, self.mutant_outputs(vec, m)),

@@ -183,7 +183,8 @@ def _family_table(rows, loo: bool = False) -> list[str]:
            "|---|---|---|---|---|---|" + ("---|---|" if loo else "")]
     for name, f in sorted(fam.items()):
         out.append(f"| {name} | {f['mutants']} | {f['fails']} | {_rate(f['first'], f['fails'])} | "
-                   f"{_rate(f['top3'], f['fails'])} | {f['wrong']} |" + (f" {f['read']} | {f['siblings']} |" if loo else ""))
+                   f"{_rate(f['top3'], f['fails'])} | {f['wrong']} |"
+                   + (f" {f['read']} | {f['siblings']} |" if loo else ""))
     return out
 
 

@@ -8,31 +8,31 @@ bug (an engine's bug is rarely one of the written variants):
 - ``window``: on the attention Ops, the implementation conforms to the reference rerun with
   ``window`` one larger or smaller (the window's edge moved, in the mask or in the ring's
   extent); on draft_attention, rerun with ``frontier`` off by one (the ring read one slot off:
-  every key's position and slot move together).
+  every key's position and slot move together), or its rows each see the block's first i + 1 keys
+  (a causal mask: ``structure``'s row extent); on context_kv, cache rows stored in other slots
+  than their positions' (the ring's writer: ``structure``'s slots moved, or its caches shifted or
+  permuted along the slot axis).
+- ``extent``: draft_attention's rows see block keys past the live extent (a row extent).
 - ``rng``: on the Ops that draw C3 uniforms from the position (speculative_accept, tree_verify),
-  the reference rerun with ``frontier`` off by one: the draws' position counter is off by one.
-- ``rng`` again: the reference rerun with ``seed`` transformed (its 32-bit words swapped or one of
-  them lost, or row 0's seed in every row: ``structure``'s input transformed): the Philox key built
-  from the seed another way, on any Op.
-- ``next_token_shift``: proposal_head's ``tokens`` moved one column along the proposal axis (a
-  shift, or the same rotation with wrap-around): column i read from the logits of column i +- 1.
+  the reference rerun with ``frontier`` off by one: the draws' position counter is off by one; on
+  any Op, the reference rerun with ``seed`` transformed (its 32-bit words swapped or one of them
+  lost, or row 0's seed in every row: ``structure``'s input transformed): the Philox key built from
+  the seed another way.
 - ``gqa_head_mapping``: draft_attention's query heads each the attention over one KV head, some
   of them not the spec's h // G (``structure``'s head map).
-- ``window`` again: context_kv's cache rows stored in other slots than their positions' (the ring's
-  writer: ``structure``'s slots moved, or its caches shifted or permuted along the slot axis);
-  draft_attention's rows each see the block's first i + 1 keys (a causal mask,
-  ``structure``'s row extent); ``extent``: its rows see block keys past the live extent.
-- ``rounding`` again: most differing elements hold values off the format the output's values must
-  follow (V stored as FP16 without its BF16 rounding: ``structure``'s off format).
+- ``next_token_shift``: proposal_head's ``tokens`` moved one column along the proposal axis (a
+  shift, or the same rotation with wrap-around): column i read from the logits of column i +- 1.
 - ``norm``: feature_capture's output is the reference times sqrt(n) or 1 / sqrt(n), n the
   normalised width (within 1 %): the RMS taken as a root of the sum instead of the mean, or the
   mean's divisor applied twice.
-- ``rounding``: a represented output uniformly shrunk by less than 2^-7 (one BF16 unit of
-  relative precision), with at least ``TOWARD_ZERO`` (90 %) of its differing elements smaller in
-  magnitude than the reference's: the bias of truncation toward zero at a store, which
-  round-to-nearest does not have. A shrink of 2^-7 or more, any growth, or a shrink with elements
-  moved both ways (a changed norm's input shrinks its output on average, not element by element)
-  is read as a constant scale and names nothing.
+- ``rounding``: most differing elements hold values off the format the output's values must
+  follow (V stored as FP16 without its BF16 rounding: ``structure``'s off format); or a
+  represented output uniformly shrunk by less than 2^-7 (one BF16 unit of relative precision),
+  with at least ``TOWARD_ZERO`` (90 %) of its differing elements smaller in magnitude than the
+  reference's: the bias of truncation toward zero at a store, which round-to-nearest does not
+  have. A shrink of 2^-7 or more, any growth, or a shrink with elements moved both ways (a
+  changed norm's input shrinks its output on average, not element by element) is read as a
+  constant scale and names nothing.
 
 Each reading keeps the signature's confidence and evidence and is placed just before it. The
 readings were chosen from what each mechanism does to the output, not fitted to the catalog;
@@ -113,7 +113,8 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
 
 
 def readings(vec, impl, shapes: list[dict]) -> list[dict]:
-    """``shapes`` (signatures of the implementation's outputs ``impl``) with each signature that reads as a family preceded by that family hypothesis."""
+    """``shapes`` (signatures of the implementation's outputs ``impl``) with each signature that reads as
+    a family preceded by that family hypothesis (once a family)."""
     out, named = [], set()
     for s in shapes:
         h = _reading(vec.op, vec, impl, s)

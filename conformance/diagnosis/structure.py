@@ -24,6 +24,7 @@ from conformance.compare import Result
 from conformance.diagnosis.explain import error_map
 from conformance.diagnosis.match import fresh
 from conformance.registry import REPRESENTED
+from reference import numerics
 
 MAX_AXIS = 64  # permutations are searched along axes up to this size
 # integer inputs whose off-by-one is a classic: positions and counters, window bounds, starts
@@ -80,8 +81,6 @@ def _format_signature(name, o, x, mask, diff) -> list[dict]:
     follow (V a BF16 value stored as FP16): a rounding to that format skipped."""
     if o.cls != REPRESENTED or o.value_fmt == o.fmt:
         return []
-    from reference import numerics
-
     x64 = np.asarray(x).astype(np.float64)
     fin = np.isfinite(x64)
     held = np.where(fin, numerics.storage(np.where(fin, x64, 0.0), o.value_fmt).astype(np.float64), x64)
@@ -151,8 +150,8 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
                 moved = [f"{i}<-{j}" for i, j in enumerate(perm) if i != j]
                 # a cyclic rotation (index i holds the reference's i - s, wrapping): s, else None
                 rot = next((s for s in (1, -1) if all(j == (i - s) % n for i, j in enumerate(perm))), None)
-                found.append({"signature": "permutation", "output": name, "axis": a, "rotation": rot, "text": f"{lab} permuted: {', '.join(moved[:8])}"
-                              + (" ..." if len(moved) > 8 else ""),
+                found.append({"signature": "permutation", "output": name, "axis": a, "rotation": rot,
+                              "text": f"{lab} permuted: {', '.join(moved[:8])}" + (" ..." if len(moved) > 8 else ""),
                               "evidence": f"each index of axis {a} equals (within the allowance) another index of "
                                           "the reference, a one-to-one map", "confidence": 0.8})
     return found
@@ -242,6 +241,18 @@ def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
     return found
 
 
+def _rerun_close(vec, spec, x, kw, mask):
+    """Per element of ``out``: x within the allowance (``_close``) of the reference rerun on ``kw``, its
+    scale from that rerun; None where the reference refuses ``kw``."""
+    try:
+        with np.errstate(all="ignore"):
+            ref = dict(spec.reference(**kw))
+            sc = spec.scales(kw, ref).get("out") if spec.scales is not None else None
+    except Exception:  # noqa: BLE001 - inputs the reference refuses
+        return None
+    return _close(vec.outputs["out"], vec.bounds.get("out", {}), x, ref["out"], mask, sc)
+
+
 def _head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
     """draft_attention's query heads each equal, within the allowance, the attention over one KV head
     other than the spec's h // G for some h: the heads read through another map. One reference run per
@@ -253,7 +264,6 @@ def _head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
     x = np.asarray(impl["out"])
     if hk < 2 or hq % hk or x.shape != np.shape(vec.expected["out"]):
         return []
-    o = vec.outputs["out"]
     mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)["out"]
     ok = np.zeros((hq, hk), bool)  # ok[h, j]: query head h reads KV head j
     for j in range(hk):
@@ -261,14 +271,10 @@ def _head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
         for name in ("k", "v", "k_cache", "v_cache"):
             a = np.asarray(kw[name])
             kw[name] = np.ascontiguousarray(np.repeat(a[:, :, j:j + 1], hk, axis=2))
-        try:
-            with np.errstate(all="ignore"):
-                ref = dict(spec.reference(**kw))
-                sc = spec.scales(kw, ref).get("out") if spec.scales is not None else None
-        except Exception:  # noqa: BLE001, S112 - inputs the reference refuses: no signature
+        close = _rerun_close(vec, spec, x, kw, mask)
+        if close is None:
             return []
-        e = error_map(o, vec.bounds.get("out", {}), x, ref["out"], mask, sc)
-        ok[:, j] = (e <= 2.0).reshape(-1, hq, x.shape[-1]).transpose(1, 0, 2).reshape(hq, -1).all(axis=1)
+        ok[:, j] = close.reshape(-1, hq, x.shape[-1]).transpose(1, 0, 2).reshape(hq, -1).all(axis=1)
     spec_map = np.arange(hq) // (hq // hk)
     if not ok.any(axis=1).all() or ok[np.arange(hq), spec_map].all():
         return []
@@ -293,21 +299,15 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
     if x.ndim != 4 or x.shape != np.shape(vec.expected["out"]) or live.size != x.shape[0]:
         return []
     b, w = x.shape[:2]
-    o = vec.outputs["out"]
     mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)["out"]
     rows = mask.reshape(b, w, -1).any(axis=2)  # the compared rows
     ok = np.zeros((w + 1, b, w), bool)  # ok[L, b, i]: row (b, i) is the reference's with live L
     for n in range(1, w + 1):
         kw = fresh(vec)
         kw["live"] = np.full_like(np.asarray(kw["live"]), n)
-        try:
-            with np.errstate(all="ignore"):
-                ref = dict(spec.reference(**kw))
-                sc = spec.scales(kw, ref).get("out") if spec.scales is not None else None
-        except Exception:  # noqa: BLE001, S112 - an extent the reference refuses: not this one
-            continue
-        e = error_map(o, vec.bounds.get("out", {}), x, ref["out"], mask, sc)
-        ok[n] = (e <= 2.0).reshape(b, w, -1).all(axis=2)
+        close = _rerun_close(vec, spec, x, kw, mask)
+        if close is not None:  # an extent the reference refuses: not this one
+            ok[n] = close.reshape(b, w, -1).all(axis=2)
     idx = np.arange(w)
     own = ok[np.clip(live, 0, w)[:, None], np.arange(b)[:, None], idx[None, :]]  # the spec's extent
     if not (ok.any(axis=0) | ~rows)[rows].all() or own[rows].all():

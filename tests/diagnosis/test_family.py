@@ -148,8 +148,8 @@ def _new_path(h) -> bool:
 def test_leave_one_out_named_on_the_support(key, fam):
     """Leave-one-out (docs/reports/diagnosis.md, section (a)) where the family is named through the
     support: a conv tap layout whose siblings move the same outputs with unrelated values, an RNG
-    counter (its words swapped) whose siblings change exactly the same few tokens. Named first on several FAILs, never
-    another family."""
+    counter (its words swapped) whose siblings change exactly the same few tokens. Named first on
+    several FAILs, never another family."""
     m = next(x for x in mutants.MUTANTS if x.key == key)
     failing = _fails(m, m.op, diagnose=Diagnoser(max_cases=10**9, catalog=_without(key)))
     firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
