@@ -964,7 +964,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-exact", action="store_true", help="skip the exact mode (slow at full width)")
     ap.add_argument("--geometry", action="store_true",
                     help="also time the full-geometry conformance run (both geometries, CuPy float64 reference)")
-    ap.add_argument("--geometry-jobs", type=int, default=3, help="--jobs of that run (default 3)")
+    ap.add_argument("--geometry-jobs", type=int, default=3,
+                    help="--jobs of that run (default 3; its output is written to <--json>.geometry.log)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     cp, torch = _imports()
@@ -1001,7 +1002,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         from conformance.geometry_jobs import timed_run
 
-        geo = timed_run(args.geometry_jobs, limit=900)
+        geo = timed_run(args.geometry_jobs, limit=900,
+                        log_path=f"{args.json}.geometry.log" if args.json else None)
         print(json.dumps({"geometry": geo}), flush=True)
     if args.json:
         with open(args.json, "w") as f:

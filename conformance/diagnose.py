@@ -256,8 +256,7 @@ class Diagnoser:
                     rest.append(m)
         found.sort(key=lambda x: x.rank)
         hyps = [_match_hypothesis(x) for x in found]
-        if not found:
-            hyps += sorted(near, key=lambda h: -h["confidence"])
+        near.sort(key=lambda h: -h["confidence"])
         shapes = []
         if self.structure and len(hyps) < TOP:
             try:
@@ -268,6 +267,11 @@ class Diagnoser:
         # describes the whole difference, so it goes before the variants' weaker evidence, which then stays out
         shapes = mechanism.readings(vec, impl, shapes)
         read = any(h.get("kind") == "family" for h in shapes)
+        if not found:
+            # a reading explains the whole difference (the output conforms to the mechanism), a nearest
+            # mutant part of it: the readings go first, then the nearest mutants, then the other signatures
+            hyps += [h for h in shapes if h.get("kind") == "family"] + near
+            shapes = [h for h in shapes if h.get("kind") != "family"]
         if not found and not near and rest and not read:  # a sibling bug (diagnosis.family)
             signed = fm.signed(vec, maps, impl, sref)
             masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)

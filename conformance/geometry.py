@@ -239,7 +239,9 @@ def run(impl, names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), context=4
         log(f"{name}: H {cfg.hidden_size}, {cfg.num_hidden_layers} layers {list(cfg.windows)}, I "
             f"{cfg.intermediate_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads}/{cfg.head_dim}, "
             f"vocab {cfg.vocab_size}, context {ctx}")
+        t0 = time.perf_counter()
         w = weights(cfg)
+        log(f"{name}: weights drawn in {time.perf_counter() - t0:.1f} s")
         if "context_kv" in wanted:
             one(context_kv_case(name, cfg, w, ctx))
         for b in batches if block_path else ():

@@ -128,11 +128,12 @@ def run(parts: list[dict], jobs: int, *, impl: str | None, context: int, reduced
 
 
 def timed_run(jobs: int, limit: float, impl: str = "kernels_cu.fast:FastCudaBackend",
-              extra: tuple[str, ...] = ("--reference-backend", "cupy")) -> dict:
+              extra: tuple[str, ...] = ("--reference-backend", "cupy"), log_path: str | None = None) -> dict:
     """The full-geometry run as a user runs it (``dflash-conformance geometry`` in a subprocess; by
     default both geometries, the fast mode, the CuPy float64 reference): wall seconds from start to
     report and the verdict counts (``benchmarks/gpu_bench.py --geometry``). A run cut short or
-    without a complete report says so (``complete`` False), never reads as a pass."""
+    without a complete report says so (``complete`` False), never reads as a pass. ``log_path``: where the
+    run's output (every part's per-case lines and times) is written."""
     with tempfile.TemporaryDirectory() as tmp:
         report_path = os.path.join(tmp, "geometry.json")
         cmd = [sys.executable, "-m", "conformance.cli", "geometry", "--impl", impl, *extra, "--jobs", str(jobs),
@@ -140,9 +141,14 @@ def timed_run(jobs: int, limit: float, impl: str = "kernels_cu.fast:FastCudaBack
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
-            rc, tail = proc.returncode, (proc.stdout + proc.stderr).strip().splitlines()[-1:]
-        except subprocess.TimeoutExpired:
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+            tail = text.strip().splitlines()[-1:]
+        except subprocess.TimeoutExpired as exc:
             rc, tail = None, [f"stopped after {limit:.0f} s"]
+            text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                           for x in (exc.stdout, exc.stderr)) + tail[0] + "\n"
+        if log_path:
+            Path(log_path).write_text(text)
         seconds = time.perf_counter() - t0
         counts, complete = {}, False
         if os.path.exists(report_path):

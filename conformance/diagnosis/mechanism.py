@@ -73,7 +73,7 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
     sig = s.get("signature")
     if sig == "input off by one":
         field, step = s.get("field"), s.get("step")
-        if field == "window" and op in ATTENTION_OPS:
+        if field in ("window", "windows") and op in ATTENTION_OPS:
             return _family(s, "window", f"the window's edge one key {'wider' if step > 0 else 'narrower'}")
         if field == "frontier" and op == "draft_attention":
             return _family(s, "window", "the context ring read one slot off (every key's position moved by "
@@ -92,6 +92,15 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "rounding", f"the rounding to {s.get('format')} skipped before the store")
     if sig == "head map":
         return _family(s, "gqa_head_mapping", "query heads mapped to KV heads another way than h // G")
+    if sig == "input transformed" and s.get("field") == "target_layer_ids":
+        return _family(s, "capture", f"the target blocks read {s.get('transform')}")
+    if sig == "inputs exchanged" and op == "candidate_selector" and set(s.get("fields", ())) == {"w_pred", "w_succ"}:
+        return _family(s, "selector_first", "the predecessor and successor codebooks under each other's names")
+    if sig == "rotation":
+        return _family(s, "rope", "each key rotated another way than the spec's RoPE, at positions too small for "
+                                  "a position's value to be wrong")
+    if sig == "pair layout":
+        return _family(s, "rope", "RoPE rotating interleaved pairs where the spec rotates split halves")
     if sig == "input transformed" and s.get("field") == "seed":
         return _family(s, "rng", f"the key built from the seed with {s.get('transform')}")
     if op == "proposal_head" and s.get("output") == "tokens" and s.get("axis") == 1 and (

@@ -28,7 +28,7 @@ from reference import numerics
 
 MAX_AXIS = 64  # permutations are searched along axes up to this size
 # integer inputs whose off-by-one is a classic: positions and counters, window bounds, starts
-OFFSET_FIELDS = ("frontier", "start", "window", "position", "positions")
+OFFSET_FIELDS = ("frontier", "start", "window", "position", "positions", "windows")
 RNG_INPUTS = ("seed",)
 OFF_FORMAT = 0.9  # of the differing elements off the values' format: a skipped rounding
 
@@ -157,18 +157,42 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
     return found
 
 
+def _tighter(key: str, s, vec):
+    """A rerun's magnitude scale no larger than the vector's own, element by element: a rerun whose inputs
+    put large values in play (a ring slot read that was never written) must not widen the allowance
+    that judges the implementation against it."""
+    own = vec.expected.get(key)
+    if own is None or np.shape(own) != np.shape(s):
+        return s
+    with np.errstate(invalid="ignore"):
+        return np.fmin(np.asarray(s, np.float64), np.asarray(own, np.float64))
+
+
 def _conforms(vec, spec, impl: Mapping, kwargs):
-    """The implementation's verdict against the reference rerun on ``kwargs()`` (fresh inputs each call);
-    None where the reference refuses them."""
+    """The implementation's verdict against the reference rerun on ``kwargs()`` (fresh inputs each call),
+    its allowance no wider than the vector's own (``_tighter``); None where the reference refuses them."""
     try:
         with np.errstate(all="ignore"):
             ref = dict(spec.reference(**kwargs()))
             if spec.scales is not None:
-                ref.update({(k if "." in k else f"{k}.scale"): s for k, s in spec.scales(kwargs(), ref).items()})
+                for k, s in spec.scales(kwargs(), ref).items():
+                    key = k if "." in k else f"{k}.scale"
+                    ref[key] = _tighter(key, s, vec)
             return compare.compare(vec.outputs, ref, impl, vec.masks, vec.bounds, spec.force, kwargs,
                                    spec.independent, spec=spec).result
     except Exception:  # noqa: BLE001 - an input the reference refuses: no signature
         return None
+
+
+def _offset(value, step: int, field: str):
+    """``value`` moved by ``step``: an array or a scalar, or a list (masked_block's per-layer ``windows``:
+    each bounded window moved, 0 meaning none stays 0) kept a list of ints."""
+    if isinstance(value, (list, tuple)):
+        moved = [int(x) + step if (field != "windows" or int(x) > 0) else int(x) for x in value]
+        return type(value)(moved)
+    if np.ndim(value):
+        return (np.asarray(value) + step).astype(np.asarray(value).dtype)
+    return type(value)(int(value) + step)
 
 
 def _offset_signatures(vec, spec, impl: Mapping) -> list[dict]:
@@ -181,13 +205,12 @@ def _offset_signatures(vec, spec, impl: Mapping) -> list[dict]:
         if field not in kw0:
             continue
         v = np.asarray(kw0[field])
-        if v.dtype.kind not in "iu":
+        if v.dtype.kind not in "iu" or v.size == 0:
             continue
         for step in (1, -1):
             def kwargs(field=field, step=step):
                 kw = fresh(vec)
-                kw[field] = (np.asarray(kw[field]) + step).astype(np.asarray(kw[field]).dtype) \
-                    if np.ndim(kw[field]) else type(kw[field])(int(kw[field]) + step)
+                kw[field] = _offset(kw[field], step, field)
                 return kw
             result = _conforms(vec, spec, impl, kwargs)
             if result in (Result.PASS, Result.ACCEPTABLE):
@@ -241,16 +264,80 @@ def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
     return found
 
 
-def _rerun_close(vec, spec, x, kw, mask):
-    """Per element of ``out``: x within the allowance (``_close``) of the reference rerun on ``kw``, its
-    scale from that rerun; None where the reference refuses ``kw``."""
+# how a list of block ids is commonly misread (feature_capture's target_layer_ids): one entry late (the
+# last block standing in past the end) or early (wrapping, as Python's index -1 does), or in another order
+ID_TRANSFORMS = {
+    "each id one block late": lambda ids, n: [min(i + 1, n - 1) for i in ids],
+    "each id one block early": lambda ids, n: [(i - 1) % n for i in ids],
+    "in reverse order": lambda ids, n: ids[::-1],
+    "in ascending order": lambda ids, n: sorted(ids),
+}
+
+
+def _capture_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """feature_capture conforms to the reference rerun with its block ids misread (``ID_TRANSFORMS``), or
+    with each id reading the previous block's output (the capture taken at the block's input; id 0 the
+    embedding, not an input: zeros)."""
+    if spec is None or vec.op != "feature_capture":
+        return []
+    kw0 = fresh(vec)
+    ids0 = [int(i) for i in np.asarray(kw0.get("target_layer_ids", [])).reshape(-1)]
+    blocks = np.shape(kw0.get("block_outputs", ()))[0] if "block_outputs" in kw0 else 0
+    if not ids0 or blocks < 2:
+        return []
+    forms = {k: (lambda kw, f=f: {**kw, "target_layer_ids": f(ids0, blocks)}) for k, f in ID_TRANSFORMS.items()}
+    forms["each id reading the previous block's output"] = lambda kw: {
+        **kw, "block_outputs": np.concatenate([np.zeros_like(kw["block_outputs"][:1]), kw["block_outputs"][:-1]])}
+    found = []
+    for what, f in forms.items():
+        if what in ID_TRANSFORMS and ID_TRANSFORMS[what](ids0, blocks) == ids0:  # no change: no evidence
+            continue
+        result = _conforms(vec, spec, impl, lambda f=f: f(fresh(vec)))
+        if result in (Result.PASS, Result.ACCEPTABLE):
+            found.append({"signature": "input transformed", "field": "target_layer_ids", "transform": what,
+                          "text": f"the reference's output with the block ids read {what}",
+                          "evidence": f"the implementation is {result.name} against the reference rerun with the "
+                                      f"target layer ids {what}", "confidence": 0.85})
+    return found
+
+
+def _exchange_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """The implementation conforms to the reference rerun with two inputs of one shape and dtype exchanged
+    (weights loaded under each other's names). Only pairs whose exchange changes the values are tried."""
+    if spec is None:
+        return []
+    kw0 = fresh(vec)
+    arrays = [k for k, v in kw0.items() if isinstance(v, np.ndarray) and v.ndim >= 2]
+    found = []
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            x, y = kw0[a], kw0[b]
+            if x.shape != y.shape or x.dtype != y.dtype or np.array_equal(x, y):
+                continue
+
+            def kwargs(a=a, b=b):
+                kw = fresh(vec)
+                kw[a], kw[b] = kw[b], kw[a]
+                return kw
+            result = _conforms(vec, spec, impl, kwargs)
+            if result in (Result.PASS, Result.ACCEPTABLE):
+                found.append({"signature": "inputs exchanged", "fields": (a, b),
+                              "text": f"the reference's output with `{a}` and `{b}` exchanged",
+                              "evidence": f"the implementation is {result.name} against the reference rerun with "
+                                          f"`{a}` and `{b}` exchanged", "confidence": 0.85})
+    return found
+
+
+def _rerun_close(vec, spec, x, kw, mask, name="out"):
+    """Per element of output ``name``: x within the allowance (``_close``) of the reference rerun on ``kw``,
+    its scale from that rerun; None where the reference refuses ``kw``."""
     try:
         with np.errstate(all="ignore"):
             ref = dict(spec.reference(**kw))
-            sc = spec.scales(kw, ref).get("out") if spec.scales is not None else None
+            sc = spec.scales(kw, ref).get(name) if spec.scales is not None else None
     except Exception:  # noqa: BLE001 - inputs the reference refuses
         return None
-    return _close(vec.outputs["out"], vec.bounds.get("out", {}), x, ref["out"], mask, sc)
+    return _close(vec.outputs[name], vec.bounds.get(name, {}), x, ref[name], mask, sc)
 
 
 def _head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
@@ -286,26 +373,31 @@ def _head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
                          f"{len(moved)} of {hq} are not h // {hq // hk}", "confidence": 0.8}]
 
 
+ROW_OUTPUTS = {"draft_attention": "out", "draft_layer": "x_next"}  # outputs whose rows are the block's rows
+
+
 def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
-    """draft_attention's query rows each equal, within the allowance, the reference with the block's live
-    extent set to some L: which block keys each row sees. Said when every compared row is explained and
-    some row sees another extent than ``live``: ``causal`` when each row i sees the first i + 1 keys,
-    ``beyond live`` when the rows see keys past the live extent. One reference run per L in 1..W."""
-    if spec is None or vec.op != "draft_attention" or "out" not in impl:
+    """draft_attention's (or draft_layer's) rows each equal, within the allowance, the reference with the
+    block's live extent set to some L: which block keys each row sees. Said when every compared row is
+    explained and some row sees another extent than ``live``: ``causal`` when each row i sees the first
+    i + 1 keys, ``beyond live`` when the rows see keys past the live extent. One reference run per L in
+    1..W."""
+    name = ROW_OUTPUTS.get(vec.op)
+    if spec is None or name is None or name not in impl:
         return []
     kw0 = fresh(vec)
     live = np.asarray(kw0["live"]).astype(np.int64).reshape(-1)
-    x = np.asarray(impl["out"])
-    if x.ndim != 4 or x.shape != np.shape(vec.expected["out"]) or live.size != x.shape[0]:
+    x = np.asarray(impl[name])
+    if x.ndim < 3 or x.shape != np.shape(vec.expected[name]) or live.size != x.shape[0]:
         return []
     b, w = x.shape[:2]
-    mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)["out"]
+    mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)[name]
     rows = mask.reshape(b, w, -1).any(axis=2)  # the compared rows
     ok = np.zeros((w + 1, b, w), bool)  # ok[L, b, i]: row (b, i) is the reference's with live L
     for n in range(1, w + 1):
         kw = fresh(vec)
         kw["live"] = np.full_like(np.asarray(kw["live"]), n)
-        close = _rerun_close(vec, spec, x, kw, mask)
+        close = _rerun_close(vec, spec, x, kw, mask, name)
         if close is not None:  # an extent the reference refuses: not this one
             ok[n] = close.reshape(b, w, -1).all(axis=2)
     idx = np.arange(w)
@@ -319,8 +411,8 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
         kind, what = "beyond live", "rows see block keys past the live extent"
     else:
         kind, what = "other", "rows see other block extents than live"
-    return [{"signature": "row extent", "extent": kind, "output": "out",
-             "text": f"out: {what}",
+    return [{"signature": "row extent", "extent": kind, "output": name,
+             "text": f"{name}: {what}",
              "evidence": f"each compared row equals (within the allowance) the reference with the live extent set to "
                          f"some L of 1..{w}; {int((~own & rows).sum())} of {int(rows.sum())} rows not at L = live",
              "confidence": 0.8}]
@@ -368,13 +460,81 @@ def _slot_signature(vec, spec, impl: Mapping) -> list[dict]:
                          f"slot; {stale} hold their old contents", "confidence": 0.75}]
 
 
+BF16_U = 2.0 ** -8  # BF16's unit roundoff
+ROTATION_NORM = 4 * BF16_U  # two BF16 stores' roundings, and as much again for the engine's arithmetic
+ROTATED = 2.0 ** -4  # a vector moved by more than 16 BF16 roundings: not a rounding
+SMALL_POSITION = 2**24  # below it a position's value is exact in FP32: the positions family cannot bite
+
+
+def _rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """context_kv's K rows: every compared head vector has the reference's norm (within ``ROTATION_NORM``)
+    and some are moved by more than ``ROTATED`` of it, all positions below ``SMALL_POSITION``: each K
+    vector turned by another rotation than the spec's RoPE (rotation keeps the norm; a rounding moves a
+    vector far less, a wrong value or slot changes its norm)."""
+    if vec.op != "context_kv" or "k_cache" not in impl or "k_cache" not in vec.expected:
+        return []
+    kw0 = fresh(vec)
+    rows = np.shape(kw0.get("context", ()))[0] if "context" in kw0 else 0
+    if rows == 0 or int(np.asarray(kw0.get("start", 0))) + rows > SMALL_POSITION:
+        return []
+    x, r = (np.asarray(a).astype(np.float64) for a in (impl["k_cache"], vec.expected["k_cache"]))
+    if x.shape != r.shape or x.ndim < 3:
+        return []
+    mask = np.broadcast_to(compare.full_masks(vec.outputs, vec.expected, vec.masks)["k_cache"], x.shape)
+    used = mask.all(axis=-1)  # the compared head vectors
+    if not used.any() or not (np.isfinite(x[used]).all() and np.isfinite(r[used]).all()):
+        return []
+    nx, nr = np.linalg.norm(x[used], axis=-1), np.linalg.norm(r[used], axis=-1)
+    moved = np.linalg.norm(x[used] - r[used], axis=-1)
+    if not (np.abs(nx - nr) <= ROTATION_NORM * nr).all() or not (moved > ROTATED * nr).any():
+        return []
+    n = int((moved > ROTATED * nr).sum())
+    return [{"signature": "rotation", "output": "k_cache",
+             "text": "k_cache: head vectors turned by another rotation (each keeps its norm)",
+             "evidence": f"every one of the {int(used.sum())} compared K head vectors has the reference's norm "
+                         f"(within {ROTATION_NORM:.3g} of it); {n} moved by more than {ROTATED:.3g} of their norm, "
+                         f"at positions below 2^24", "confidence": 0.75}]
+
+
+def _pair_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """draft_layer / masked_block conform to the reference rerun with every query and key head's dims
+    reordered from interleaved pairs (2i, 2i + 1) to split halves (i, i + D/2) (the rows of wq and wk
+    within each head, q_norm, k_norm and the cached keys): RoPE applied to interleaved pairs (GPT-J's
+    layout) where the spec rotates halves; attention scores only see the common reordering."""
+    if spec is None or vec.op not in ("draft_layer", "masked_block"):
+        return []
+    kw0 = fresh(vec)
+    d = int(kw0.get("head_dim", 0))
+    if d < 4 or d % 2:
+        return []
+    perm = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+
+    def kwargs():
+        kw = fresh(vec)
+        for name in ("wq", "wk"):
+            w = np.asarray(kw[name])
+            kw[name] = w.reshape(w.shape[:-2] + (w.shape[-2] // d, d, w.shape[-1]))[..., perm, :].reshape(w.shape)
+        for name in ("q_norm", "k_norm", "k_cache", "context_k"):
+            if name in kw:
+                kw[name] = np.ascontiguousarray(np.asarray(kw[name])[..., perm])
+        return kw
+    result = _conforms(vec, spec, impl, kwargs)
+    if result not in (Result.PASS, Result.ACCEPTABLE):
+        return []
+    return [{"signature": "pair layout", "text": "the reference's output with RoPE on interleaved pairs",
+             "evidence": f"the implementation is {result.name} against the reference rerun with each query and "
+                         "key head's dims in interleaved-pair order (weights, norms and cached keys reordered)",
+             "confidence": 0.85}]
+
+
 def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[dict]:
     """Structural hypotheses, most confident first."""
     from conformance.compare import full_masks
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl)
-    for probe in (_head_map_signature, _row_extent_signature, _slot_signature):
+    for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
+                  _exchange_signatures, _rotation_signature, _pair_layout_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

@@ -129,12 +129,49 @@ class RolledProposals(Engine):
         return {"tokens": np.roll(t, 1, axis=1)}
 
 
+class CausalLayer(Engine):
+    """draft_layer with a causal mask over the block: row i computed as if only the first i + 1 were live."""
+
+    def draft_layer(self, x, live, **kw):
+        live = np.asarray(live)
+        rows = [super(CausalLayer, self).draft_layer(x, live=np.minimum(live, i + 1).astype(live.dtype), **kw)
+                ["x_next"][:, i] for i in range(np.shape(x)[1])]
+        return {"x_next": np.stack(rows, axis=1)}
+
+
+class StackedCapture(Engine):
+    """Target features gathered by popping a stack of the captured blocks: the last id's block first."""
+
+    def feature_capture(self, target_layer_ids, **kw):
+        return super().feature_capture(target_layer_ids=list(target_layer_ids)[::-1], **kw)
+
+
+class DefaultTheta(Engine):
+    """context_kv's RoPE with the library default base (10000, or 1e6 where the case uses 10000), not the
+    configured one: a rotation the catalog has no variant of."""
+
+    def context_kv(self, theta, **kw):
+        return super().context_kv(theta=1e6 if float(theta) == 1e4 else 1e4, **kw)
+
+
+class SwappedCodebooks(Engine):
+    """The selector's predecessor and successor tables loaded under each other's names."""
+
+    def candidate_selector(self, w_pred, w_succ, **kw):
+        return super().candidate_selector(w_pred=w_succ, w_succ=w_pred, **kw)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
+    (CausalLayer(), "draft_layer", "window"),
     (TruncatedStore(), "draft_attention", "rounding"),
     (RolledProposals(), "proposal_head", "next_token_shift"),
-], ids=["repeat_heads", "causal_block", "truncated_store", "rolled_proposals"])
+    (StackedCapture(), "feature_capture", "capture"),
+    (DefaultTheta(), "context_kv", "rope"),
+    (SwappedCodebooks(), "candidate_selector", "selector_first"),
+], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
+        "default_theta", "swapped_codebooks"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
@@ -159,3 +196,48 @@ def test_a_mangled_seed_is_the_rng_a_moved_slot_the_ring_writer():
     assert _read("context_kv", {"signature": "shift by one", "output": "k_cache", "axis": 0}) == "window"
     assert _read("context_kv", {"signature": "shift by one", "output": "k_cache", "axis": 2}) is None  # heads
     assert _read("draft_attention", {"signature": "slots moved"}) is None
+
+
+def test_interleaved_rope_in_a_layer_is_read_with_the_rope_family_removed():
+    """The catalog's interleaved-RoPE draft_layer mutant, diagnosed without any rope variant: the pair-layout
+    reading names it on most FAILs, and nothing else is named first."""
+    m = next(x for x in mutants.MUTANTS if x.key == "rope_interleaved-draft_layer")
+    catalog = [x for x in mutants.MUTANTS if family(x) != "rope"]
+    results = run_suite(m, VECTORS, ops_pattern="draft_layer", diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
+    summary(results)
+    failing = [r for r in results if r.result == Result.FAIL]
+    firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
+    assert all(h.get("family") == "rope" for h in firsts if h.get("family")), [h.get("family") for h in firsts]
+    assert sum(h.get("reading") == "pair layout" for h in firsts) * 2 > len(failing)
+
+
+def test_a_rerun_reading_unwritten_slots_does_not_widen_the_allowance():
+    """With frontier + 1 the reference reads a ring slot never written (values far larger than the case's):
+    its magnitude scale must not become the allowance, or any bug would conform to it. Here the
+    interleaved-RoPE layer, on a case whose frontier + 1 rerun differs from the reference by hundreds."""
+    from conformance import registry
+    from conformance.diagnosis import structure
+    from conformance.diagnosis.match import fresh
+    from conformance.vectors import case_path, parse_vector
+
+    case = "draft_layer/dflash_full_F1_W2"
+    vec = parse_vector(case_path(VECTORS, case).read_bytes(), case)
+    spec = registry.get(vec.op)
+    m = next(x for x in mutants.MUTANTS if x.key == "rope_interleaved-draft_layer")
+    impl = m.draft_layer(**fresh(vec))
+    moved = dict(spec.reference(**{**fresh(vec), "frontier": np.asarray(fresh(vec)["frontier"]) + 1}))
+    assert np.nanmax(np.abs(np.asarray(moved["x_next"], float) - np.asarray(vec.expected["x_next"], float))) > 100
+    assert not [s for s in structure._offset_signatures(vec, spec, impl) if s["field"] == "frontier"]
+    assert [s["signature"] for s in structure._pair_layout_signature(vec, spec, impl)] == ["pair layout"]
+
+
+def test_the_new_readings_name_their_family_only_on_their_ops():
+    assert _read("feature_capture", {"signature": "input transformed", "field": "target_layer_ids",
+                                     "transform": "in reverse order"}) == "capture"
+    swap = {"signature": "inputs exchanged", "fields": ("w_succ", "w_pred")}
+    assert _read("candidate_selector", swap) == "selector_first"
+    assert _read("candidate_selector", {**swap, "fields": ("w_hidden", "w_pred")}) is None
+    assert _read("context_kv", {"signature": "rotation"}) == "rope"
+    assert _read("draft_layer", {"signature": "pair layout"}) == "rope"
+    windows = {"signature": "input off by one", "field": "windows", "step": 1}
+    assert _read("masked_block", windows) == "window"
