@@ -46,11 +46,18 @@ import math
 
 import numpy as np
 
+from conformance.diagnosis.structure import NORM_WEIGHT_FORMS as NORM_FORMS
+
 ATTENTION_OPS = ("draft_attention", "draft_layer", "masked_block")
 UNIFORM_OPS = ("speculative_accept", "tree_verify")
 NORM_TOLERANCE = 0.01
 TRUNCATION = 2.0 ** -7
 TOWARD_ZERO = 0.9
+
+
+# (Op, family) whose reading sees every bug of the family on the Op (the mechanism always leaves its
+# signature there): where the reading is silent, the family is not named from weaker evidence either
+DECISIVE = {("proposal_head", "next_token_shift"), ("draft_attention", "gqa_head_mapping")}
 
 
 def _family(shape: dict, fam: str, why: str) -> dict:
@@ -101,6 +108,12 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
                                   "a position's value to be wrong")
     if sig == "pair layout":
         return _family(s, "rope", "RoPE rotating interleaved pairs where the spec rotates split halves")
+    if sig == "input transformed" and s.get("field") in ("window", "windows") and op in ATTENTION_OPS:
+        return _family(s, "window", "the sliding window ignored: full attention")
+    if sig == "input transformed" and str(s.get("field", "")).endswith("norm") and s.get("transform") in NORM_FORMS:
+        return _family(s, "norm", f"the RMSNorm weight `{s['field']}` {s['transform']}")
+    if sig == "tied order":
+        return _family(s, "ties", "exact ties broken another way than toward the lowest row")
     if sig == "input transformed" and s.get("field") == "seed":
         return _family(s, "rng", f"the key built from the seed with {s.get('transform')}")
     if op == "proposal_head" and s.get("output") == "tokens" and s.get("axis") == 1 and (

@@ -30,6 +30,7 @@ MAX_AXIS = 64  # permutations are searched along axes up to this size
 # integer inputs whose off-by-one is a classic: positions and counters, window bounds, starts
 OFFSET_FIELDS = ("frontier", "start", "window", "position", "positions", "windows")
 RNG_INPUTS = ("seed",)
+WINDOW_FIELDS = ("window", "windows")  # a sliding window's size (0: none), one per layer for masked_block
 OFF_FORMAT = 0.9  # of the differing elements off the values' format: a skipped rounding
 
 
@@ -240,14 +241,17 @@ def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
     found = []
     kw0 = fresh(vec)
     for field, v0 in kw0.items():
-        v0 = np.asarray(v0) if isinstance(v0, (np.ndarray, np.integer, int)) else None
+        v0 = np.asarray(v0) if isinstance(v0, (np.ndarray, np.integer, int)) or field in WINDOW_FIELDS else None
         if v0 is None or v0.dtype.kind not in "iu":
             continue
         forms = {}
         if v0.dtype == np.uint64:
             forms.update({k: (lambda a, f=f: f(np.asarray(a, np.uint64))) for k, f in WORD_TRANSFORMS.items()})
-        if v0.ndim == 1 and v0.size > 1 and np.unique(v0).size > 1:
+        if v0.ndim == 1 and v0.size > 1 and np.unique(v0).size > 1 and field not in WINDOW_FIELDS:
             forms["row 0's value in every row"] = lambda a: np.full_like(np.asarray(a), np.asarray(a)[0])
+        if field in WINDOW_FIELDS and v0.size and (v0 > 0).any():
+            forms["set to 0 (no window)"] = lambda a: type(a)([0] * len(a)) if isinstance(a, (list, tuple)) \
+                else np.zeros_like(np.asarray(a)) if np.ndim(a) else type(a)(0)
         for what, f in forms.items():
             def kwargs(field=field, f=f):
                 kw = fresh(vec)
@@ -272,6 +276,37 @@ ID_TRANSFORMS = {
     "in reverse order": lambda ids, n: ids[::-1],
     "in ascending order": lambda ids, n: sorted(ids),
 }
+
+
+NORM_WEIGHT_FORMS = {  # how a norm's weight is commonly misread: the other of the two checkpoint conventions
+    "read as 1 + w (Gemma's convention, on a checkpoint that stores w)": 1.0,
+    "read as w - 1 (a 1 + w checkpoint's convention undone twice)": -1.0,
+}
+
+
+def _norm_weight_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """The implementation conforms to the reference rerun with one RMSNorm weight (an input whose name ends
+    in ``norm``) offset by +-1: the weight convention (w or 1 + w) mixed up."""
+    if spec is None:
+        return []
+    kw0 = fresh(vec)
+    found = []
+    for field, v0 in kw0.items():
+        if not field.endswith("norm") or not isinstance(v0, np.ndarray) or v0.dtype.kind not in "fV" or not v0.size:
+            continue
+        for what, c in NORM_WEIGHT_FORMS.items():
+            def kwargs(field=field, c=c):
+                kw = fresh(vec)
+                w = np.asarray(kw[field])
+                kw[field] = (w.astype(np.float64) + c).astype(w.dtype)
+                return kw
+            result = _conforms(vec, spec, impl, kwargs)
+            if result in (Result.PASS, Result.ACCEPTABLE):
+                found.append({"signature": "input transformed", "field": field, "transform": what,
+                              "text": f"the reference's output with `{field}` {what}",
+                              "evidence": f"the implementation is {result.name} against the reference rerun with "
+                                          f"`{field}` {what}", "confidence": 0.85})
+    return found
 
 
 def _capture_signatures(vec, spec, impl: Mapping) -> list[dict]:
@@ -460,6 +495,47 @@ def _slot_signature(vec, spec, impl: Mapping) -> list[dict]:
                          f"slot; {stale} hold their old contents", "confidence": 0.75}]
 
 
+ID_OUTPUTS = {"proposal_head": "tokens", "candidate_topk": "ids"}  # the Ops that rank head logits, their id output
+
+
+def _tied_order_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """proposal_head / candidate_topk: every id that differs from the reference's names a head row whose
+    logit (hidden . head row, float64 of the inputs) equals exactly the logit of the reference's id there,
+    both rows eligible, in a row whose logits are not all equal (where they are, a reversed or unranked
+    order looks the same): the same ranking with exact ties broken another way."""
+    name = ID_OUTPUTS.get(vec.op)
+    if name is None or name not in impl or name not in vec.expected:
+        return []
+    kw0 = fresh(vec)
+    x, r = np.asarray(impl[name]).astype(np.int64), np.asarray(vec.expected[name]).astype(np.int64)
+    if x.shape != r.shape or x.ndim < 2:
+        return []
+    hidden, head = np.asarray(kw0["hidden"], np.float64), np.asarray(kw0["head"], np.float64)
+    rows = head.shape[0]
+    ids = np.arange(rows) if kw0.get("shortlist") is None else np.asarray(kw0["shortlist"]).astype(np.int64)
+    eligible = (ids >= 0) & (ids < int(kw0["vocab_size"]))
+    row_of = {int(g): j for j, g in enumerate(ids) if eligible[j]}
+    differ = np.argwhere(x != r)
+    if len(differ) == 0:
+        return []
+    for at in differ:
+        a, b = row_of.get(int(x[tuple(at)])), row_of.get(int(r[tuple(at)]))
+        if a is None or b is None:
+            return []
+        h = hidden[tuple(at[:2])] if hidden.ndim >= 3 else hidden[at[0]]
+        with np.errstate(all="ignore"):
+            za, zb = float(h @ head[a]), float(h @ head[b])
+        if not (np.isfinite(za) and za == zb):
+            return []
+        with np.errstate(all="ignore"):
+            if np.unique(head[eligible] @ h).size < 2:  # every logit tied: any order, ranked or not, looks the same
+                return []
+    return [{"signature": "tied order", "output": name,
+             "text": f"{name}: exact ties ranked in another order",
+             "evidence": f"each of the {len(differ)} differing ids names a head row whose logit equals exactly that "
+                         "of the reference's id (both eligible)", "confidence": 0.8}]
+
+
 BF16_U = 2.0 ** -8  # BF16's unit roundoff
 ROTATION_NORM = 4 * BF16_U  # two BF16 stores' roundings, and as much again for the engine's arithmetic
 ROTATED = 2.0 ** -4  # a vector moved by more than 16 BF16 roundings: not a rounding
@@ -534,7 +610,8 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
-                  _exchange_signatures, _rotation_signature, _pair_layout_signature):
+                  _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
+                  _norm_weight_signatures):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

@@ -161,6 +161,31 @@ class SwappedCodebooks(Engine):
         return super().candidate_selector(w_pred=w_succ, w_succ=w_pred, **kw)
 
 
+class LastMaxHead(Engine):
+    """proposal_head's argmax taking the last maximum (ties to the highest row; the spec: the lowest)."""
+
+    def proposal_head(self, hidden, head, vocab_size, shortlist=None):
+        rows = np.shape(head)[0]
+        ids = np.arange(rows, dtype=np.int32) if shortlist is None else np.asarray(shortlist)
+        return super().proposal_head(hidden=hidden, head=np.ascontiguousarray(np.asarray(head)[::-1]),
+                                     vocab_size=vocab_size, shortlist=np.ascontiguousarray(ids[::-1]))
+
+
+class FullAttention(Engine):
+    """A sliding-window layer attended in full: the window argument never reaches the kernel."""
+
+    def draft_attention(self, window, **kw):
+        return super().draft_attention(window=0, **kw)
+
+
+class GemmaNorm(Engine):
+    """The context norm scaled by (1 + w), Gemma's convention, on a checkpoint that stores w."""
+
+    def feature_capture(self, hidden_norm, **kw):
+        w = np.asarray(hidden_norm)
+        return super().feature_capture(hidden_norm=(w.astype(np.float64) + 1).astype(w.dtype), **kw)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
@@ -170,8 +195,11 @@ class SwappedCodebooks(Engine):
     (StackedCapture(), "feature_capture", "capture"),
     (DefaultTheta(), "context_kv", "rope"),
     (SwappedCodebooks(), "candidate_selector", "selector_first"),
+    (LastMaxHead(), "proposal_head", "ties"),
+    (FullAttention(), "draft_attention", "window"),
+    (GemmaNorm(), "feature_capture", "norm"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
-        "default_theta", "swapped_codebooks"])
+        "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
