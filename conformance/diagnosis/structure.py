@@ -536,6 +536,68 @@ def _tied_order_signature(vec, spec, impl: Mapping) -> list[dict]:
                          "of the reference's id (both eligible)", "confidence": 0.8}]
 
 
+SPEC_TAPS = "the spec's taps"
+
+
+def _conv_forms(x, base_side, delta_side, group: int) -> dict:
+    """The grouped conv (reference.grouped_conv's formula, float64) with each way its taps are commonly
+    laid out: the spec's (tap 0 on column i, tap 1 on column i - 1, none at 0), the taps' coefficients
+    exchanged, the second tap on column i + 1, and column 0's preceding tap read from the last column
+    (a wrapping shift)."""
+    b, w, h = x.shape
+    g = h // group
+    xg = x.reshape(b, w, g, group)
+    coef = base_side.reshape(1, 1, 2, g, group) + delta_side[..., None]
+    zero = np.zeros_like(xg[:, :1])
+    prev, nxt = np.concatenate([zero, xg[:, :-1]], axis=1), np.concatenate([xg[:, 1:], zero], axis=1)
+    forms = {SPEC_TAPS: coef[:, :, 0] * xg + coef[:, :, 1] * prev,
+             "the taps' coefficients exchanged": coef[:, :, 1] * xg + coef[:, :, 0] * prev,
+             "the second tap on the next column": coef[:, :, 0] * xg + coef[:, :, 1] * nxt,
+             "column 0's preceding tap read from the last column": coef[:, :, 0] * xg
+             + coef[:, :, 1] * np.roll(xg, 1, axis=1)}
+    return {k: v.reshape(b, w, h) for k, v in forms.items()}
+
+
+def _conv_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """grouped_conv: every output within the allowance of the conv recomputed with another layout: a tap
+    layout of ``_conv_forms``, its delta projection read as the spec lays it out ([2 sides, 2 taps, G]) or
+    group-major ([G, 2, 2]) (not both the spec's); ``finished`` on the implementation's own finish_delta."""
+    if vec.op != "grouped_conv" or not {"prepared", "finished", "finish_delta"} <= set(impl):
+        return []
+    from reference.grouped_conv import GROUP
+
+    kw0 = fresh(vec)
+    x, z, base, proj = (np.asarray(kw0[k], np.float64) for k in ("x", "z", "base", "proj"))
+    b, w, h = x.shape
+    if h % GROUP:
+        return []
+    g = h // GROUP
+    raw = (x @ proj.T).reshape(b, w, -1)
+    layouts = {"": raw.reshape(b, w, 2, 2, g),
+               "the delta projection read group-major": raw.reshape(b, w, g, 2, 2).transpose(0, 1, 3, 4, 2)}
+    masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)
+    fd = np.asarray(impl["finish_delta"], np.float64)
+
+    def close(name, y):
+        o = vec.outputs[name]
+        return bool(_close(o, vec.bounds.get(name, {}), np.asarray(impl[name]),
+                           numerics.storage(y, o.fmt).astype(np.float64), masks[name],
+                           vec.expected.get(f"{name}.scale")).all())
+
+    found = []
+    for lay, delta in layouts.items():
+        if not close("finish_delta", delta[:, :, 1]):
+            continue
+        prepared, finished = _conv_forms(x, base[0], delta[:, :, 0], GROUP), _conv_forms(z, base[1], fd, GROUP)
+        for form in prepared:
+            what = ", ".join(t for t in ((form if form != SPEC_TAPS else ""), lay) if t)
+            if what and close("prepared", prepared[form]) and close("finished", finished[form]):
+                found.append({"signature": "conv layout", "layout": what, "text": f"the grouped conv with {what}",
+                              "evidence": f"every output within the allowance of the conv recomputed with {what} "
+                                          "(finished on the implementation's own finish_delta)", "confidence": 0.8})
+    return found
+
+
 BF16_U = 2.0 ** -8  # BF16's unit roundoff
 ROTATION_NORM = 4 * BF16_U  # two BF16 stores' roundings, and as much again for the engine's arithmetic
 ROTATED = 2.0 ** -4  # a vector moved by more than 16 BF16 roundings: not a rounding
@@ -611,7 +673,7 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
-                  _norm_weight_signatures):
+                  _norm_weight_signatures, _conv_layout_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

@@ -144,10 +144,10 @@ def _new_path(h) -> bool:
     return bool(m) and float(m.group(1)) < fm.SIGMAS / np.sqrt(int(m.group(2)))
 
 
-@pytest.mark.parametrize("key,fam", [("conv_tap_layout-tap_order", "conv"), ("rng_counter-words_swapped", "rng")])
+@pytest.mark.parametrize("key,fam", [("conv_delta_per_channel", "conv"), ("rng_counter-words_swapped", "rng")])
 def test_leave_one_out_named_on_the_support(key, fam):
     """Leave-one-out (docs/reports/diagnosis.md, section (a)) where the family is named through the
-    support: a conv tap layout whose siblings move the same outputs with unrelated values, an RNG
+    support: a conv delta tiled across channels, whose siblings move the same outputs with unrelated values, an RNG
     counter (its words swapped) whose siblings change exactly the same few tokens. Named first on
     several FAILs, never another family."""
     m = next(x for x in mutants.MUTANTS if x.key == key)

@@ -186,6 +186,18 @@ class GemmaNorm(Engine):
         return super().feature_capture(hidden_norm=(w.astype(np.float64) + 1).astype(w.dtype), **kw)
 
 
+class RolledConv(Engine):
+    """The conv's preceding tap taken with a wrapping shift (np.roll of the columns by one): column 0 reads the
+    last column instead of nothing."""
+
+    def _conv(self, x, base_side, delta_side):
+        b, w, h = np.shape(x)
+        xg = np.asarray(x, np.float32).reshape(b, w, h // 16, 16)
+        coef = np.asarray(base_side, np.float32).reshape(1, 1, 2, h // 16, 16) \
+            + np.asarray(delta_side, np.float32)[..., None]
+        return (coef[:, :, 0] * xg + coef[:, :, 1] * np.roll(xg, 1, axis=1)).reshape(b, w, h)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
@@ -198,8 +210,9 @@ class GemmaNorm(Engine):
     (LastMaxHead(), "proposal_head", "ties"),
     (FullAttention(), "draft_attention", "window"),
     (GemmaNorm(), "feature_capture", "norm"),
+    (RolledConv(), "grouped_conv", "conv"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
-        "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm"])
+        "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
