@@ -112,6 +112,8 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "window", "the sliding window ignored: full attention")
     if sig == "input transformed" and str(s.get("field", "")).endswith("norm") and s.get("transform") in NORM_FORMS:
         return _family(s, "norm", f"the RMSNorm weight `{s['field']}` {s['transform']}")
+    if sig == "ring rotated" and op in ATTENTION_OPS:
+        return _family(s, "window", "the context ring read at an offset (its live interval taken from another slot)")
     if sig == "conv layout":
         return _family(s, "conv", f"the grouped conv's layout: {s.get('layout')}")
     if sig == "tied order":

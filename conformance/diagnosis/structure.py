@@ -453,6 +453,42 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
              "confidence": 0.8}]
 
 
+MAX_RING = 64  # ring rotations are searched on rings up to this capacity
+
+
+def _ring_rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """draft_attention / draft_layer: each batch row equals, within the allowance, the reference with that
+    row's ring (K and V caches) rotated by some r slots, not all r = 0: the ring read at an offset (its
+    live interval taken as starting at another slot, a reader without mod C). One reference run per r."""
+    name = ROW_OUTPUTS.get(vec.op)
+    if spec is None or name is None or name not in impl:
+        return []
+    kw0 = fresh(vec)
+    cap = np.shape(kw0["k_cache"])[1]
+    x = np.asarray(impl[name])
+    if cap < 2 or cap > MAX_RING or x.shape != np.shape(vec.expected[name]):
+        return []
+    mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)[name]
+    b = x.shape[0]
+    rows = mask.reshape(b, -1).any(axis=1)
+    ok = np.zeros((cap, b), bool)
+    for r in range(cap):
+        kw = fresh(vec)
+        for c in ("k_cache", "v_cache"):
+            kw[c] = np.ascontiguousarray(np.roll(np.asarray(kw[c]), r, axis=1))
+        close = _rerun_close(vec, spec, x, kw, mask, name)
+        if close is None:
+            return []
+        ok[r] = close.reshape(b, -1).all(axis=1)
+    if not ok.any(axis=0)[rows].all() or ok[0][rows].all():
+        return []
+    shifts = [int(np.argmax(ok[:, i])) for i in range(b) if rows[i]]
+    return [{"signature": "ring rotated", "output": name, "shifts": shifts,
+             "text": f"{name}: the context ring read at an offset (rows' rings rotated by {shifts} slots)",
+             "evidence": f"each compared batch row equals (within the allowance) the reference with its ring rotated "
+                         f"by some r of 0..{cap - 1}; rotations {shifts}", "confidence": 0.8}]
+
+
 def _slot_signature(vec, spec, impl: Mapping) -> list[dict]:
     """context_kv's caches: every slot (a ring row or a page row: all axes but the last two) that differs
     holds, within the allowance, the reference's row of another slot or its own old row (not written),
@@ -487,10 +523,11 @@ def _slot_signature(vec, spec, impl: Mapping) -> list[dict]:
                 stale += 1
             else:
                 return []
-    if moved == 0:
+    if moved == 0 and stale == 0:
         return []
     return [{"signature": "slots moved", "output": "k_cache, v_cache",
-             "text": "cache rows stored in other slots than their positions' (or left unwritten)",
+             "text": "cache rows stored in other slots than their positions'" if moved else
+                     "cache rows the spec writes left unwritten",
              "evidence": f"{moved} differing slot rows each hold, within the allowance, the reference's row of another "
                          f"slot; {stale} hold their old contents", "confidence": 0.75}]
 
@@ -673,7 +710,7 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
-                  _norm_weight_signatures, _conv_layout_signature):
+                  _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

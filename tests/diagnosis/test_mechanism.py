@@ -198,6 +198,17 @@ class RolledConv(Engine):
         return (coef[:, :, 0] * xg + coef[:, :, 1] * np.roll(xg, 1, axis=1)).reshape(b, w, h)
 
 
+class LinearRingRead(Engine):
+    """The ring read without mod C: the live interval [F - C, F) taken from slot 0 onward, so position p is
+    read from slot p - (F - C) instead of p mod C."""
+
+    def draft_attention(self, k_cache, v_cache, frontier, **kw):
+        cap = np.shape(k_cache)[1]
+        lo = [max(0, int(f) - cap) for f in np.asarray(frontier).reshape(-1)]
+        kc, vc = (np.stack([np.roll(np.asarray(c)[i], lo[i], axis=0) for i in range(len(lo))]) for c in (k_cache, v_cache))
+        return super().draft_attention(k_cache=kc, v_cache=vc, frontier=frontier, **kw)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
@@ -211,8 +222,10 @@ class RolledConv(Engine):
     (FullAttention(), "draft_attention", "window"),
     (GemmaNorm(), "feature_capture", "norm"),
     (RolledConv(), "grouped_conv", "conv"),
+    (LinearRingRead(), "draft_attention", "window"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
-        "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv"])
+        "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
+        "linear_ring_read"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
