@@ -205,7 +205,8 @@ class LinearRingRead(Engine):
     def draft_attention(self, k_cache, v_cache, frontier, **kw):
         cap = np.shape(k_cache)[1]
         lo = [max(0, int(f) - cap) for f in np.asarray(frontier).reshape(-1)]
-        kc, vc = (np.stack([np.roll(np.asarray(c)[i], lo[i], axis=0) for i in range(len(lo))]) for c in (k_cache, v_cache))
+        kc, vc = (np.stack([np.roll(np.asarray(c)[i], lo[i], axis=0) for i in range(len(lo))])
+                  for c in (k_cache, v_cache))
         return super().draft_attention(k_cache=kc, v_cache=vc, frontier=frontier, **kw)
 
 
