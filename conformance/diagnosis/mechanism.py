@@ -112,6 +112,12 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "window", "the sliding window ignored: full attention")
     if sig == "input transformed" and str(s.get("field", "")).endswith("norm") and s.get("transform") in NORM_FORMS:
         return _family(s, "norm", f"the RMSNorm weight `{s['field']}` {s['transform']}")
+    if sig == "input transformed" and s.get("field") == "anchor" and op == "masked_block":
+        return _family(s, "anchor_as_mask", "the anchor embedded as the mask token")
+    if sig == "input transformed" and s.get("field") in ("live", "live_proposals"):
+        return _family(s, "extent", "rows or proposals past the live extent used")
+    if sig == "counter transformed":
+        return _family(s, "rng", f"the Philox counter built with {s.get('transform')}")
     if sig == "ring rotated" and op in ATTENTION_OPS:
         return _family(s, "window", "the context ring read at an offset (its live interval taken from another slot)")
     if sig == "conv layout":

@@ -232,6 +232,66 @@ WORD_TRANSFORMS = {
 }
 
 
+# how a per-row seed is commonly keyed by the batch row (C3: the row never enters the key)
+ROW_SEED_TRANSFORMS = {
+    "the batch row mixed in (seed xor row)": lambda a: a ^ np.arange(a.size, dtype=np.uint64).reshape(a.shape),
+    "the batch row added (seed + row)": lambda a: a + np.arange(a.size, dtype=np.uint64).reshape(a.shape),
+}
+# how C3's counter (position lo, position hi, purpose, index) is commonly built another way
+COUNTER_FORMS = {
+    "its words in the order (purpose, index, position lo, position hi)": lambda c: c[..., [2, 3, 0, 1]],
+    "its two position words swapped": lambda c: c[..., [1, 0, 2, 3]],
+    "its purpose and index words swapped": lambda c: c[..., [0, 1, 3, 2]],
+    "purpose codes counted from 0": lambda c: _word_plus(c, 2, -1),
+    "purpose codes counted from 2": lambda c: _word_plus(c, 2, 1),
+    "draw indices counted from 1": lambda c: _word_plus(c, 3, 1),
+}
+
+
+def _word_plus(c, word: int, step: int):
+    c = np.array(c, dtype=np.uint64, copy=True)
+    c[..., word] = (c[..., word].astype(np.int64) + step).astype(np.uint64) & np.uint64(0xFFFFFFFF)
+    return c
+
+
+def _full_extent(op: str, kw: Mapping) -> int | None:
+    """The width a live-extent input can reach on ``op`` (every row or proposal slot live); None where
+    the Op has none."""
+    if op == "draft_attention":
+        return np.shape(kw["q"])[1]
+    if op == "draft_layer":
+        return np.shape(kw["x"])[1]
+    if op == "masked_block":
+        return int(kw["num_drafts"]) + 1
+    if op == "speculative_accept":
+        return np.shape(kw["proposals"])[1]
+    return None
+
+
+def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """On an Op with a seed (it draws C3 uniforms): the implementation conforms to the reference rerun with
+    every Philox counter built another way (``COUNTER_FORMS``: words reordered, a field's base off by
+    one). The reference's counter builder is swapped for the rerun and restored after."""
+    if spec is None or not any(k in vec.inputs or k in vec.params for k in RNG_INPUTS):
+        return []
+    from reference import rng
+
+    found = []
+    plain = rng.counter_of
+    for what, f in COUNTER_FORMS.items():
+        rng.counter_of = lambda *a, f=f, **k: f(plain(*a, **k))
+        try:
+            result = _conforms(vec, spec, impl, lambda: fresh(vec))
+        finally:
+            rng.counter_of = plain
+        if result in (Result.PASS, Result.ACCEPTABLE):
+            found.append({"signature": "counter transformed", "transform": what,
+                          "text": f"the reference's draws with the Philox counter's {what}",
+                          "evidence": f"the implementation is {result.name} against the reference rerun with every "
+                                      f"counter's {what}", "confidence": 0.85})
+    return found
+
+
 def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
     """The implementation conforms to the reference rerun with one input transformed the way inputs are
     commonly mishandled: a 64-bit input's words swapped or one of them lost; a per-row input (one value
@@ -247,8 +307,15 @@ def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
         forms = {}
         if v0.dtype == np.uint64:
             forms.update({k: (lambda a, f=f: f(np.asarray(a, np.uint64))) for k, f in WORD_TRANSFORMS.items()})
+            if field in RNG_INPUTS and v0.ndim == 1 and v0.size > 1:
+                forms.update({k: (lambda a, f=f: f(np.asarray(a, np.uint64))) for k, f in ROW_SEED_TRANSFORMS.items()})
         if v0.ndim == 1 and v0.size > 1 and np.unique(v0).size > 1 and field not in WINDOW_FIELDS:
             forms["row 0's value in every row"] = lambda a: np.full_like(np.asarray(a), np.asarray(a)[0])
+        if field == "anchor" and "mask_token_id" in kw0:
+            forms["set to the mask token"] = lambda a: np.full_like(np.asarray(a), int(kw0["mask_token_id"]))
+        if field in ("live", "live_proposals") and _full_extent(vec.op, kw0) is not None:
+            forms["set to the full width (the live extent ignored)"] = \
+                lambda a: np.full_like(np.asarray(a), _full_extent(vec.op, kw0))
         if field in WINDOW_FIELDS and v0.size and (v0 > 0).any():
             forms["set to 0 (no window)"] = lambda a: type(a)([0] * len(a)) if isinstance(a, (list, tuple)) \
                 else np.zeros_like(np.asarray(a)) if np.ndim(a) else type(a)(0)
@@ -707,7 +774,8 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     from conformance.compare import full_masks
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
-    found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl)
+    found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl) \
+        + _counter_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
                   _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature):

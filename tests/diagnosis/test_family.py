@@ -144,12 +144,12 @@ def _new_path(h) -> bool:
     return bool(m) and float(m.group(1)) < fm.SIGMAS / np.sqrt(int(m.group(2)))
 
 
-@pytest.mark.parametrize("key,fam", [("conv_delta_per_channel", "conv"), ("rng_counter-words_swapped", "rng")])
+@pytest.mark.parametrize("key,fam", [("conv_delta_per_channel", "conv"), ("selector_first_step-pred_top1", "selector_first")])
 def test_leave_one_out_named_on_the_support(key, fam):
     """Leave-one-out (docs/reports/diagnosis.md, section (a)) where the family is named through the
-    support: a conv delta tiled across channels, whose siblings move the same outputs with unrelated values, an RNG
-    counter (its words swapped) whose siblings change exactly the same few tokens. Named first on
-    several FAILs, never another family."""
+    support: a conv delta tiled across channels, whose siblings move the same outputs with unrelated values, the
+    selector's first step taking the predecessor's top-1, whose siblings change the same few path entries (no
+    reading covers either). Named first on several FAILs, never another family."""
     m = next(x for x in mutants.MUTANTS if x.key == key)
     failing = _fails(m, m.op, diagnose=Diagnoser(max_cases=10**9, catalog=_without(key)))
     firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]

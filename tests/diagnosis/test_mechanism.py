@@ -210,6 +210,29 @@ class LinearRingRead(Engine):
         return super().draft_attention(k_cache=kc, v_cache=vc, frontier=frontier, **kw)
 
 
+class RowKeyedSampler(Engine):
+    """speculative_accept with the batch row xor-ed into each request's seed (the row enters the key)."""
+
+    def speculative_accept(self, seed, **kw):
+        s = np.asarray(seed, np.uint64)
+        return super().speculative_accept(seed=s ^ np.arange(s.size, dtype=np.uint64), **kw)
+
+
+class MaskedAnchor(Engine):
+    """masked_block's first column embedded from the mask token, not the committed anchor."""
+
+    def masked_block(self, anchor, mask_token_id, **kw):
+        return super().masked_block(anchor=np.full_like(np.asarray(anchor), mask_token_id),
+                                    mask_token_id=mask_token_id, **kw)
+
+
+class WholeBlock(Engine):
+    """draft_attention over every block key: the live extent never reaches the mask."""
+
+    def draft_attention(self, q, live, **kw):
+        return super().draft_attention(q=q, live=np.full_like(np.asarray(live), np.shape(q)[1]), **kw)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
@@ -224,9 +247,12 @@ class LinearRingRead(Engine):
     (GemmaNorm(), "feature_capture", "norm"),
     (RolledConv(), "grouped_conv", "conv"),
     (LinearRingRead(), "draft_attention", "window"),
+    (RowKeyedSampler(), "speculative_accept", "rng"),
+    (MaskedAnchor(), "masked_block", "anchor_as_mask"),
+    (WholeBlock(), "draft_attention", "extent"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
         "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
-        "linear_ring_read"])
+        "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
@@ -296,3 +322,32 @@ def test_the_new_readings_name_their_family_only_on_their_ops():
     assert _read("draft_layer", {"signature": "pair layout"}) == "rope"
     windows = {"signature": "input off by one", "field": "windows", "step": 1}
     assert _read("masked_block", windows) == "window"
+
+
+def test_a_counter_built_another_way_is_read_as_the_rng():
+    """The Philox counter's words reordered (purpose and index first): the reference rerun with that counter
+    is the only way the diagnosis can reproduce it, and the reference's own builder is restored after."""
+    from conformance import registry
+    from conformance.diagnosis import structure
+    from conformance.diagnosis.match import fresh
+    from conformance.runner import load_selection, read_entry
+    from reference import rng
+
+    plain = rng.counter_of
+    m = next(x for x in mutants.MUTANTS if x.key == "rng_counter-words_swapped")
+    spec = registry.get("speculative_accept")
+    _, entries = load_selection(VECTORS)
+    read = failing = 0
+    for e in entries:
+        if not e["case"].startswith("speculative_accept/"):
+            continue
+        vec = read_entry(VECTORS, e)
+        impl = m.speculative_accept(**fresh(vec))
+        if structure._conforms(vec, spec, impl, lambda vec=vec: fresh(vec)) != Result.FAIL:
+            continue
+        failing += 1
+        sigs = structure._counter_signatures(vec, spec, impl)
+        read += any(s["transform"].startswith("its words in the order") for s in sigs)
+        assert rng.counter_of is plain
+    assert failing and read * 2 > failing, (read, failing)
+    assert _read("speculative_accept", {"signature": "counter transformed", "transform": "x"}) == "rng"
