@@ -144,7 +144,8 @@ def _new_path(h) -> bool:
     return bool(m) and float(m.group(1)) < fm.SIGMAS / np.sqrt(int(m.group(2)))
 
 
-@pytest.mark.parametrize("key,fam", [("conv_delta_per_channel", "conv"), ("selector_first_step-pred_top1", "selector_first")])
+@pytest.mark.parametrize("key,fam", [("conv_delta_per_channel", "conv"),
+                                     ("selector_first_step-pred_top1", "selector_first")])
 def test_leave_one_out_named_on_the_support(key, fam):
     """Leave-one-out (docs/reports/diagnosis.md, section (a)) where the family is named through the
     support: a conv delta tiled across channels, whose siblings move the same outputs with unrelated values, the
