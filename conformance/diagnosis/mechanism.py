@@ -116,6 +116,12 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "anchor_as_mask", "the anchor embedded as the mask token")
     if sig == "input transformed" and s.get("field") in ("live", "live_proposals"):
         return _family(s, "extent", "rows or proposals past the live extent used")
+    if sig == "rule changed" and s.get("rule") == "_accept_distance":
+        return _family(s, "accept_test", "the accept test compares another pair than U q(d) < p(d)")
+    if sig == "rule changed" and s.get("rule") == "_correction_weights":
+        return _family(s, "residual", "the correction not drawn from the residual max(p - q, 0)")
+    if sig == "input ignored":
+        return _family(s, "filters", f"{', '.join(s.get('fields', ()))} never applied")
     if sig == "counter transformed":
         return _family(s, "rng", f"the Philox counter built with {s.get('transform')}")
     if sig == "ring rotated" and op in ATTENTION_OPS:

@@ -159,14 +159,16 @@ def _index_signatures(name, o, bound, x, r, mask, scale, diff) -> list[dict]:
 
 
 def _tighter(key: str, s, vec):
-    """A rerun's magnitude scale no larger than the vector's own, element by element: a rerun whose inputs
-    put large values in play (a ring slot read that was never written) must not widen the allowance
-    that judges the implementation against it."""
+    """A rerun's magnitude scale capped at the largest of the vector's own: a rerun whose inputs put large
+    values in play (a ring slot read that was never written) must not widen the allowance that judges
+    the implementation against it, while an element the rerun makes nonzero (a token a filter kept)
+    keeps its own scale."""
     own = vec.expected.get(key)
-    if own is None or np.shape(own) != np.shape(s):
+    if own is None or not np.size(own):
         return s
     with np.errstate(invalid="ignore"):
-        return np.fmin(np.asarray(s, np.float64), np.asarray(own, np.float64))
+        cap = np.nanmax(np.asarray(own, np.float64))
+        return np.fmin(np.asarray(s, np.float64), cap) if np.isfinite(cap) else s
 
 
 def _conforms(vec, spec, impl: Mapping, kwargs):
@@ -254,6 +256,41 @@ def _word_plus(c, word: int, step: int):
     return c
 
 
+# the sampling parameters (C5) and the value at which each one does nothing
+NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+           "frequency_penalty": 0.0, "presence_penalty": 0.0}
+PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
+def _ignored_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """The implementation conforms to the reference rerun with one sampling parameter (or every penalty)
+    at its neutral value (``NEUTRAL``) in every row: that parameter never reached the computation."""
+    if spec is None:
+        return []
+    kw0 = fresh(vec)
+    groups = {f: (f,) for f in NEUTRAL if f in kw0}
+    if sum(f in kw0 for f in PENALTIES) > 1:
+        groups["the penalties"] = tuple(f for f in PENALTIES if f in kw0)
+    found = []
+    for what, fields in groups.items():
+        if all(np.all(np.asarray(kw0[f]) == NEUTRAL[f]) for f in fields):  # already neutral: no evidence
+            continue
+
+        def kwargs(fields=fields):
+            kw = fresh(vec)
+            for f in fields:
+                kw[f] = np.full_like(np.asarray(kw[f]), NEUTRAL[f]) if np.ndim(kw[f]) else type(kw[f])(NEUTRAL[f])
+            return kw
+        result = _conforms(vec, spec, impl, kwargs)
+        if result in (Result.PASS, Result.ACCEPTABLE):
+            name = what if len(fields) > 1 else f"`{what}`"
+            found.append({"signature": "input ignored", "fields": fields,
+                          "text": f"the reference's output with {name} ignored (neutral in every row)",
+                          "evidence": f"the implementation is {result.name} against the reference rerun with {name} "
+                                      "at its neutral value", "confidence": 0.85})
+    return found
+
+
 def _full_extent(op: str, kw: Mapping) -> int | None:
     """The width a live-extent input can reach on ``op`` (every row or proposal slot live); None where
     the Op has none."""
@@ -268,6 +305,28 @@ def _full_extent(op: str, kw: Mapping) -> int | None:
     return None
 
 
+# speculative_accept's rules as they are commonly written another way: (the reference function the rule
+# lives in, what the rule becomes, the function that replaces it)
+ACCEPT_RULES = (
+    ("_accept_distance", "the accept test with p and q exchanged (U p(d) < q(d))",
+     lambda p_d, q_d, u: float(q_d - u * p_d)),
+    ("_accept_distance", "the accept test without q (U < p(d))", lambda p_d, q_d, u: float(p_d - u)),
+    ("_correction_weights", "the correction drawn from p, not from the residual max(p - q, 0)",
+     lambda p, qv: p),
+)
+
+
+def _patched(vec, spec, impl, module, name: str, replacement):
+    """The implementation's verdict against the reference rerun with ``module.name`` replaced (restored
+    after, whatever happens)."""
+    plain = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        return _conforms(vec, spec, impl, lambda: fresh(vec))
+    finally:
+        setattr(module, name, plain)
+
+
 def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
     """On an Op with a seed (it draws C3 uniforms): the implementation conforms to the reference rerun with
     every Philox counter built another way (``COUNTER_FORMS``: words reordered, a field's base off by
@@ -279,16 +338,29 @@ def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
     found = []
     plain = rng.counter_of
     for what, f in COUNTER_FORMS.items():
-        rng.counter_of = lambda *a, f=f, **k: f(plain(*a, **k))
-        try:
-            result = _conforms(vec, spec, impl, lambda: fresh(vec))
-        finally:
-            rng.counter_of = plain
+        result = _patched(vec, spec, impl, rng, "counter_of", lambda *a, f=f, **k: f(plain(*a, **k)))
         if result in (Result.PASS, Result.ACCEPTABLE):
             found.append({"signature": "counter transformed", "transform": what,
                           "text": f"the reference's draws with the Philox counter's {what}",
                           "evidence": f"the implementation is {result.name} against the reference rerun with every "
                                       f"counter's {what}", "confidence": 0.85})
+    return found
+
+
+def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """speculative_accept conforms to the reference rerun with one of its rules written another way
+    (``ACCEPT_RULES``): the accept test's comparison, or the correction's distribution."""
+    if spec is None or vec.op != "speculative_accept":
+        return []
+    from reference import speculative_accept as sa
+
+    found = []
+    for name, what, f in ACCEPT_RULES:
+        result = _patched(vec, spec, impl, sa, name, f)
+        if result in (Result.PASS, Result.ACCEPTABLE):
+            found.append({"signature": "rule changed", "rule": name, "text": f"the reference's scan with {what}",
+                          "evidence": f"the implementation is {result.name} against the reference rerun with {what}",
+                          "confidence": 0.85})
     return found
 
 
@@ -775,7 +847,8 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl) \
-        + _counter_signatures(vec, spec, impl)
+        + _counter_signatures(vec, spec, impl) + _accept_rule_signatures(vec, spec, impl) \
+        + _ignored_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
                   _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature):

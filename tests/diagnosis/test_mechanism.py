@@ -233,6 +233,13 @@ class WholeBlock(Engine):
         return super().draft_attention(q=q, live=np.full_like(np.asarray(live), np.shape(q)[1]), **kw)
 
 
+class NoMinP(Engine):
+    """target_distribution without its min-p filter (the parameter accepted and dropped)."""
+
+    def target_distribution(self, min_p, **kw):
+        return super().target_distribution(min_p=np.zeros_like(np.asarray(min_p)), **kw)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
@@ -250,9 +257,10 @@ class WholeBlock(Engine):
     (RowKeyedSampler(), "speculative_accept", "rng"),
     (MaskedAnchor(), "masked_block", "anchor_as_mask"),
     (WholeBlock(), "draft_attention", "extent"),
+    (NoMinP(), "target_distribution", "filters"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
         "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
-        "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block"])
+        "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block", "no_min_p"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
@@ -351,3 +359,25 @@ def test_a_counter_built_another_way_is_read_as_the_rng():
         assert rng.counter_of is plain
     assert failing and read * 2 > failing, (read, failing)
     assert _read("speculative_accept", {"signature": "counter transformed", "transform": "x"}) == "rng"
+
+
+@pytest.mark.parametrize("key,fam,rule", [("accept_p_q_swapped", "accept_test", "_accept_distance"),
+                                          ("residual_no_clamp", "residual", "_correction_weights")])
+def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fam, rule):
+    """speculative_accept's accept comparison (p and q exchanged) or its correction distribution (p, not the
+    residual), diagnosed without any variant of the family: the rule reading names it on most FAILs, no other
+    family is named first but by a match (a case on which the bug conforms to another family's mutant cannot
+    tell the two apart), and the reference's own rule is back in place afterwards."""
+    from reference import speculative_accept as sa
+
+    plain = getattr(sa, rule)
+    m = next(x for x in mutants.MUTANTS if x.key == key)
+    catalog = [x for x in mutants.MUTANTS if family(x) != fam]
+    results = run_suite(m, VECTORS, ops_pattern=m.op, diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
+    summary(results)
+    failing = [r for r in results if r.result == Result.FAIL]
+    firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
+    assert all(h.get("family") == fam for h in firsts if h.get("family") and h["kind"] != "match"), \
+        [(h["kind"], h.get("family")) for h in firsts]
+    assert sum(h.get("reading") == "rule changed" for h in firsts) * 2 > len(failing)
+    assert getattr(sa, rule) is plain
