@@ -104,6 +104,11 @@ def _greedy_test(z, d) -> tuple[bool, float]:
     return False, -float(z[top] - z[d]) if np.isfinite(z[d]) else -INF
 
 
+def _bonus_row(live: int) -> int:
+    """The logit row the bonus is drawn from once all ``live`` proposals are accepted: row P (C6)."""
+    return live
+
+
 def _accept_distance(p_d, q_d, u) -> float:
     """Signed distance of the accept test U q(d) < p(d): accept iff positive."""
     return float(p_d - u * q_d)
@@ -198,9 +203,10 @@ def speculative_accept(
         forced = None if forced_tokens is None else _forced_count(forced_tokens[b], P)
         own = None  # the reference's own accept count along the path
         for i in range(P + 1):
-            z = row.z(i)
+            r = i if i < P else _bonus_row(P)
+            z = row.z(r)
             p = None if row.greedy else row.probs(z)
-            sz = row.z_magnitude(i)
+            sz = row.z_magnitude(r)
             sp = None if row.greedy else scales.probs_scale(z, sz, float(row.p["temperature"]), p)
             theirs = None if forced is None else int(forced_tokens[b, i])
             if i == P:  # every proposal on the path was accepted: the bonus from row P

@@ -118,8 +118,12 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "extent", "rows or proposals past the live extent used")
     if sig == "rule changed" and s.get("rule") == "_accept_distance":
         return _family(s, "accept_test", "the accept test compares another pair than U q(d) < p(d)")
+    if sig == "rule changed" and s.get("rule") == "_bonus_row":
+        return _family(s, "bonus_from_wrong_row", "the bonus drawn from another logit row than P")
     if sig == "rule changed" and s.get("rule") == "_correction_weights":
         return _family(s, "residual", "the correction not drawn from the residual max(p - q, 0)")
+    if sig == "norm formula":
+        return _family(s, "norm", f"the RMSNorm computed with {s.get('formula')}")
     if sig == "input ignored":
         return _family(s, "filters", f"{', '.join(s.get('fields', ()))} never applied")
     if sig == "counter transformed":

@@ -313,6 +313,7 @@ ACCEPT_RULES = (
     ("_accept_distance", "the accept test without q (U < p(d))", lambda p_d, q_d, u: float(p_d - u)),
     ("_correction_weights", "the correction drawn from p, not from the residual max(p - q, 0)",
      lambda p, qv: p),
+    ("_bonus_row", "the bonus drawn from the last proposal's row (P - 1), not row P", lambda live: live - 1),
 )
 
 
@@ -448,10 +449,55 @@ def _norm_weight_signatures(vec, spec, impl: Mapping) -> list[dict]:
     return found
 
 
+def _last_normed(kw):
+    """feature_capture's inputs with the last block's output replaced by its RMSNorm (unit weight), stored
+    as the block outputs are."""
+    from reference.norms import plain_rmsnorm
+
+    r = np.asarray(kw["block_outputs"])
+    normed = np.array(r, copy=True)
+    normed[-1] = numerics.storage(plain_rmsnorm(r[-1].astype(np.float64), np.ones(r.shape[-1]), float(kw["eps"])),
+                                  "bf16").astype(r.dtype)
+    return {**kw, "block_outputs": normed}
+
+
+# RMSNorm written another way (the norm family's formula slips), as feature_capture's context norm
+NORM_FORMULAS = {
+    "the weight applied before the statistics ((w x) / rms(w x))":
+        lambda x, w, eps: _rms(np.asarray(w, np.float64) * np.asarray(x, np.float64), eps, np.mean),
+    "eps added outside the square root": lambda x, w, eps: np.asarray(w, np.float64) * np.asarray(x, np.float64)
+        / (np.sqrt(np.mean(np.asarray(x, np.float64) ** 2, axis=-1, keepdims=True)) + eps),
+    "the sum of squares where the mean belongs":
+        lambda x, w, eps: np.asarray(w, np.float64) * _rms(x, eps, np.sum),
+}
+
+
+def _rms(x, eps, reduce):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(reduce(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _norm_formula_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """feature_capture conforms to the reference rerun with its context RMSNorm written another way
+    (``NORM_FORMULAS``; the reference's norm swapped for the rerun and restored after)."""
+    if spec is None or vec.op != "feature_capture":
+        return []
+    from reference import feature_capture as fc
+
+    found = []
+    for what, f in NORM_FORMULAS.items():
+        result = _patched(vec, spec, impl, fc, "plain_rmsnorm", f)
+        if result in (Result.PASS, Result.ACCEPTABLE):
+            found.append({"signature": "norm formula", "formula": what, "text": f"the context norm with {what}",
+                          "evidence": f"the implementation is {result.name} against the reference rerun with its "
+                                      f"RMSNorm computed with {what}", "confidence": 0.85})
+    return found
+
+
 def _capture_signatures(vec, spec, impl: Mapping) -> list[dict]:
-    """feature_capture conforms to the reference rerun with its block ids misread (``ID_TRANSFORMS``), or
-    with each id reading the previous block's output (the capture taken at the block's input; id 0 the
-    embedding, not an input: zeros)."""
+    """feature_capture conforms to the reference rerun with its block ids misread (``ID_TRANSFORMS``), with
+    each id reading the previous block's output (the capture taken at the block's input; id 0 the
+    embedding, not an input: zeros), or with the last block read after a final norm."""
     if spec is None or vec.op != "feature_capture":
         return []
     kw0 = fresh(vec)
@@ -462,16 +508,18 @@ def _capture_signatures(vec, spec, impl: Mapping) -> list[dict]:
     forms = {k: (lambda kw, f=f: {**kw, "target_layer_ids": f(ids0, blocks)}) for k, f in ID_TRANSFORMS.items()}
     forms["each id reading the previous block's output"] = lambda kw: {
         **kw, "block_outputs": np.concatenate([np.zeros_like(kw["block_outputs"][:1]), kw["block_outputs"][:-1]])}
+    forms["the last block read after a final RMSNorm (Hugging Face's hidden_states[-1])"] = _last_normed
     found = []
     for what, f in forms.items():
         if what in ID_TRANSFORMS and ID_TRANSFORMS[what](ids0, blocks) == ids0:  # no change: no evidence
             continue
         result = _conforms(vec, spec, impl, lambda f=f: f(fresh(vec)))
         if result in (Result.PASS, Result.ACCEPTABLE):
+            how = f"the target layer ids read {what}" if what in ID_TRANSFORMS else what
             found.append({"signature": "input transformed", "field": "target_layer_ids", "transform": what,
-                          "text": f"the reference's output with the block ids read {what}",
-                          "evidence": f"the implementation is {result.name} against the reference rerun with the "
-                                      f"target layer ids {what}", "confidence": 0.85})
+                          "text": f"the reference's output with {how}",
+                          "evidence": f"the implementation is {result.name} against the reference rerun with {how}",
+                          "confidence": 0.85})
     return found
 
 
@@ -847,11 +895,12 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl) \
-        + _counter_signatures(vec, spec, impl) + _accept_rule_signatures(vec, spec, impl) \
+        + _accept_rule_signatures(vec, spec, impl) + _counter_signatures(vec, spec, impl) \
         + _ignored_signatures(vec, spec, impl)
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
-                  _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature):
+                  _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature,
+                  _norm_formula_signatures):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

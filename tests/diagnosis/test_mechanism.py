@@ -233,6 +233,18 @@ class WholeBlock(Engine):
         return super().draft_attention(q=q, live=np.full_like(np.asarray(live), np.shape(q)[1]), **kw)
 
 
+class WeightFirstNorm(Engine):
+    """The context norm normalizing the weighted features: (w x) / rms(w x) instead of w (x / rms(x))."""
+
+    def feature_capture(self, block_outputs, fc_weight, hidden_norm, target_layer_ids, eps):
+        r = np.asarray(block_outputs, np.float32)
+        s = np.concatenate([r[int(i)] for i in target_layer_ids], axis=-1)
+        y = numerics.storage(s @ np.asarray(fc_weight, np.float32).T, "bf16").astype(np.float32)
+        y = y * np.asarray(hidden_norm, np.float32)
+        out = y / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + np.float32(eps))
+        return {"context": numerics.storage(out.astype(np.float64), "bf16")}
+
+
 class NoMinP(Engine):
     """target_distribution without its min-p filter (the parameter accepted and dropped)."""
 
@@ -258,9 +270,11 @@ class NoMinP(Engine):
     (MaskedAnchor(), "masked_block", "anchor_as_mask"),
     (WholeBlock(), "draft_attention", "extent"),
     (NoMinP(), "target_distribution", "filters"),
+    (WeightFirstNorm(), "feature_capture", "norm"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
         "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
-        "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block", "no_min_p"])
+        "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block", "no_min_p",
+        "weight_first_norm"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
@@ -362,7 +376,8 @@ def test_a_counter_built_another_way_is_read_as_the_rng():
 
 
 @pytest.mark.parametrize("key,fam,rule", [("accept_p_q_swapped", "accept_test", "_accept_distance"),
-                                          ("residual_no_clamp", "residual", "_correction_weights")])
+                                          ("residual_no_clamp", "residual", "_correction_weights"),
+                                          ("bonus_from_wrong_row", "bonus_from_wrong_row", "_bonus_row")])
 def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fam, rule):
     """speculative_accept's accept comparison (p and q exchanged) or its correction distribution (p, not the
     residual), diagnosed without any variant of the family: the rule reading names it on most FAILs, no other
