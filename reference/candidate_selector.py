@@ -34,6 +34,11 @@ from reference.precision import represent, work
 from reference.rng import Purpose, exponential_race, uniform
 
 
+def _walked(chosen: int, e) -> int:
+    """The rank the walk continues from: the one the step chose (sampled, greedy or forced)."""
+    return chosen
+
+
 def _greedy(e) -> tuple[int, float]:
     j = int(np.argmax(e))  # first maximum: the lowest rank wins ties (C4)
     others = np.delete(e, j)
@@ -91,7 +96,7 @@ def candidate_selector(
                 p = j
             else:  # teacher forcing: how far below the winner the implementation's choice scored
                 regret[b, i] = score[j] - score[p] if 0 <= p < top else np.inf
-            pred_token = int(ids[b, i, p])
+            pred_token = int(ids[b, i, _walked(p, e)])
     tokens = np.take_along_axis(ids, path[..., None].astype(np.int64), axis=-1)[..., 0].astype(np.int32)
     out = {
         "g": g,

@@ -85,6 +85,8 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         if field == "frontier" and op == "draft_attention":
             return _family(s, "window", "the context ring read one slot off (every key's position moved by "
                                         f"{step:+d})")
+        if field == "vocab_size":
+            return _family(s, "vocab_pad", f"the public vocabulary's bound off by one ({step:+d})")
         if field == "frontier" and op in UNIFORM_OPS:
             return _family(s, "rng", f"the uniforms drawn at position {step:+d} (C3's position counter)")
         return None
@@ -112,18 +114,24 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "window", "the sliding window ignored: full attention")
     if sig == "input transformed" and str(s.get("field", "")).endswith("norm") and s.get("transform") in NORM_FORMS:
         return _family(s, "norm", f"the RMSNorm weight `{s['field']}` {s['transform']}")
+    if sig == "input transformed" and s.get("field") == "vocab_size":
+        return _family(s, "vocab_pad", "the padded vocabulary rows eligible")
     if sig == "input transformed" and s.get("field") == "anchor" and op == "masked_block":
         return _family(s, "anchor_as_mask", "the anchor embedded as the mask token")
     if sig == "input transformed" and s.get("field") in ("live", "live_proposals"):
         return _family(s, "extent", "rows or proposals past the live extent used")
     if sig == "rule changed" and s.get("rule") == "_accept_distance":
         return _family(s, "accept_test", "the accept test compares another pair than U q(d) < p(d)")
+    if sig == "rule changed" and s.get("rule") == "_walked":
+        return _family(s, "selector_first", "the walk's next predecessor taken from another rank than the chosen one")
     if sig == "rule changed" and s.get("rule") == "_bonus_row":
         return _family(s, "bonus_from_wrong_row", "the bonus drawn from another logit row than P")
     if sig == "rule changed" and s.get("rule") == "_correction_weights":
         return _family(s, "residual", "the correction not drawn from the residual max(p - q, 0)")
     if sig == "norm formula":
         return _family(s, "norm", f"the RMSNorm computed with {s.get('formula')}")
+    if sig == "rows for ids":
+        return _family(s, "shortlist_remap", "an indexed head's row numbers returned, not shortlist[row]")
     if sig == "input ignored":
         return _family(s, "filters", f"{', '.join(s.get('fields', ()))} never applied")
     if sig == "counter transformed":

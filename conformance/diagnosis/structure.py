@@ -28,7 +28,7 @@ from reference import numerics
 
 MAX_AXIS = 64  # permutations are searched along axes up to this size
 # integer inputs whose off-by-one is a classic: positions and counters, window bounds, starts
-OFFSET_FIELDS = ("frontier", "start", "window", "position", "positions", "windows")
+OFFSET_FIELDS = ("frontier", "start", "window", "position", "positions", "windows", "vocab_size")
 RNG_INPUTS = ("seed",)
 WINDOW_FIELDS = ("window", "windows")  # a sliding window's size (0: none), one per layer for masked_block
 OFF_FORMAT = 0.9  # of the differing elements off the values' format: a skipped rounding
@@ -348,16 +348,25 @@ def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
     return found
 
 
-def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
-    """speculative_accept conforms to the reference rerun with one of its rules written another way
-    (``ACCEPT_RULES``): the accept test's comparison, or the correction's distribution."""
-    if spec is None or vec.op != "speculative_accept":
-        return []
-    from reference import speculative_accept as sa
+# candidate_selector's rules as they are commonly written another way
+SELECTOR_RULES = (
+    ("_walked", "the walk continued from each step's argmax, not from the rank it chose",
+     lambda chosen, e: int(np.argmax(np.asarray(e, np.float64)))),
+)
 
+
+def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
+    """speculative_accept (candidate_selector) conforms to the reference rerun with one of its rules written
+    another way (``ACCEPT_RULES``: the accept test's comparison, the correction's distribution, the bonus
+    row; ``SELECTOR_RULES``: the rank the walk continues from)."""
+    if spec is None or vec.op not in ("speculative_accept", "candidate_selector"):
+        return []
+    import importlib
+
+    module = importlib.import_module(f"reference.{vec.op}")
     found = []
-    for name, what, f in ACCEPT_RULES:
-        result = _patched(vec, spec, impl, sa, name, f)
+    for name, what, f in ACCEPT_RULES if vec.op == "speculative_accept" else SELECTOR_RULES:
+        result = _patched(vec, spec, impl, module, name, f)
         if result in (Result.PASS, Result.ACCEPTABLE):
             found.append({"signature": "rule changed", "rule": name, "text": f"the reference's scan with {what}",
                           "evidence": f"the implementation is {result.name} against the reference rerun with {what}",
@@ -384,6 +393,9 @@ def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
                 forms.update({k: (lambda a, f=f: f(np.asarray(a, np.uint64))) for k, f in ROW_SEED_TRANSFORMS.items()})
         if v0.ndim == 1 and v0.size > 1 and np.unique(v0).size > 1 and field not in WINDOW_FIELDS:
             forms["row 0's value in every row"] = lambda a: np.full_like(np.asarray(a), np.asarray(a)[0])
+        if field == "vocab_size" and ("head" in kw0 or "logits" in kw0):
+            padded = np.shape(kw0["logits"])[-1] if "logits" in kw0 else 2**31 - 1
+            forms["the padded width (padding rows eligible)"] = lambda a, padded=padded: type(a)(padded)
         if field == "anchor" and "mask_token_id" in kw0:
             forms["set to the mask token"] = lambda a: np.full_like(np.asarray(a), int(kw0["mask_token_id"]))
         if field in ("live", "live_proposals") and _full_extent(vec.op, kw0) is not None:
@@ -858,6 +870,66 @@ def _rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
                          f"at positions below 2^24", "confidence": 0.75}]
 
 
+def _regroup(w, perm, d: int, axis: int):
+    """A [.., Hq*D, ..] weight with its per-head blocks along ``axis`` moved: new head perm[h] = old head h."""
+    w = np.asarray(w)
+    idx = np.empty(len(perm) * d, dtype=np.int64)
+    for h, to in enumerate(perm):
+        idx[to * d:(to + 1) * d] = np.arange(h * d, (h + 1) * d)
+    return np.ascontiguousarray(np.take(w, idx, axis=axis))
+
+
+def _layer_head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """draft_layer / masked_block conform to the reference rerun with the query heads regrouped so that the
+    spec's map (head h reads KV head h // G) becomes h % Hk (the rows of wq and the columns of wo by head):
+    the KV heads expanded by tiling (x.repeat) where the spec repeats each one G times."""
+    if spec is None or vec.op not in ("draft_layer", "masked_block"):
+        return []
+    kw0 = fresh(vec)
+    d = int(kw0.get("head_dim", 0))
+    wq, wk = np.shape(kw0.get("wq", ())), np.shape(kw0.get("wk", ()))
+    if d < 1 or len(wq) < 2 or len(wk) < 2:
+        return []
+    hq, hk = wq[-2] // d, wk[-2] // d
+    if hk < 2 or hq == hk or hq % hk:
+        return []
+    h = np.arange(hq)
+    perm = (h % hk) * (hq // hk) + h // hk
+
+    def kwargs():
+        kw = fresh(vec)
+        kw["wq"], kw["wo"] = _regroup(kw["wq"], perm, d, -2), _regroup(kw["wo"], perm, d, -1)
+        return kw
+    result = _conforms(vec, spec, impl, kwargs)
+    if result not in (Result.PASS, Result.ACCEPTABLE):
+        return []
+    return [{"signature": "head map", "output": next(iter(vec.outputs)), "map": [int(j) for j in h % hk],
+             "text": f"query heads read KV head h % {hk} (the spec: h // {hq // hk})",
+             "evidence": f"the implementation is {result.name} against the reference rerun with the query heads "
+                         "regrouped so that head h reads KV head h % Hk", "confidence": 0.8}]
+
+
+def _shortlist_rows_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """proposal_head / candidate_topk with a shortlist: every differing id is the head row of the reference's
+    id (its index in the shortlist), not the id itself."""
+    name = ID_OUTPUTS.get(vec.op)
+    kw0 = fresh(vec)
+    if name is None or name not in impl or kw0.get("shortlist") is None:
+        return []
+    x, r = np.asarray(impl[name]).astype(np.int64), np.asarray(vec.expected[name]).astype(np.int64)
+    if x.shape != r.shape or not (x != r).any():
+        return []
+    row = {}
+    for j, g in enumerate(np.asarray(kw0["shortlist"]).astype(np.int64).tolist()):
+        row.setdefault(int(g), j)
+    differ = x != r
+    if not all(row.get(int(g)) == int(v) for g, v in zip(r[differ], x[differ])):
+        return []
+    return [{"signature": "rows for ids", "output": name, "text": f"{name}: head rows returned where ids belong",
+             "evidence": f"each of the {int(differ.sum())} differing {name} is the shortlist index of the "
+                         "reference's id there", "confidence": 0.8}]
+
+
 def _pair_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
     """draft_layer / masked_block conform to the reference rerun with every query and key head's dims
     reordered from interleaved pairs (2i, 2i + 1) to split halves (i, i + D/2) (the rows of wq and wk
@@ -900,7 +972,7 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
                   _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature,
-                  _norm_formula_signatures):
+                  _norm_formula_signatures, _layer_head_map_signature, _shortlist_rows_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

@@ -245,6 +245,26 @@ class WeightFirstNorm(Engine):
         return {"context": numerics.storage(out.astype(np.float64), "bf16")}
 
 
+class InclusiveVocab(Engine):
+    """candidate_topk's public-vocabulary test written gid <= vocab_size: the first padding id eligible."""
+
+    def candidate_topk(self, vocab_size, **kw):
+        return super().candidate_topk(vocab_size=int(vocab_size) + 1, **kw)
+
+
+class RowsAsIds(Engine):
+    """proposal_head on an indexed head returning the winning row number, not shortlist[row]."""
+
+    def proposal_head(self, hidden, head, vocab_size, shortlist=None):
+        out = super().proposal_head(hidden=hidden, head=head, vocab_size=vocab_size, shortlist=shortlist)
+        if shortlist is None:
+            return out
+        first = {}
+        for r, g in enumerate(np.asarray(shortlist).tolist()):
+            first.setdefault(int(g), r)
+        return {"tokens": np.vectorize(lambda t: first[int(t)], otypes=[np.int32])(out["tokens"])}
+
+
 class NoMinP(Engine):
     """target_distribution without its min-p filter (the parameter accepted and dropped)."""
 
@@ -271,10 +291,12 @@ class NoMinP(Engine):
     (WholeBlock(), "draft_attention", "extent"),
     (NoMinP(), "target_distribution", "filters"),
     (WeightFirstNorm(), "feature_capture", "norm"),
+    (InclusiveVocab(), "candidate_topk", "vocab_pad"),
+    (RowsAsIds(), "proposal_head", "shortlist_remap"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
         "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
         "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block", "no_min_p",
-        "weight_first_norm"])
+        "weight_first_norm", "inclusive_vocab", "rows_as_ids"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
@@ -377,16 +399,18 @@ def test_a_counter_built_another_way_is_read_as_the_rng():
 
 @pytest.mark.parametrize("key,fam,rule", [("accept_p_q_swapped", "accept_test", "_accept_distance"),
                                           ("residual_no_clamp", "residual", "_correction_weights"),
-                                          ("bonus_from_wrong_row", "bonus_from_wrong_row", "_bonus_row")])
+                                          ("bonus_from_wrong_row", "bonus_from_wrong_row", "_bonus_row"),
+                                          ("selector_predecessor_row", "selector_first", "_walked")])
 def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fam, rule):
-    """speculative_accept's accept comparison (p and q exchanged) or its correction distribution (p, not the
-    residual), diagnosed without any variant of the family: the rule reading names it on most FAILs, no other
+    """speculative_accept's accept comparison (p and q exchanged), its correction distribution (p, not the
+    residual) or its bonus row (P - 1), candidate_selector's walk (from each step's argmax), diagnosed without any variant of the family: the rule reading names it on most FAILs, no other
     family is named first but by a match (a case on which the bug conforms to another family's mutant cannot
     tell the two apart), and the reference's own rule is back in place afterwards."""
-    from reference import speculative_accept as sa
+    import importlib
 
-    plain = getattr(sa, rule)
     m = next(x for x in mutants.MUTANTS if x.key == key)
+    sa = importlib.import_module(f"reference.{m.op}")
+    plain = getattr(sa, rule)
     catalog = [x for x in mutants.MUTANTS if family(x) != fam]
     results = run_suite(m, VECTORS, ops_pattern=m.op, diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
     summary(results)
