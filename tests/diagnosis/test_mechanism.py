@@ -403,9 +403,10 @@ def test_a_counter_built_another_way_is_read_as_the_rng():
                                           ("selector_predecessor_row", "selector_first", "_walked")])
 def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fam, rule):
     """speculative_accept's accept comparison (p and q exchanged), its correction distribution (p, not the
-    residual) or its bonus row (P - 1), candidate_selector's walk (from each step's argmax), diagnosed without any variant of the family: the rule reading names it on most FAILs, no other
-    family is named first but by a match (a case on which the bug conforms to another family's mutant cannot
-    tell the two apart), and the reference's own rule is back in place afterwards."""
+    residual) or its bonus row (P - 1), candidate_selector's walk (from each step's argmax), diagnosed
+    without any variant of the family: the rule reading names it on most FAILs, no other family is named
+    first but by a match (a case on which the bug conforms to another family's mutant cannot tell the two
+    apart), and the reference's own rule is back in place afterwards."""
     import importlib
 
     m = next(x for x in mutants.MUTANTS if x.key == key)
