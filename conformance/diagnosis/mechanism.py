@@ -122,6 +122,8 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "extent", "rows or proposals past the live extent used")
     if sig == "rule changed" and s.get("rule") == "_accept_distance":
         return _family(s, "accept_test", "the accept test compares another pair than U q(d) < p(d)")
+    if sig == "rule changed" and s.get("rule") == "preview_length":
+        return _family(s, "preview_cut_before_eos", "the preview's cut at a stop token one token off")
     if sig == "rule changed" and s.get("rule") == "_walked":
         return _family(s, "selector_first", "the walk's next predecessor taken from another rank than the chosen one")
     if sig == "rule changed" and s.get("rule") == "_bonus_row":
@@ -136,6 +138,8 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "filters", f"{', '.join(s.get('fields', ()))} never applied")
     if sig == "counter transformed":
         return _family(s, "rng", f"the Philox counter built with {s.get('transform')}")
+    if sig == "row windows":
+        return _family(s, "window", "the rows' window edges placed from other positions than their own")
     if sig == "ring rotated" and op in ATTENTION_OPS:
         return _family(s, "window", "the context ring read at an offset (its live interval taken from another slot)")
     if sig == "conv layout":

@@ -348,6 +348,22 @@ def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
     return found
 
 
+def _stop_cut(step: int):
+    """preview_commit's preview length with the cut at the first EOS or stop token moved by ``step``
+    (-1: the stop token itself dropped; +1: the token after it kept, within the licensed ones)."""
+    def length(tokens, num_out, budget, cancel, eos_ids, stop_ids) -> int:
+        if cancel:
+            return 0
+        ends = np.isin(tokens[:num_out], np.concatenate([np.ravel(eos_ids), np.ravel(stop_ids)]))
+        n = min(max(int(np.argmax(ends)) + 1 + step, 0), int(num_out)) if ends.any() else int(num_out)
+        return min(n, max(int(budget), 0))
+    return length
+
+
+PREVIEW_RULES = (
+    ("preview_length", "the preview cut before the first EOS or stop token (the token itself dropped)", _stop_cut(-1)),
+    ("preview_length", "the preview cut one token after the first EOS or stop token", _stop_cut(1)),
+)
 # candidate_selector's rules as they are commonly written another way
 SELECTOR_RULES = (
     ("_walked", "the walk continued from each step's argmax, not from the rank it chose",
@@ -356,16 +372,19 @@ SELECTOR_RULES = (
 
 
 def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
-    """speculative_accept (candidate_selector) conforms to the reference rerun with one of its rules written
-    another way (``ACCEPT_RULES``: the accept test's comparison, the correction's distribution, the bonus
-    row; ``SELECTOR_RULES``: the rank the walk continues from)."""
-    if spec is None or vec.op not in ("speculative_accept", "candidate_selector"):
+    """speculative_accept, candidate_selector or preview_commit conforms to the reference rerun with one of
+    its rules written another way (``ACCEPT_RULES``: the accept test's comparison, the correction's
+    distribution, the bonus row; ``SELECTOR_RULES``: the rank the walk continues from; ``PREVIEW_RULES``:
+    where the preview ends at a stop token)."""
+    rules = {"speculative_accept": ACCEPT_RULES, "candidate_selector": SELECTOR_RULES,
+             "preview_commit": PREVIEW_RULES}.get(vec.op)
+    if spec is None or rules is None:
         return []
     import importlib
 
     module = importlib.import_module(f"reference.{vec.op}")
     found = []
-    for name, what, f in ACCEPT_RULES if vec.op == "speculative_accept" else SELECTOR_RULES:
+    for name, what, f in rules:
         result = _patched(vec, spec, impl, module, name, f)
         if result in (Result.PASS, Result.ACCEPTABLE):
             found.append({"signature": "rule changed", "rule": name, "text": f"the reference's scan with {what}",
@@ -650,6 +669,37 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
              "evidence": f"each compared row equals (within the allowance) the reference with the live extent set to "
                          f"some L of 1..{w}; {int((~own & rows).sum())} of {int(rows.sum())} rows not at L = live",
              "confidence": 0.8}]
+
+
+def _row_window_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """draft_attention with a sliding window: each query row equals, within the allowance, the reference
+    with the window set to some S' of 1..S + W, and some row not at S' = S: each row's window edge taken
+    from another position than its own (a shared sequence length, an edge counted from the block's end).
+    One reference run per S'."""
+    if spec is None or vec.op != "draft_attention" or "out" not in impl:
+        return []
+    kw0 = fresh(vec)
+    s0 = int(kw0.get("window", 0))
+    x = np.asarray(impl["out"])
+    if s0 <= 0 or x.ndim != 4 or x.shape != np.shape(vec.expected["out"]):
+        return []
+    b, w = x.shape[:2]
+    mask = compare.full_masks(vec.outputs, vec.expected, vec.masks)["out"]
+    rows = mask.reshape(b, w, -1).any(axis=2)
+    sizes = range(1, s0 + w + 1)
+    ok = np.zeros((len(sizes), b, w), bool)
+    for n, size in enumerate(sizes):
+        close = _rerun_close(vec, spec, x, {**fresh(vec), "window": size}, mask)
+        if close is not None:
+            ok[n] = close.reshape(b, w, -1).all(axis=2)
+    own = ok[s0 - 1]
+    if not ok.any(axis=0)[rows].all() or own[rows].all():
+        return []
+    moved = int((~own & rows).sum())
+    return [{"signature": "row windows", "output": "out",
+             "text": "out: query rows see windows of other sizes than the window's",
+             "evidence": f"each compared row equals (within the allowance) the reference with the window set to some "
+                         f"S' of 1..{s0 + w}; {moved} of {int(rows.sum())} rows not at S' = {s0}", "confidence": 0.8}]
 
 
 MAX_RING = 64  # ring rotations are searched on rings up to this capacity
@@ -972,7 +1022,8 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[d
     for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
                   _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
                   _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature,
-                  _norm_formula_signatures, _layer_head_map_signature, _shortlist_rows_signature):
+                  _norm_formula_signatures, _layer_head_map_signature, _shortlist_rows_signature,
+                  _row_window_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature

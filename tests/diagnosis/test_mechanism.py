@@ -265,6 +265,19 @@ class RowsAsIds(Engine):
         return {"tokens": np.vectorize(lambda t: first[int(t)], otypes=[np.int32])(out["tokens"])}
 
 
+class SharedLengthRows(Engine):
+    """draft_attention's block expanded into decode rows that share the block's last position: every row's
+    window counted from there (row i of W sees S - (W - 1 - i) keys back from itself, at least one)."""
+
+    def draft_attention(self, q, window, **kw):
+        w = np.shape(q)[1]
+        if int(window) <= 0:
+            return super().draft_attention(q=q, window=window, **kw)
+        cols = [super(SharedLengthRows, self).draft_attention(q=q, window=max(1, int(window) - (w - 1 - i)), **kw)
+                ["out"][:, i] for i in range(w)]
+        return {"out": np.stack(cols, axis=1)}
+
+
 class NoMinP(Engine):
     """target_distribution without its min-p filter (the parameter accepted and dropped)."""
 
@@ -293,10 +306,12 @@ class NoMinP(Engine):
     (WeightFirstNorm(), "feature_capture", "norm"),
     (InclusiveVocab(), "candidate_topk", "vocab_pad"),
     (RowsAsIds(), "proposal_head", "shortlist_remap"),
+    (SharedLengthRows(), "draft_attention", "window"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
         "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
         "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block", "no_min_p",
-        "weight_first_norm", "inclusive_vocab", "rows_as_ids"])
+        "weight_first_norm", "inclusive_vocab", "rows_as_ids",
+        "shared_length_rows"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
     hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
@@ -400,7 +415,8 @@ def test_a_counter_built_another_way_is_read_as_the_rng():
 @pytest.mark.parametrize("key,fam,rule", [("accept_p_q_swapped", "accept_test", "_accept_distance"),
                                           ("residual_no_clamp", "residual", "_correction_weights"),
                                           ("bonus_from_wrong_row", "bonus_from_wrong_row", "_bonus_row"),
-                                          ("selector_predecessor_row", "selector_first", "_walked")])
+                                          ("selector_predecessor_row", "selector_first", "_walked"),
+                                          ("preview_cut_before_eos", "preview_cut_before_eos", "preview_length")])
 def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fam, rule):
     """speculative_accept's accept comparison (p and q exchanged), its correction distribution (p, not the
     residual) or its bonus row (P - 1), candidate_selector's walk (from each step's argmax), diagnosed
