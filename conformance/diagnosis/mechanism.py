@@ -1,43 +1,50 @@
 """Family readings: structural signatures that are, on their own, a family's mechanism.
 
-A structural signature (``structure``) says what the error looks like and names no pitfall. A
-few signatures, on a given Op, can only come from one catalogued mechanism, whatever its
-details, so they name that family without any variant of the catalog having to reproduce the
-bug (an engine's bug is rarely one of the written variants):
+A structural signature (``structure``) says what the error looks like and names no pitfall. Some
+signatures, on a given Op, can only come from one catalogued mechanism, whatever its details, so
+they name that family without any variant of the catalog having to reproduce the bug (an engine's
+bug is rarely one of the written variants). Most are reruns of the reference that the
+implementation conforms to (within the allowance, ``structure._conforms``), on inputs transformed or
+with one rule of the reference written another way, each the common slip of one mechanism:
 
-- ``window``: on the attention Ops, the implementation conforms to the reference rerun with
-  ``window`` one larger or smaller (the window's edge moved, in the mask or in the ring's
-  extent); on draft_attention, rerun with ``frontier`` off by one (the ring read one slot off:
-  every key's position and slot move together), or its rows each see the block's first i + 1 keys
-  (a causal mask: ``structure``'s row extent); on context_kv, cache rows stored in other slots
-  than their positions' (the ring's writer: ``structure``'s slots moved, or its caches shifted or
-  permuted along the slot axis).
-- ``extent``: draft_attention's rows see block keys past the live extent (a row extent).
-- ``rng``: on the Ops that draw C3 uniforms from the position (speculative_accept, tree_verify),
-  the reference rerun with ``frontier`` off by one: the draws' position counter is off by one; on
-  any Op, the reference rerun with ``seed`` transformed (its 32-bit words swapped or one of them
-  lost, or row 0's seed in every row: ``structure``'s input transformed): the Philox key built from
-  the seed another way.
-- ``gqa_head_mapping``: draft_attention's query heads each the attention over one KV head, some
-  of them not the spec's h // G (``structure``'s head map).
-- ``next_token_shift``: proposal_head's ``tokens`` moved one column along the proposal axis (a
-  shift, or the same rotation with wrap-around): column i read from the logits of column i +- 1.
-- ``norm``: feature_capture's output is the reference times sqrt(n) or 1 / sqrt(n), n the
-  normalised width (within 1 %): the RMS taken as a root of the sum instead of the mean, or the
-  mean's divisor applied twice.
-- ``rounding``: most differing elements hold values off the format the output's values must
-  follow (V stored as FP16 without its BF16 rounding: ``structure``'s off format); or a
-  represented output uniformly shrunk by less than 2^-7 (one BF16 unit of relative precision),
-  with at least ``TOWARD_ZERO`` (90 %) of its differing elements smaller in magnitude than the
-  reference's: the bias of truncation toward zero at a store, which round-to-nearest does not
-  have. A shrink of 2^-7 or more, any growth, or a shrink with elements moved both ways (a
-  changed norm's input shrinks its output on average, not element by element) is read as a
-  constant scale and names nothing.
+- ``window``: on the attention Ops, the window (masked_block: each layer's) one larger or smaller,
+  or 0 (the window dropped); the ring read one slot off (draft_attention: ``frontier`` +-1) or at
+  an offset (each batch row's ring rotated); a causal mask or rows' windows of other sizes (each
+  query row the reference at another live extent or window); on context_kv, cache rows stored in
+  other slots or left unwritten (the ring's writer).
+- ``extent``: rows or proposals past the live extent (a row extent; ``live`` at the full width).
+- ``rng``: the Philox key from the seed another way (words swapped or lost, the batch row mixed in,
+  row 0's seed everywhere), the counter built another way (words reordered, the purpose or index
+  base off by one), the draws' position off by one (speculative_accept, tree_verify).
+- ``gqa_head_mapping``: query heads reading other KV heads than h // G (draft_attention: any map;
+  draft_layer, masked_block: the tiled map h % Hk).
+- ``next_token_shift``: proposal_head's tokens moved one column along the proposal axis.
+- ``norm``: feature_capture off by sqrt(n)^+-1 (a sum for the mean); a norm weight read as 1 + w or
+  w - 1; the context norm's formula another way (the weight before the statistics, eps outside the
+  root, the sum of squares).
+- ``rounding``: values off the format they must follow; a uniform shrink below 2^-7 with at least
+  ``TOWARD_ZERO`` of the differing elements smaller (truncation at a store).
+- ``rope``: context_kv's K vectors turned by another rotation (norms kept, positions below 2^24, so
+  not a position's value); a layer's RoPE on interleaved pairs.
+- ``capture``: the block ids misread (one late or early, reversed, sorted), each id the previous
+  block's output, the last block read after a final norm.
+- ``conv``: the grouped conv's taps exchanged, shifted the other way, wrapping at column 0, or its
+  delta read group-major.
+- ``ties``: ids that differ only between exactly tied logits (rows not all tied).
+- ``selector_first``: the codebooks exchanged; the walk continued from each step's argmax.
+- ``accept_test``, ``residual``, ``bonus_from_wrong_row``: speculative_accept's accept test with p
+  and q exchanged or without q; the correction from p, not the residual; the bonus from row P - 1.
+- ``filters``: a sampling parameter (or every penalty) never applied (its neutral value).
+- ``vocab_pad``: vocab_size off by one, or the padded rows eligible; ``shortlist_remap``: head rows
+  returned for ids; ``anchor_as_mask``: the anchor embedded as the mask token;
+  ``preview_cut_before_eos``: the preview's cut at a stop token one token off.
 
-Each reading keeps the signature's confidence and evidence and is placed just before it. The
-readings were chosen from what each mechanism does to the output, not fitted to the catalog;
-docs/reports/diagnosis.md counts how many FAILs each names and tests/diagnosis checks that no
-legitimate variant and no bug outside the families is read as one.
+Each reading keeps the signature's confidence and evidence and is placed just before it (the
+diagnosis ranks readings before nearest mutants). The readings were chosen from what each mechanism
+does to the output; several reproduce a catalogued mutant's own transform, which
+docs/reports/diagnosis.md says and counts. tests/diagnosis checks that no legitimate variant and no
+bug outside the families is read as one; ``DECISIVE`` lists the (Op, family) pairs whose reading
+always fires, where weaker evidence may then not name the family.
 """
 
 from __future__ import annotations

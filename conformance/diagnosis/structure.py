@@ -7,9 +7,15 @@ heads than h // G (a head map), or its rows seeing other block extents than live
 values off the format they must follow (V not a BF16 value); context_kv's cache rows stored in other
 slots; the whole output as the reference's with one input off by one (a position, a window, a start:
 where the Op draws uniforms, an RNG counter field), or with one input mishandled the common ways (a
-64-bit input's words swapped or one lost, row 0's value in every row). None of them names a
+64-bit input's words swapped or one lost, row 0's value in every row, a parameter left neutral, two
+weights exchanged, block ids misread); the whole output as the reference's with one of its rules
+written another way (the Philox counter's layout, speculative_accept's accept test, correction and
+bonus row, the selector's walk, the preview's cut, the context norm's formula: the reference's
+function swapped for the rerun and restored after); K vectors turned keeping their norms; ids that
+differ only between tied logits; the grouped conv's tap layout. Reruns are judged with the suite's
+own comparison, their magnitude scales capped at the vector's (``_tighter``). None of them names a
 catalogued pitfall: a signature is what the error looks like, not which bug made it
-(``diagnosis.mechanism`` reads the few that are on their own a family's mechanism). Each comes with
+(``diagnosis.mechanism`` reads those that are on their own a family's mechanism). Each comes with
 its evidence; nothing is returned without it.
 """
 
