@@ -677,6 +677,11 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
              "confidence": 0.8}]
 
 
+# a signature found by searching many alternatives (a rotation per row, a window per row) is likelier to fit
+# by chance than one tested as a single hypothesis: it ranks just below those
+SEARCHED = 0.75
+
+
 def _row_window_signature(vec, spec, impl: Mapping) -> list[dict]:
     """draft_attention with a sliding window: each query row equals, within the allowance, the reference
     with the window set to some S' of 1..S + W, and some row not at S' = S: each row's window edge taken
@@ -705,7 +710,8 @@ def _row_window_signature(vec, spec, impl: Mapping) -> list[dict]:
     return [{"signature": "row windows", "output": "out",
              "text": "out: query rows see windows of other sizes than the window's",
              "evidence": f"each compared row equals (within the allowance) the reference with the window set to some "
-                         f"S' of 1..{s0 + w}; {moved} of {int(rows.sum())} rows not at S' = {s0}", "confidence": 0.8}]
+                         f"S' of 1..{s0 + w}; {moved} of {int(rows.sum())} rows not at S' = {s0}",
+             "confidence": SEARCHED}]
 
 
 MAX_RING = 64  # ring rotations are searched on rings up to this capacity
@@ -741,7 +747,8 @@ def _ring_rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
     return [{"signature": "ring rotated", "output": name, "shifts": shifts,
              "text": f"{name}: the context ring read at an offset (rows' rings rotated by {shifts} slots)",
              "evidence": f"each compared batch row equals (within the allowance) the reference with its ring rotated "
-                         f"by some r of 0..{cap - 1}; rotations {shifts}", "confidence": 0.8}]
+                         f"by some r of 0..{cap - 1}; rotations {shifts}",
+             "confidence": SEARCHED}]
 
 
 def _slot_signature(vec, spec, impl: Mapping) -> list[dict]:
