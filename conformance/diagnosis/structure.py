@@ -253,7 +253,15 @@ COUNTER_FORMS = {
     "purpose codes counted from 0": lambda c: _word_plus(c, 2, -1),
     "purpose codes counted from 2": lambda c: _word_plus(c, 2, 1),
     "draw indices counted from 1": lambda c: _word_plus(c, 3, 1),
+    "the correction's draws keyed with the accept test's purpose": lambda c: _purpose_as(c, 3, 2),
 }
+
+
+def _purpose_as(c, purpose: int, other: int):
+    """Every counter of ``purpose`` built with ``other`` instead (one stream's draws reused for another)."""
+    c = np.array(c, dtype=np.uint64, copy=True)
+    c[..., 2] = np.where(c[..., 2] == purpose, np.uint64(other), c[..., 2])
+    return c
 
 
 def _word_plus(c, word: int, step: int):
@@ -718,14 +726,16 @@ MAX_RING = 64  # ring rotations are searched on rings up to this capacity
 
 
 def _ring_rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
-    """draft_attention / draft_layer: each batch row equals, within the allowance, the reference with that
-    row's ring (K and V caches) rotated by some r slots, not all r = 0: the ring read at an offset (its
-    live interval taken as starting at another slot, a reader without mod C). One reference run per r."""
-    name = ROW_OUTPUTS.get(vec.op)
+    """draft_attention / draft_layer / masked_block: each batch row equals, within the allowance, the
+    reference with that row's ring (K and V caches; masked_block: every layer's) rotated by some r slots,
+    not all r = 0: the ring read at an offset (its live interval taken as starting at another slot, a
+    reader without mod C). One reference run per r."""
+    name = {**ROW_OUTPUTS, "masked_block": "hidden"}.get(vec.op)
     if spec is None or name is None or name not in impl:
         return []
     kw0 = fresh(vec)
-    cap = np.shape(kw0["k_cache"])[1]
+    rings, axis = (("context_k", "context_v"), 2) if vec.op == "masked_block" else (("k_cache", "v_cache"), 1)
+    cap = np.shape(kw0[rings[0]])[axis]
     x = np.asarray(impl[name])
     if cap < 2 or cap > MAX_RING or x.shape != np.shape(vec.expected[name]):
         return []
@@ -735,8 +745,8 @@ def _ring_rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
     ok = np.zeros((cap, b), bool)
     for r in range(cap):
         kw = fresh(vec)
-        for c in ("k_cache", "v_cache"):
-            kw[c] = np.ascontiguousarray(np.roll(np.asarray(kw[c]), r, axis=1))
+        for c in rings:
+            kw[c] = np.ascontiguousarray(np.roll(np.asarray(kw[c]), r, axis=axis))
         close = _rerun_close(vec, spec, x, kw, mask, name)
         if close is None:
             return []
