@@ -67,6 +67,28 @@ TOWARD_ZERO = 0.9
 DECISIVE = {("proposal_head", "next_token_shift"), ("draft_attention", "gqa_head_mapping")}
 
 
+# a reference rule swapped in a rerun (``structure``'s "rule changed"): the family it belongs to, and why
+RULE_FAMILIES = {
+    "_accept_distance": ("accept_test", "the accept test compares another pair than U q(d) < p(d)"),
+    "_correction_weights": ("residual", "the correction not drawn from the residual max(p - q, 0)"),
+    "_bonus_row": ("bonus_from_wrong_row", "the bonus drawn from another logit row than P"),
+    "_walked": ("selector_first", "the walk's next predecessor taken from another rank than the chosen one"),
+    "preview_length": ("preview_cut_before_eos", "the preview's cut at a stop token one token off"),
+}
+# signatures that are their family's mechanism on whatever Op they come from (the ring's on the attention
+# Ops): the family, and why (formatted with the signature's fields)
+SIGNATURE_FAMILIES = {
+    "norm formula": ("norm", "the RMSNorm computed with {formula}"),
+    "rows for ids": ("shortlist_remap", "an indexed head's row numbers returned, not shortlist[row]"),
+    "input ignored": ("filters", "{fields} never applied"),
+    "counter transformed": ("rng", "the Philox counter built with {transform}"),
+    "row windows": ("window", "the rows' window edges placed from other positions than their own"),
+    "ring rotated": ("window", "the context ring read at an offset (its live interval taken from another slot)"),
+    "conv layout": ("conv", "the grouped conv's layout: {layout}"),
+    "tied order": ("ties", "exact ties broken another way than toward the lowest row"),
+}
+
+
 def _family(shape: dict, fam: str, why: str) -> dict:
     return {"kind": "family", "family": fam, "reading": shape["signature"],
             "text": f"a bug of the `{fam}` family (docs/pitfalls.md): {why}",
@@ -127,32 +149,12 @@ def _reading(op: str, vec, impl, s: dict) -> dict | None:
         return _family(s, "anchor_as_mask", "the anchor embedded as the mask token")
     if sig == "input transformed" and s.get("field") in ("live", "live_proposals"):
         return _family(s, "extent", "rows or proposals past the live extent used")
-    if sig == "rule changed" and s.get("rule") == "_accept_distance":
-        return _family(s, "accept_test", "the accept test compares another pair than U q(d) < p(d)")
-    if sig == "rule changed" and s.get("rule") == "preview_length":
-        return _family(s, "preview_cut_before_eos", "the preview's cut at a stop token one token off")
-    if sig == "rule changed" and s.get("rule") == "_walked":
-        return _family(s, "selector_first", "the walk's next predecessor taken from another rank than the chosen one")
-    if sig == "rule changed" and s.get("rule") == "_bonus_row":
-        return _family(s, "bonus_from_wrong_row", "the bonus drawn from another logit row than P")
-    if sig == "rule changed" and s.get("rule") == "_correction_weights":
-        return _family(s, "residual", "the correction not drawn from the residual max(p - q, 0)")
-    if sig == "norm formula":
-        return _family(s, "norm", f"the RMSNorm computed with {s.get('formula')}")
-    if sig == "rows for ids":
-        return _family(s, "shortlist_remap", "an indexed head's row numbers returned, not shortlist[row]")
-    if sig == "input ignored":
-        return _family(s, "filters", f"{', '.join(s.get('fields', ()))} never applied")
-    if sig == "counter transformed":
-        return _family(s, "rng", f"the Philox counter built with {s.get('transform')}")
-    if sig == "row windows":
-        return _family(s, "window", "the rows' window edges placed from other positions than their own")
-    if sig == "ring rotated" and op in ATTENTION_OPS:
-        return _family(s, "window", "the context ring read at an offset (its live interval taken from another slot)")
-    if sig == "conv layout":
-        return _family(s, "conv", f"the grouped conv's layout: {s.get('layout')}")
-    if sig == "tied order":
-        return _family(s, "ties", "exact ties broken another way than toward the lowest row")
+    if sig == "rule changed" and s.get("rule") in RULE_FAMILIES:
+        return _family(s, *RULE_FAMILIES[s["rule"]])
+    if sig in SIGNATURE_FAMILIES and (sig != "ring rotated" or op in ATTENTION_OPS):
+        fam, why = SIGNATURE_FAMILIES[sig]
+        return _family(s, fam, why.format(**{"layout": "", "formula": "", "transform": "", **s,
+                                            "fields": ", ".join(s.get("fields", ()))}))
     if sig == "input transformed" and s.get("field") == "seed":
         return _family(s, "rng", f"the key built from the seed with {s.get('transform')}")
     if op == "proposal_head" and s.get("output") == "tokens" and s.get("axis") == 1 and (

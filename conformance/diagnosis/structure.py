@@ -231,6 +231,14 @@ def _offset_signatures(vec, spec, impl: Mapping) -> list[dict]:
     return found
 
 
+def _transformed(field: str, what: str, how: str, result) -> dict:
+    """The signature of a conforming rerun with ``field`` transformed (``how``: the transform in words)."""
+    return {"signature": "input transformed", "field": field, "transform": what,
+            "text": f"the reference's output with {how}",
+            "evidence": f"the implementation is {result.name} against the reference rerun with {how}",
+            "confidence": 0.85}
+
+
 _M32 = np.uint64(0xFFFFFFFF)
 # how a 64-bit integer input is commonly mangled: its two 32-bit words exchanged, or one of them lost
 WORD_TRANSFORMS = {
@@ -446,10 +454,7 @@ def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
                 continue
             result = _conforms(vec, spec, impl, kwargs)
             if result in (Result.PASS, Result.ACCEPTABLE):
-                found.append({"signature": "input transformed", "field": field, "transform": what,
-                              "text": f"the reference's output with `{field}` {what}",
-                              "evidence": f"the implementation is {result.name} against the reference rerun with "
-                                          f"`{field}` {what}", "confidence": 0.85})
+                found.append(_transformed(field, what, f"`{field}` {what}", result))
     return found
 
 
@@ -487,10 +492,7 @@ def _norm_weight_signatures(vec, spec, impl: Mapping) -> list[dict]:
                 return kw
             result = _conforms(vec, spec, impl, kwargs)
             if result in (Result.PASS, Result.ACCEPTABLE):
-                found.append({"signature": "input transformed", "field": field, "transform": what,
-                              "text": f"the reference's output with `{field}` {what}",
-                              "evidence": f"the implementation is {result.name} against the reference rerun with "
-                                          f"`{field}` {what}", "confidence": 0.85})
+                found.append(_transformed(field, what, f"`{field}` {what}", result))
     return found
 
 
@@ -561,10 +563,7 @@ def _capture_signatures(vec, spec, impl: Mapping) -> list[dict]:
         result = _conforms(vec, spec, impl, lambda f=f: f(fresh(vec)))
         if result in (Result.PASS, Result.ACCEPTABLE):
             how = f"the target layer ids read {what}" if what in ID_TRANSFORMS else what
-            found.append({"signature": "input transformed", "field": "target_layer_ids", "transform": what,
-                          "text": f"the reference's output with {how}",
-                          "evidence": f"the implementation is {result.name} against the reference rerun with {how}",
-                          "confidence": 0.85})
+            found.append(_transformed("target_layer_ids", what, how, result))
     return found
 
 
