@@ -260,7 +260,7 @@ class Diagnoser:
         shapes = []
         if self.structure and len(hyps) < TOP:
             try:
-                shapes = structure.signatures(vec, spec, impl, maps, diff)
+                shapes = structure.signatures(vec, spec, impl, maps, diff, reruns=not found)
             except Exception:  # noqa: BLE001 - a signature search that breaks adds nothing
                 pass
         # a signature that is on its own a family's mechanism names that family (diagnosis.mechanism); it

@@ -272,6 +272,9 @@ def _purpose_as(c, purpose: int, other: int):
     return c
 
 
+COUNTER_OPS = ("speculative_accept", "tree_verify", "candidate_selector")  # the Ops that draw C3 uniforms
+
+
 def _word_plus(c, word: int, step: int):
     c = np.array(c, dtype=np.uint64, copy=True)
     c[..., word] = (c[..., word].astype(np.int64) + step).astype(np.uint64) & np.uint64(0xFFFFFFFF)
@@ -354,7 +357,7 @@ def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
     """On an Op with a seed (it draws C3 uniforms): the implementation conforms to the reference rerun with
     every Philox counter built another way (``COUNTER_FORMS``: words reordered, a field's base off by
     one). The reference's counter builder is swapped for the rerun and restored after."""
-    if spec is None or not any(k in vec.inputs or k in vec.params for k in RNG_INPUTS):
+    if spec is None or vec.op not in COUNTER_OPS:
         return []
     from reference import rng
 
@@ -685,8 +688,9 @@ def _row_extent_signature(vec, spec, impl: Mapping) -> list[dict]:
 
 
 # a signature found by searching many alternatives (a rotation per row, a window per row) is likelier to fit
-# by chance than one tested as a single hypothesis: it ranks just below those
+# by chance than one tested as a single hypothesis (a conforming rerun: ``SINGLE``): it ranks just below those
 SEARCHED = 0.75
+SINGLE = 0.85
 
 
 def _row_window_signature(vec, spec, impl: Mapping) -> list[dict]:
@@ -1033,23 +1037,31 @@ def _pair_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
              "confidence": 0.85}]
 
 
-def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping) -> list[dict]:
-    """Structural hypotheses, most confident first."""
+def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping, reruns: bool = True) -> list[dict]:
+    """Structural hypotheses, most confident first. ``reruns`` False: only those read off the outputs
+    themselves, none that reruns the reference (where a catalogued mutant already matches, they would
+    rank below it and cost most of the diagnosis)."""
     from conformance.compare import full_masks
 
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
-    found = _offset_signatures(vec, spec, impl) + _transform_signatures(vec, spec, impl) \
-        + _accept_rule_signatures(vec, spec, impl) + _counter_signatures(vec, spec, impl) \
-        + _ignored_signatures(vec, spec, impl)
-    for probe in (_head_map_signature, _row_extent_signature, _slot_signature, _capture_signatures,
-                  _exchange_signatures, _rotation_signature, _pair_layout_signature, _tied_order_signature,
-                  _norm_weight_signatures, _conv_layout_signature, _ring_rotation_signature,
-                  _norm_formula_signatures, _layer_head_map_signature, _shortlist_rows_signature,
-                  _row_window_signature):
+    found = []
+    rerun_probes = (_offset_signatures, _transform_signatures, _accept_rule_signatures, _counter_signatures,
+                    _ignored_signatures, _capture_signatures, _exchange_signatures, _pair_layout_signature,
+                    _norm_weight_signatures, _norm_formula_signatures, _layer_head_map_signature)
+    for probe in (rerun_probes if reruns else ()) + (_slot_signature, _rotation_signature, _tied_order_signature,
+                                                     _conv_layout_signature, _shortlist_rows_signature):
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature
             continue
+    # the searches (one rerun per head, extent, ring rotation or window size) only where no single rerun
+    # already explains the whole difference: they would rank below it
+    if reruns and not any(h["confidence"] >= SINGLE for h in found):
+        for probe in (_head_map_signature, _row_extent_signature, _ring_rotation_signature, _row_window_signature):
+            try:
+                found += probe(vec, spec, impl)
+            except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature
+                continue
     for name, o in vec.outputs.items():
         if not diff[name].any():
             continue
