@@ -275,8 +275,9 @@ class Diagnoser:
         if not found and not near and rest and not read:  # a sibling bug (diagnosis.family)
             signed = fm.signed(vec, maps, impl, sref)
             masks = compare.full_masks(vec.outputs, vec.expected, vec.masks)
-            ev = [(m, fm.evidence(vec, signed, diff, m.key, self._with_scales(vec, spec, m, self.mutant_outputs(vec, m)),
-                                  masks)) for m in rest if (vec.op, family(m)) not in mechanism.DECISIVE]
+            ev = [(m, fm.evidence(vec, signed, diff, m.key,
+                                  self._with_scales(vec, spec, m, self.mutant_outputs(vec, m)), masks))
+                  for m in rest if (vec.op, family(m)) not in mechanism.DECISIVE]
             hyps += fm.hypotheses(ev, family, shapes)
         return found, (hyps + shapes)[:TOP]
 
