@@ -29,6 +29,7 @@ from conformance import compare
 from conformance.compare import Result
 from conformance.diagnosis.explain import error_map
 from conformance.diagnosis.match import fresh
+from conformance.mutants.base import _gqa_perm, _reorder_heads, _split_of_interleaved
 from conformance.registry import REPRESENTED
 from reference import numerics
 
@@ -946,15 +947,6 @@ def _rotation_signature(vec, spec, impl: Mapping) -> list[dict]:
                          f"at positions below 2^24", "confidence": 0.75}]
 
 
-def _regroup(w, perm, d: int, axis: int):
-    """A [.., Hq*D, ..] weight with its per-head blocks along ``axis`` moved: new head perm[h] = old head h."""
-    w = np.asarray(w)
-    idx = np.empty(len(perm) * d, dtype=np.int64)
-    for h, to in enumerate(perm):
-        idx[to * d:(to + 1) * d] = np.arange(h * d, (h + 1) * d)
-    return np.ascontiguousarray(np.take(w, idx, axis=axis))
-
-
 def _layer_head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
     """draft_layer / masked_block conform to the reference rerun with the query heads regrouped so that the
     spec's map (head h reads KV head h // G) becomes h % Hk (the rows of wq and the columns of wo by head):
@@ -970,11 +962,12 @@ def _layer_head_map_signature(vec, spec, impl: Mapping) -> list[dict]:
     if hk < 2 or hq == hk or hq % hk:
         return []
     h = np.arange(hq)
-    perm = (h % hk) * (hq // hk) + h // hk
+    perm = _gqa_perm(hq, hk)
 
     def kwargs():
         kw = fresh(vec)
-        kw["wq"], kw["wo"] = _regroup(kw["wq"], perm, d, -2), _regroup(kw["wo"], perm, d, -1)
+        for name, axis in (("wq", -2), ("wo", -1)):
+            kw[name] = np.ascontiguousarray(_reorder_heads(kw[name], perm, d, axis))
         return kw
     result = _conforms(vec, spec, impl, kwargs)
     if result not in (Result.PASS, Result.ACCEPTABLE):
@@ -1017,7 +1010,7 @@ def _pair_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
     d = int(kw0.get("head_dim", 0))
     if d < 4 or d % 2:
         return []
-    perm = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+    perm = _split_of_interleaved(d)
 
     def kwargs():
         kw = fresh(vec)
@@ -1048,20 +1041,17 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping, reruns: b
     rerun_probes = (_offset_signatures, _transform_signatures, _accept_rule_signatures, _counter_signatures,
                     _ignored_signatures, _capture_signatures, _exchange_signatures, _pair_layout_signature,
                     _norm_weight_signatures, _norm_formula_signatures, _layer_head_map_signature)
+    searches = (_head_map_signature, _row_extent_signature, _ring_rotation_signature, _row_window_signature)
     for probe in (rerun_probes if reruns else ()) + (_slot_signature, _rotation_signature, _tied_order_signature,
-                                                     _conv_layout_signature, _shortlist_rows_signature):
+                                                     _conv_layout_signature, _shortlist_rows_signature) + searches:
+        # the searches (one rerun per head, extent, ring rotation or window size) only where no single rerun
+        # already explains the whole difference: they would rank below it
+        if probe in searches and (not reruns or any(h["confidence"] >= SINGLE for h in found)):
+            break
         try:
             found += probe(vec, spec, impl)
         except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature
             continue
-    # the searches (one rerun per head, extent, ring rotation or window size) only where no single rerun
-    # already explains the whole difference: they would rank below it
-    if reruns and not any(h["confidence"] >= SINGLE for h in found):
-        for probe in (_head_map_signature, _row_extent_signature, _ring_rotation_signature, _row_window_signature):
-            try:
-                found += probe(vec, spec, impl)
-            except Exception:  # noqa: BLE001, S112 - shapes a probe cannot read: no signature
-                continue
     for name, o in vec.outputs.items():
         if not diff[name].any():
             continue
