@@ -47,6 +47,11 @@ def _transform(z, output_multiplier: float, softcap: float) -> np.ndarray:
     return z
 
 
+def _ranked(z, output_multiplier: float, softcap: float):
+    """The values the selection orders: the raw logits (C4), not the transformed scores."""
+    return z
+
+
 def _forced_rows(forced_ids, gid, eligible) -> np.ndarray:
     """Head row of each forced global id (the lowest eligible row holding it; -1: none)."""
     rows = xp.flatnonzero(eligible)  # ascending
@@ -80,9 +85,10 @@ def candidate_topk(
         raise ValueError(f"candidate_topk: {n_eligible} eligible rows, top_k = {top_k}")
 
     # a stable sort on -z keeps equal logits in row order: the C4 tie rule
-    key = xp.where(eligible, -z, np.inf)
+    ranked = _ranked(z, output_multiplier, softcap)
+    key = xp.where(eligible, -ranked, np.inf)
     order = xp.argsort(key, axis=-1, kind="stable")[..., : min(top_k + 1, n_eligible)]
-    s = xp.take_along_axis(z, order, axis=-1).astype(np.float64)
+    s = xp.take_along_axis(ranked, order, axis=-1).astype(np.float64)
     rows = order[..., :top_k]
 
     with np.errstate(invalid="ignore"):  # a NaN score, or two equal infinite ones, has a NaN gap: left NaN

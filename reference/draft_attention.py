@@ -40,13 +40,18 @@ def key_positions(frontier, live, capacity: int, width: int) -> tuple[np.ndarray
     return xp.concatenate([p_ctx, p_blk], axis=1), xp.concatenate([p_ctx >= 0, present_blk], axis=1)
 
 
+def _in_window(p_k, p_q, window: int):
+    """The local window's rule: a key at position p_k is within the window of the query at p_q."""
+    return xp.abs(p_k - p_q) < window
+
+
 def allowed(frontier, live, capacity: int, width: int, window: int) -> np.ndarray:
     """Boolean [B, W queries, C+W keys]: which key each query row may attend."""
     pos, present = key_positions(frontier, live, capacity, width)
     pq = xp.asarray(frontier, dtype=np.int64)[:, None] + xp.arange(width, dtype=np.int64)
     mask = xp.broadcast_to(present[:, None, :], (pos.shape[0], width, pos.shape[1]))
     if window > 0:
-        mask = mask & (xp.abs(pos[:, None, :] - pq[:, :, None]) < window)
+        mask = mask & _in_window(pos[:, None, :], pq[:, :, None], window)
     return mask
 
 

@@ -74,6 +74,9 @@ RULE_FAMILIES = {
     "_bonus_row": ("bonus_from_wrong_row", "the bonus drawn from another logit row than P"),
     "_walked": ("selector_first", "the walk's next predecessor taken from another rank than the chosen one"),
     "preview_length": ("preview_cut_before_eos", "the preview's cut at a stop token one token off"),
+    "_in_window": ("window", "the local window's rule written another way than |p_k - p_q| < S"),
+    "_ranked": ("ties", "the top-k ranking other values than the raw logits, so that they tie"),
+    "_after_rejection": ("residual", "the rejected draft's mass not removed before the next sibling's test"),
 }
 # signatures that are their family's mechanism on whatever Op they come from (the ring's on the attention
 # Ops): the family, and why (formatted with the signature's fields)
@@ -86,6 +89,7 @@ SIGNATURE_FAMILIES = {
     "ring rotated": ("window", "the context ring read at an offset (its live interval taken from another slot)"),
     "conv layout": ("conv", "the grouped conv's layout: {layout}"),
     "tied order": ("ties", "exact ties broken another way than toward the lowest row"),
+    "ranks mirrored": ("ties", "the candidates walked from the last rank (greedy ties to the higher rank)"),
 }
 
 

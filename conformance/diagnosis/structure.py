@@ -21,6 +21,7 @@ its evidence; nothing is returned without it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -343,15 +344,17 @@ ACCEPT_RULES = (
 )
 
 
-def _patched(vec, spec, impl, module, name: str, replacement):
-    """The implementation's verdict against the reference rerun with ``module.name`` replaced (restored
-    after, whatever happens)."""
-    plain = getattr(module, name)
-    setattr(module, name, replacement)
+def _patched(vec, spec, impl, module, swaps: Mapping):
+    """The implementation's verdict against the reference rerun with each ``module.<name>`` of ``swaps``
+    replaced (restored after, whatever happens)."""
+    plain = {name: getattr(module, name) for name in swaps}
+    for name, replacement in swaps.items():
+        setattr(module, name, replacement)
     try:
         return _conforms(vec, spec, impl, lambda: fresh(vec))
     finally:
-        setattr(module, name, plain)
+        for name, f in plain.items():
+            setattr(module, name, f)
 
 
 def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
@@ -365,7 +368,7 @@ def _counter_signatures(vec, spec, impl: Mapping) -> list[dict]:
     found = []
     plain = rng.counter_of
     for what, f in COUNTER_FORMS.items():
-        result = _patched(vec, spec, impl, rng, "counter_of", lambda *a, f=f, **k: f(plain(*a, **k)))
+        result = _patched(vec, spec, impl, rng, {"counter_of": lambda *a, f=f, **k: f(plain(*a, **k))})
         if result in (Result.PASS, Result.ACCEPTABLE):
             found.append({"signature": "counter transformed", "transform": what,
                           "text": f"the reference's draws with the Philox counter's {what}",
@@ -397,26 +400,110 @@ SELECTOR_RULES = (
 )
 
 
+def _shared_length(p_k, p_q, window):
+    """Decode rows sharing one sequence length: every row's window also starts from the block's last
+    position (p_q [B, W, 1]), as if each row were the block's last."""
+    last = p_q.max(axis=-2, keepdims=True)
+    return (p_k > last - window) & (abs(p_k - p_q) < window)
+
+
+# the attention's window rule (reference.draft_attention._in_window, also the layer's and the block's)
+WINDOW_RULES = (
+    ("_in_window", "the window bounding only the keys before the query (the left-only staircase)",
+     lambda p_k, p_q, window: (p_k - p_q) > -window),
+    ("_in_window", "every row's window starting from the block's last position (decode rows sharing one "
+                   "sequence length)", _shared_length),
+)
+
+
+def _bf16_ranked(z, output_multiplier, softcap):
+    from reference.candidate_topk import _transform
+
+    return numerics.to_bf16(_transform(z, output_multiplier, softcap))
+
+
+# candidate_topk ranks the raw logits (C4); commonly the scores as the model dtype holds them
+TOPK_RULES = (("_ranked", "the selection ranking the transformed scores rounded to BF16", _bf16_ranked),)
+# tree_verify's recursive rejection without the residual update between siblings (C6)
+TREE_RULES = (("_after_rejection", "each sibling tested against the same target (no residual update between "
+                                   "siblings)", lambda r, g: r),)
+TREE_SCALES = {"_after_rejection": ("_after_rejection_scale", lambda r, sr, g, sg: sr)}
+# the rules per Op: (the reference module the rule lives in, its rules)
+RULES = {
+    "speculative_accept": ("reference.speculative_accept", ACCEPT_RULES),
+    "candidate_selector": ("reference.candidate_selector", SELECTOR_RULES),
+    "preview_commit": ("reference.preview_commit", PREVIEW_RULES),
+    "draft_attention": ("reference.draft_attention", WINDOW_RULES),
+    "draft_layer": ("reference.draft_attention", WINDOW_RULES),
+    "masked_block": ("reference.draft_attention", WINDOW_RULES),
+    "candidate_topk": ("reference.candidate_topk", TOPK_RULES),
+    "tree_verify": ("reference.tree_verify", TREE_RULES),
+}
+
+
 def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
-    """speculative_accept, candidate_selector or preview_commit conforms to the reference rerun with one of
-    its rules written another way (``ACCEPT_RULES``: the accept test's comparison, the correction's
-    distribution, the bonus row; ``SELECTOR_RULES``: the rank the walk continues from; ``PREVIEW_RULES``:
-    where the preview ends at a stop token)."""
-    rules = {"speculative_accept": ACCEPT_RULES, "candidate_selector": SELECTOR_RULES,
-             "preview_commit": PREVIEW_RULES}.get(vec.op)
-    if spec is None or rules is None:
+    """The implementation conforms to the reference rerun with one of the Op's rules written another way
+    (``RULES``: speculative_accept's accept test, correction distribution and bonus row; the selector's
+    next rank; where the preview ends at a stop token; the attention's window; the top-k's ranked values;
+    tree_verify's residual between siblings)."""
+    module_name, rules = RULES.get(vec.op, (None, ()))
+    if spec is None or not rules:
         return []
     import importlib
 
-    module = importlib.import_module(f"reference.{vec.op}")
+    module = importlib.import_module(module_name)
     found = []
     for name, what, f in rules:
-        result = _patched(vec, spec, impl, module, name, f)
+        swaps = {name: f}
+        if name in TREE_SCALES:  # the rule's magnitudes follow it
+            swaps[TREE_SCALES[name][0]] = TREE_SCALES[name][1]
+        result = _patched(vec, spec, impl, module, swaps)
         if result in (Result.PASS, Result.ACCEPTABLE):
-            found.append({"signature": "rule changed", "rule": name, "text": f"the reference's scan with {what}",
+            found.append({"signature": "rule changed", "rule": name, "text": f"the reference's output with {what}",
                           "evidence": f"the implementation is {result.name} against the reference rerun with {what}",
                           "confidence": 0.85})
     return found
+
+
+def _rank_mirrored(spec):
+    """candidate_selector's spec with the candidates taken in reverse rank order (scores and ids reversed
+    along k, the walk's ranks and q mapped back): its reference, teacher forcing and follow-up rerun."""
+    import dataclasses
+
+    def rev(kw):
+        return {**kw, **{f: np.ascontiguousarray(np.asarray(kw[f])[..., ::-1]) for f in ("scores", "ids")}}
+
+    def back(out, k: int):
+        out = dict(out)
+        out["path"] = (k - 1 - np.asarray(out["path"])).astype(np.int32)
+        for key in ("q", "q.scale"):
+            if key in out:
+                out[key] = np.ascontiguousarray(np.asarray(out[key])[..., ::-1])
+        return out
+
+    def k_of(kw) -> int:
+        return int(np.shape(kw["ids"])[-1])
+
+    def mirrored(impl, k: int):
+        return {**impl, "path": (k - 1 - np.asarray(impl["path"], np.int64))}
+
+    return dataclasses.replace(
+        spec, reference=lambda **kw: back(spec.reference(**rev(kw)), k_of(kw)),
+        force=lambda kw, impl: back(spec.force(rev(kw), mirrored(impl, k_of(kw))), k_of(kw)),
+        follow=lambda kw, impl: back(spec.follow(rev(kw), impl), k_of(kw)))
+
+
+def _rank_order_signature(vec, spec, impl: Mapping) -> list[dict]:
+    """candidate_selector conforms to the reference rerun on its candidates in reverse rank order (greedy
+    ties then go to the higher rank, and the race's uniforms to the ranks counted from the last)."""
+    if spec is None or vec.op != "candidate_selector" or "path" not in impl:
+        return []
+    result = _conforms(vec, _rank_mirrored(spec), impl, lambda: fresh(vec))
+    if result not in (Result.PASS, Result.ACCEPTABLE):
+        return []
+    return [{"signature": "ranks mirrored", "text": "the reference's walk over the candidates in reverse rank order",
+             "evidence": f"the implementation is {result.name} against the reference rerun with scores and ids "
+                         "reversed along k (path and q mapped back)", "confidence": 0.85}]
 
 
 def _transform_signatures(vec, spec, impl: Mapping) -> list[dict]:
@@ -537,7 +624,7 @@ def _norm_formula_signatures(vec, spec, impl: Mapping) -> list[dict]:
 
     found = []
     for what, f in NORM_FORMULAS.items():
-        result = _patched(vec, spec, impl, fc, "plain_rmsnorm", f)
+        result = _patched(vec, spec, impl, fc, {"plain_rmsnorm": f})
         if result in (Result.PASS, Result.ACCEPTABLE):
             found.append({"signature": "norm formula", "formula": what, "text": f"the context norm with {what}",
                           "evidence": f"the implementation is {result.name} against the reference rerun with its "
@@ -850,17 +937,23 @@ def _tied_order_signature(vec, spec, impl: Mapping) -> list[dict]:
 
 
 SPEC_TAPS = "the spec's taps"
+TILED = "the delta indexed per channel (channel c reading group c mod G)"
 
 
-def _conv_forms(x, base_side, delta_side, group: int) -> dict:
+def _conv_forms(x, base_side, delta_side, group: int, tiled: bool = False) -> dict:
     """The grouped conv (reference.grouped_conv's formula, float64) with each way its taps are commonly
     laid out: the spec's (tap 0 on column i, tap 1 on column i - 1, none at 0), the taps' coefficients
     exchanged, the second tap on column i + 1, and column 0's preceding tap read from the last column
-    (a wrapping shift)."""
+    (a wrapping shift). ``tiled``: each channel c reads group c mod G's delta (the delta indexed per
+    channel), not group c // 16's."""
     b, w, h = x.shape
     g = h // group
     xg = x.reshape(b, w, g, group)
-    coef = base_side.reshape(1, 1, 2, g, group) + delta_side[..., None]
+    if tiled:
+        delta = delta_side[..., np.arange(h) % g].reshape(b, w, 2, g, group)
+    else:
+        delta = delta_side[..., None]
+    coef = base_side.reshape(1, 1, 2, g, group) + delta
     zero = np.zeros_like(xg[:, :1])
     prev, nxt = np.concatenate([zero, xg[:, :-1]], axis=1), np.concatenate([xg[:, 1:], zero], axis=1)
     forms = {SPEC_TAPS: coef[:, :, 0] * xg + coef[:, :, 1] * prev,
@@ -874,7 +967,8 @@ def _conv_forms(x, base_side, delta_side, group: int) -> dict:
 def _conv_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
     """grouped_conv: every output within the allowance of the conv recomputed with another layout: a tap
     layout of ``_conv_forms``, its delta projection read as the spec lays it out ([2 sides, 2 taps, G]) or
-    group-major ([G, 2, 2]) (not both the spec's); ``finished`` on the implementation's own finish_delta."""
+    group-major ([G, 2, 2]), its delta shared by each group of 16 or indexed per channel (not all the
+    spec's); ``finished`` on the implementation's own finish_delta."""
     if vec.op != "grouped_conv" or not {"prepared", "finished", "finish_delta"} <= set(impl):
         return []
     from reference.grouped_conv import GROUP
@@ -898,12 +992,13 @@ def _conv_layout_signature(vec, spec, impl: Mapping) -> list[dict]:
                            vec.expected.get(f"{name}.scale")).all())
 
     found = []
-    for lay, delta in layouts.items():
+    for (lay, delta), tiled in itertools.product(layouts.items(), (False, True)):
         if not close("finish_delta", delta[:, :, 1]):
             continue
-        prepared, finished = _conv_forms(x, base[0], delta[:, :, 0], GROUP), _conv_forms(z, base[1], fd, GROUP)
+        prepared = _conv_forms(x, base[0], delta[:, :, 0], GROUP, tiled)
+        finished = _conv_forms(z, base[1], fd, GROUP, tiled)
         for form in prepared:
-            what = ", ".join(t for t in ((form if form != SPEC_TAPS else ""), lay) if t)
+            what = ", ".join(t for t in ((form if form != SPEC_TAPS else ""), lay, TILED if tiled else "") if t)
             if what and close("prepared", prepared[form]) and close("finished", finished[form]):
                 found.append({"signature": "conv layout", "layout": what, "text": f"the grouped conv with {what}",
                               "evidence": f"every output within the allowance of the conv recomputed with {what} "
@@ -1039,6 +1134,7 @@ def signatures(vec, spec, impl: Mapping, maps: Mapping, diff: Mapping, reruns: b
     masks = full_masks(vec.outputs, vec.expected, vec.masks)
     found = []
     rerun_probes = (_offset_signatures, _transform_signatures, _accept_rule_signatures, _counter_signatures,
+                    _rank_order_signature,
                     _ignored_signatures, _capture_signatures, _exchange_signatures, _pair_layout_signature,
                     _norm_weight_signatures, _norm_formula_signatures, _layer_head_map_signature)
     searches = (_head_map_signature, _row_extent_signature, _ring_rotation_signature, _row_window_signature)

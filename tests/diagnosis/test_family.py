@@ -144,13 +144,13 @@ def _new_path(h) -> bool:
     return bool(m) and float(m.group(1)) < fm.SIGMAS / np.sqrt(int(m.group(2)))
 
 
-@pytest.mark.parametrize("key,fam", [("conv_delta_per_channel", "conv"),
+@pytest.mark.parametrize("key,fam", [("selector_first_step-no_pair", "selector_first"),
                                      ("selector_first_step-pred_top1", "selector_first")])
 def test_leave_one_out_named_on_the_support(key, fam):
     """Leave-one-out (docs/reports/diagnosis.md, section (a)) where the family is named through the
-    support: a conv delta tiled across channels, whose siblings move the same outputs with unrelated values, the
-    selector's first step taking the predecessor's top-1, whose siblings change the same few path entries (no
-    reading covers either). Named first on several FAILs, never another family."""
+    support: the selector's first step scored without its pair term, or taking the predecessor's top-1, whose
+    siblings change the same few path entries (no reading covers either). Named first on several FAILs,
+    never another family."""
     m = next(x for x in mutants.MUTANTS if x.key == key)
     failing = _fails(m, m.op, diagnose=Diagnoser(max_cases=10**9, catalog=_without(key)))
     firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]

@@ -285,6 +285,69 @@ class NoMinP(Engine):
         return super().target_distribution(min_p=np.zeros_like(np.asarray(min_p)), **kw)
 
 
+class LeftOnlyStaircase(Engine):
+    """A local layer's window written as a causal sliding window's: only keys more than S - 1 before the query
+    are cut (p_q - p_k < S); keys after it, the block's later rows, all stay."""
+
+    def draft_attention(self, **kw):
+        from conformance.controls import engine as E
+        from reference.draft_attention import key_positions
+
+        def left_only(frontier, live, capacity, width, window):
+            pos, present = key_positions(frontier, live, capacity, width)
+            pq = np.asarray(frontier, np.int64)[:, None] + np.arange(width)
+            mask = np.broadcast_to(present[:, None, :], (pos.shape[0], width, pos.shape[1]))
+            return mask & (pq[:, :, None] - pos[:, None, :] < window) if window > 0 else mask
+
+        plain, E.allowed = E.allowed, left_only
+        try:
+            return super().draft_attention(**kw)
+        finally:
+            E.allowed = plain
+
+
+class Bf16RankedTopk(Engine):
+    """candidate_topk ranking the scores as the model dtype holds them: the multiplier and softcap applied to
+    the FP32 logits, rounded to BF16, then sorted (ties in BF16 go by row); the scores are the FP32 ones."""
+
+    def candidate_topk(self, hidden, head, vocab_size, top_k, output_multiplier=0.0, softcap=0.0, shortlist=None):
+        z = (np.asarray(hidden, np.float32) @ np.asarray(head, np.float32).T).astype(np.float32)
+        u = z * np.float32(output_multiplier) if output_multiplier > 0 else z
+        if softcap > 0:
+            u = np.float32(softcap) * np.tanh(u / np.float32(softcap))
+        gid = np.arange(np.shape(head)[0]) if shortlist is None else np.asarray(shortlist, np.int64)
+        ranked = numerics.storage(u.astype(np.float64), "bf16")
+        rows = np.argsort(np.where((gid >= 0) & (gid < int(vocab_size)), -ranked, np.inf), axis=-1,
+                          kind="stable")[..., :int(top_k)]
+        return {"scores": np.take_along_axis(u, rows, axis=-1).astype(np.float32), "ids": gid[rows].astype(np.int32)}
+
+
+class AscendingCandidates(Engine):
+    """The selector given its candidates in ascending score order (a top-k that returns them smallest
+    first) and its path mapped back to the descending ranks."""
+
+    def candidate_selector(self, scores, ids, **kw):
+        k = np.shape(ids)[-1]
+        out = super().candidate_selector(scores=np.ascontiguousarray(np.asarray(scores)[..., ::-1]),
+                                         ids=np.ascontiguousarray(np.asarray(ids)[..., ::-1]), **kw)
+        return {**out, "path": (k - 1 - out["path"]).astype(np.int32),
+                "q": np.ascontiguousarray(out["q"][..., ::-1])}
+
+
+class ChannelTiledConv(Engine):
+    """The conv's dynamic delta indexed by channel c mod G (a broadcast over the wrong axis) instead of being
+    shared by each group of 16 channels."""
+
+    def _conv(self, x, base_side, delta_side):
+        b, w, h = np.shape(x)
+        g = h // 16
+        d = np.asarray(delta_side, np.float32)[..., np.arange(h) % g]  # [B, W, 2, H]
+        coef = np.asarray(base_side, np.float32)[None, None] + d
+        x = np.asarray(x, np.float32)
+        prev = np.concatenate([np.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+        return (coef[:, :, 0] * x + coef[:, :, 1] * prev).astype(np.float32)
+
+
 @pytest.mark.parametrize("impl,op,fam", [
     (RepeatHeads(), "draft_attention", "gqa_head_mapping"),
     (CausalBlock(), "draft_attention", "window"),
@@ -307,22 +370,33 @@ class NoMinP(Engine):
     (InclusiveVocab(), "candidate_topk", "vocab_pad"),
     (RowsAsIds(), "proposal_head", "shortlist_remap"),
     (SharedLengthRows(), "draft_attention", "window"),
+    (LeftOnlyStaircase(), "draft_attention", "window"),
+    (Bf16RankedTopk(), "candidate_topk", "ties"),
+    (AscendingCandidates(), "candidate_selector", "ties"),
+    (ChannelTiledConv(), "grouped_conv", "conv"),
 ], ids=["repeat_heads", "causal_block", "causal_layer", "truncated_store", "rolled_proposals", "stacked_capture",
         "default_theta", "swapped_codebooks", "last_max_head", "full_attention", "gemma_norm", "rolled_conv",
         "linear_ring_read", "row_keyed_sampler", "masked_anchor", "whole_block", "no_min_p",
         "weight_first_norm", "inclusive_vocab", "rows_as_ids",
-        "shared_length_rows"])
+        "shared_length_rows", "left_only_staircase", "bf16_ranked_topk", "ascending_candidates",
+        "channel_tiled_conv"])
 def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     """No variant of the family is in the catalog: only the reading can name it. Every FAIL whose first
-    hypothesis names a family names this one, and the reading names it on most FAILs (the rest: a
-    case too small for the signature to single the mechanism out)."""
+    hypothesis names a family names this one, or reads this family as well at the same confidence (a case
+    that two mechanisms explain alike: a race whose draws any uniforms decide the same way), and the
+    reading names it on most FAILs (the rest: a case too small for the signature to single the mechanism
+    out)."""
     catalog = [m for m in mutants.MUTANTS if family(m) != fam]
     results = run_suite(impl, VECTORS, ops_pattern=op, diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
     summary(results)
     failing = [r for r in results if r.result == Result.FAIL]
     assert failing
+    for r in failing:
+        named = [h for h in hypotheses(r) if h.get("family")]
+        assert not named or named[0]["family"] == fam or any(
+            h["family"] == fam and h.get("reading") and h["confidence"] == named[0]["confidence"] for h in named), \
+            (r.case, [h["family"] for h in named])
     firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
-    assert all(h.get("family") == fam for h in firsts if h.get("family")), [h.get("family") for h in firsts]
     read = [h for h in firsts if h.get("family") == fam and h.get("reading")]
     assert len(read) * 2 > len(failing), (len(read), len(failing))
     assert all(math.isfinite(h["confidence"]) and h["evidence"] for h in read)
@@ -416,13 +490,17 @@ def test_a_counter_built_another_way_is_read_as_the_rng():
                                           ("residual_no_clamp", "residual", "_correction_weights"),
                                           ("bonus_from_wrong_row", "bonus_from_wrong_row", "_bonus_row"),
                                           ("selector_predecessor_row", "selector_first", "_walked"),
-                                          ("preview_cut_before_eos", "preview_cut_before_eos", "preview_length")])
+                                          ("preview_cut_before_eos", "preview_cut_before_eos", "preview_length"),
+                                          ("sibling_residual", "residual", "_after_rejection"),
+                                          ("left_only_window", "window", "_in_window"),
+                                          ("bf16_tie", "ties", "_ranked")])
 def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fam, rule):
     """speculative_accept's accept comparison (p and q exchanged), its correction distribution (p, not the
-    residual) or its bonus row (P - 1), candidate_selector's walk (from each step's argmax), diagnosed
-    without any variant of the family: the rule reading names it on most FAILs, no other family is named
-    first but by a match (a case on which the bug conforms to another family's mutant cannot tell the two
-    apart), and the reference's own rule is back in place afterwards."""
+    residual) or its bonus row (P - 1), candidate_selector's walk (from each step's argmax), tree_verify's
+    siblings (no residual update between them), the attention's window (left side only), the top-k's ranked
+    values (BF16 scores), diagnosed without any variant of the family: the rule reading names it on most
+    FAILs, no other family is named first but by a match (a case on which the bug conforms to another
+    family's mutant cannot tell the two apart), and the reference's own rule is back in place afterwards."""
     import importlib
 
     m = next(x for x in mutants.MUTANTS if x.key == key)
