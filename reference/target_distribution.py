@@ -64,6 +64,11 @@ def _softmax_kept(z, keep) -> np.ndarray:
     return e / e.sum()
 
 
+def _top_p_count(cum, top_p) -> int:
+    """How many tokens top-p keeps: the shortest prefix whose cumulative mass reaches top_p."""
+    return int(np.searchsorted(cum, top_p, side="left")) + 1
+
+
 def filtered_probs(z, temperature, top_k, top_p, min_p) -> np.ndarray:
     """Steps 4-9 on processed logits z (working precision, not yet represented)."""
     t = work(temperature)
@@ -81,7 +86,7 @@ def filtered_probs(z, temperature, top_k, top_p, min_p) -> np.ndarray:
     if tp < 1:
         kept_order = order[keep[order]]
         cum = np.cumsum(_softmax_kept(z, keep)[kept_order])
-        n = int(np.searchsorted(cum, tp, side="left")) + 1  # first prefix with cum >= top_p
+        n = _top_p_count(cum, tp)
         keep[kept_order[min(n, kept_order.size) :]] = False
     mp = work(min_p)
     if mp > 0:

@@ -76,6 +76,7 @@ RULE_FAMILIES = {
     "preview_length": ("preview_cut_before_eos", "the preview's cut at a stop token one token off"),
     "_in_window": ("window", "the local window's rule written another way than |p_k - p_q| < S"),
     "_ranked": ("ties", "the top-k ranking other values than the raw logits, so that they tie"),
+    "_top_p_count": ("filters", "top-p's boundary placed another way than the shortest prefix reaching top_p"),
     "_after_rejection": ("residual", "the rejected draft's mass not removed before the next sibling's test"),
 }
 # signatures that are their family's mechanism on whatever Op they come from (the ring's on the attention

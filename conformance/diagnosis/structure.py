@@ -428,6 +428,13 @@ TOPK_RULES = (("_ranked", "the selection ranking the transformed scores rounded 
 TREE_RULES = (("_after_rejection", "each sibling tested against the same target (no residual update between "
                                    "siblings)", lambda r, g: r),)
 TREE_SCALES = {"_after_rejection": ("_after_rejection_scale", lambda r, sr, g, sg: sr)}
+# top-p's boundary as it is commonly written another way (cum > top_p; the crossing token dropped)
+TOP_P_RULES = (
+    ("_top_p_count", "top-p keeping the prefix whose mass exceeds top_p (a token reaching it exactly kept going)",
+     lambda cum, top_p: int(np.searchsorted(cum, top_p, side="right")) + 1),
+    ("_top_p_count", "top-p dropping the token whose cumulative mass crosses top_p",
+     lambda cum, top_p: max(1, int(np.searchsorted(cum, top_p, side="right")))),
+)
 # the rules per Op: (the reference module the rule lives in, its rules)
 RULES = {
     "speculative_accept": ("reference.speculative_accept", ACCEPT_RULES),
@@ -438,6 +445,7 @@ RULES = {
     "masked_block": ("reference.draft_attention", WINDOW_RULES),
     "candidate_topk": ("reference.candidate_topk", TOPK_RULES),
     "tree_verify": ("reference.tree_verify", TREE_RULES),
+    "target_distribution": ("reference.target_distribution", TOP_P_RULES),
 }
 
 
@@ -445,7 +453,7 @@ def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
     """The implementation conforms to the reference rerun with one of the Op's rules written another way
     (``RULES``: speculative_accept's accept test, correction distribution and bonus row; the selector's
     next rank; where the preview ends at a stop token; the attention's window; the top-k's ranked values;
-    tree_verify's residual between siblings)."""
+    tree_verify's residual between siblings; top-p's boundary)."""
     module_name, rules = RULES.get(vec.op, (None, ()))
     if spec is None or not rules:
         return []
