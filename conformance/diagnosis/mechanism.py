@@ -10,8 +10,9 @@ with one rule of the reference written another way, each the common slip of one 
 - ``window``: on the attention Ops, the window (masked_block: each layer's) one larger or smaller,
   or 0 (the window dropped); the ring read one slot off (draft_attention: ``frontier`` +-1) or at
   an offset (each batch row's ring rotated); a causal mask or rows' windows of other sizes (each
-  query row the reference at another live extent or window); on context_kv, cache rows stored in
-  other slots or left unwritten (the ring's writer).
+  query row the reference at another live extent or window; the window's rule bounding only the keys
+  before the query, or every row's window starting from the block's last position); on context_kv,
+  cache rows stored in other slots or left unwritten (the ring's writer).
 - ``extent``: rows or proposals past the live extent (a row extent; ``live`` at the full width).
 - ``rng``: the Philox key from the seed another way (words swapped or lost, the batch row mixed in,
   row 0's seed everywhere), the counter built another way (words reordered, the purpose or index
@@ -28,13 +29,16 @@ with one rule of the reference written another way, each the common slip of one 
   not a position's value); a layer's RoPE on interleaved pairs.
 - ``capture``: the block ids misread (one late or early, reversed, sorted), each id the previous
   block's output, the last block read after a final norm.
-- ``conv``: the grouped conv's taps exchanged, shifted the other way, wrapping at column 0, or its
-  delta read group-major.
-- ``ties``: ids that differ only between exactly tied logits (rows not all tied).
+- ``conv``: the grouped conv's taps exchanged, shifted the other way, wrapping at column 0, its
+  delta read group-major or indexed per channel.
+- ``ties``: ids that differ only between exactly tied logits (rows not all tied); the top-k ranking the
+  transformed scores rounded to BF16; the selector's candidates walked in reverse rank order.
 - ``selector_first``: the codebooks exchanged; the walk continued from each step's argmax.
 - ``accept_test``, ``residual``, ``bonus_from_wrong_row``: speculative_accept's accept test with p
-  and q exchanged or without q; the correction from p, not the residual; the bonus from row P - 1.
-- ``filters``: a sampling parameter (or every penalty) never applied (its neutral value).
+  and q exchanged or without q; the correction from p, not the residual; the bonus from row P - 1;
+  tree_verify's siblings tested without the residual update between them.
+- ``filters``: a sampling parameter (or every penalty) never applied (its neutral value); top-p's
+  boundary strict, or dropping the token that crosses it.
 - ``vocab_pad``: vocab_size off by one, or the padded rows eligible; ``shortlist_remap``: head rows
   returned for ids; ``anchor_as_mask``: the anchor embedded as the mask token;
   ``preview_cut_before_eos``: the preview's cut at a stop token one token off.

@@ -10,9 +10,11 @@ where the Op draws uniforms, an RNG counter field), or with one input mishandled
 64-bit input's words swapped or one lost, row 0's value in every row, a parameter left neutral, two
 weights exchanged, block ids misread); the whole output as the reference's with one of its rules
 written another way (the Philox counter's layout, speculative_accept's accept test, correction and
-bonus row, the selector's walk, the preview's cut, the context norm's formula: the reference's
-function swapped for the rerun and restored after); K vectors turned keeping their norms; ids that
-differ only between tied logits; the grouped conv's tap layout. Reruns are judged with the suite's
+bonus row, the selector's walk, the preview's cut, the context norm's formula, the attention's window,
+the top-k's ranked values, tree_verify's residual between siblings, top-p's boundary: the reference's
+function swapped for the rerun and restored after); the selector's candidates in reverse rank order;
+K vectors turned keeping their norms; ids that differ only between tied logits; the grouped conv's
+tap layout. Reruns are judged with the suite's
 own comparison, their magnitude scales capped at the vector's (``_tighter``). None of them names a
 catalogued pitfall: a signature is what the error looks like, not which bug made it
 (``diagnosis.mechanism`` reads those that are on their own a family's mechanism). Each comes with
