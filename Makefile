@@ -9,10 +9,11 @@ install:
 # test extras into the current Python, checks that the committed vectors regenerate
 # byte for byte (a reference change that moves a vector fails here unless the vectors
 # were regenerated with it, CONTRACTS C8), then runs every test that needs no GPU
-# (GPU tests skip with a reason; the nvcc compile test runs where nvcc exists).
+# (GPU tests skip with a reason; the nvcc compile test runs where nvcc exists), spread
+# over the cores by pytest-xdist (at most 8 workers: each imports NumPy, torch and the suite).
 test: install
 	$(PYTHON) -m conformance.cli verify --strict --vectors vectors
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto --maxprocesses 8
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu

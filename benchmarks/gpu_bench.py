@@ -964,8 +964,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-exact", action="store_true", help="skip the exact mode (slow at full width)")
     ap.add_argument("--geometry", action="store_true",
                     help="also time the full-geometry conformance run (both geometries, CuPy float64 reference)")
-    ap.add_argument("--geometry-jobs", type=int, default=3,
-                    help="--jobs of that run (default 3; its output is written to <--json>.geometry.log)")
+    ap.add_argument("--geometry-jobs", type=int, default=2,
+                    help="--jobs of that run (default 2: a process per geometry; its output is written to "
+                         "<--json>.geometry.log)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     cp, torch = _imports()

@@ -586,7 +586,9 @@ def _geometry_jobs(args, where: str) -> int:
     """geometry --jobs N: the parts (geometry.parts) as N processes at once, merged (conformance/geometry_jobs.py)."""
     from conformance import geometry, geometry_jobs, report
 
-    parts = geometry.parts(args.geometry, args.batch, args.width, args.ops)
+    # a process per geometry where the jobs allow no more (each part draws its weights and warms its kernels once)
+    parts = geometry.parts(args.geometry, args.batch, args.width, args.ops,
+                           per_geometry=args.jobs <= len(args.geometry))
     print(f"{len(parts)} parts, {min(args.jobs, len(parts))} at once: "
           + ", ".join(geometry_jobs.label(p) for p in parts), flush=True)
     results, name, part_env = geometry_jobs.run(parts, args.jobs, impl=args.impl, context=args.context,

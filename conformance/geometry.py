@@ -191,11 +191,14 @@ def context_kv_case(name, cfg, w, context, seed=4) -> Case:
 BLOCK_PATH_OPS = ("masked_block", "proposal_head", "candidate_topk", "candidate_selector")  # per (B, W)
 
 
-def parts(names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), ops=None) -> list[dict]:
+def parts(names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), ops=None, per_geometry=False) -> list[dict]:
     """The run split into independent parts (``dflash-conformance geometry --jobs``): one per
-    geometry and (B, W) proposal path, each with the Ops it runs; a geometry's context_kv goes with
-    its first part (alone where no block Op is wanted). Together the parts run exactly the cases of
-    ``run(names, batches, widths, ops=ops)``, in its order."""
+    geometry and (B, W) proposal path, or (``per_geometry``) one per geometry with all of its paths,
+    each with the Ops it runs (``batches`` / ``widths``: the lists a part runs, None: only
+    context_kv); a geometry's context_kv goes with its first part (alone where no block Op is wanted).
+    Together the parts run exactly the cases of ``run(names, batches, widths, ops=ops)``, in its order.
+    A part is one process that draws its geometry's weights and warms its kernels: per geometry, a run
+    pays that once a geometry instead of once a path."""
     wanted = list(ops) if ops else ["context_kv", *BLOCK_PATH_OPS]
     block = [op for op in wanted if op != "context_kv"]
     out = []
@@ -203,9 +206,14 @@ def parts(names=tuple(GEOMETRIES), batches=(1, 8), widths=(8, 16), ops=None) -> 
         first = "context_kv" in wanted
         chains = [(b, w) for b in batches for w in widths] if block else []
         if not chains and first:
-            out.append({"geometry": name, "batch": None, "width": None, "ops": ["context_kv"]})
+            out.append({"geometry": name, "batches": None, "widths": None, "ops": ["context_kv"]})
+        elif per_geometry:
+            out.append({"geometry": name, "batches": list(batches), "widths": list(widths),
+                        "ops": (["context_kv"] if first else []) + block})
+            continue
         for b, w in chains:
-            out.append({"geometry": name, "batch": b, "width": w, "ops": (["context_kv"] if first else []) + block})
+            out.append({"geometry": name, "batches": [b], "widths": [w],
+                        "ops": (["context_kv"] if first else []) + block})
             first = False
     return out
 

@@ -2,7 +2,8 @@
 
 The float64 reference of a full-geometry case takes minutes and runs mostly on one core, so the
 run (22 cases at the default B and W) is split into independent parts (``geometry.parts``: one per
-geometry and (B, W) proposal path) and each part runs as its own ``dflash-conformance geometry``
+geometry where N is at most the number of geometries, else one per geometry and (B, W) proposal
+path) and each part runs as its own ``dflash-conformance geometry``
 process, at most N at a time, with N-th of the cores for its BLAS threads (unless the caller set
 OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS). A part draws the same seeded weights
 as a single run, so the cases and their bytes are the same. Each part's lines are printed as they
@@ -32,7 +33,8 @@ BLAS_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def label(part: dict) -> str:
-    b = "" if part["batch"] is None else f" B{part['batch']} W{part['width']}"
+    b = "" if part["batches"] is None else \
+        f" B{','.join(map(str, part['batches']))} W{','.join(map(str, part['widths']))}"
     return f"{part['geometry']}{b}"
 
 
@@ -41,8 +43,8 @@ def part_argv(part: dict, *, impl: str | None, context: int, reduced: bool, json
     """The dflash-conformance arguments of one part."""
     argv = ["geometry", "--part", "--geometry", part["geometry"], "--context", str(context), "--ops", *part["ops"],
             "--json", str(json_path)]
-    if part["batch"] is not None:
-        argv += ["--batch", str(part["batch"]), "--width", str(part["width"])]
+    if part["batches"] is not None:
+        argv += ["--batch", *map(str, part["batches"]), "--width", *map(str, part["widths"])]
     if impl:
         argv += ["--impl", impl]
     if reduced:

@@ -6,10 +6,10 @@
 Each op takes and returns torch tensors on a CUDA device and runs the fast mode's Op (``FastCudaBackend``,
 kernels_cu/fast/) on the caller's current torch stream (CuPy's ``ExternalStream`` of
 ``torch.cuda.current_stream()``): no host synchronisation, so an op can sit inside an engine's own
-``torch.cuda.graph`` capture. Tensors cross through DLPack without copies: BF16 tensors travel as their int16 bits
-(CuPy has no bfloat16), FP16 / FP32 / integers as they are; non-contiguous inputs are made contiguous first (a copy).
-The outputs are CuPy allocations handed to torch zero-copy: fresh arrays, aliasing no input and no buffer of the
-backend. ``register_fake`` gives every op its output shapes, so the ops trace under FakeTensorMode / torch.compile.
+``torch.cuda.graph`` capture. Tensors cross without copies: an input becomes a CuPy array over the tensor's own
+memory (BF16 tensors as their uint16 bits, since CuPy has no bfloat16; FP16 / FP32 / integers as they are;
+non-contiguous inputs are made contiguous first, a copy), and the outputs, CuPy allocations, reach torch through
+DLPack: fresh arrays, aliasing no input and no buffer of the backend. ``register_fake`` gives every op its output shapes, so the ops trace under FakeTensorMode / torch.compile.
 
 Ops (the C9 contracts of docs/ops.md, same inputs in the same units):
 
@@ -25,7 +25,7 @@ Ops (the C9 contracts of docs/ops.md, same inputs in the same units):
 
 Identity of weights and rings. The fast mode keeps device-resident derived weights (the concatenated [Wq; Wk; Wv],
 [Wgate; Wup]) and masked_block / draft_layer's per-shape CUDA graphs keyed by the identity of the arrays they read
-in place. A DLPack view is a new CuPy object each call, so the weight and ring arguments are converted through a
+in place. A view is a new CuPy object each call, so the weight and ring arguments are converted through a
 cache of views keyed by (address, shape, strides, dtype, device) (``_VIEWS_KEEP`` entries, LRU): the same torch
 tensor gives the same CuPy object, and its derived weights and graphs are found again. A cached view holds its
 tensor alive until the entry leaves the cache. As for the CuPy Ops, a weight must not be written in place after its
@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Optional
+
+import numpy as np
 
 try:
     import torch
@@ -82,17 +84,28 @@ def _cupy():
     return cupy
 
 
+# torch dtypes as the CuPy Ops take them (BF16 as its uint16 bits, bool as uint8)
+_AS_NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: np.float32,
+             torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
+             torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.uint8}
+
+
 def _dl(t: torch.Tensor):
-    """A CuPy view of a CUDA tensor (BF16 as uint16 bits), zero-copy through DLPack."""
+    """A CuPy view of a CUDA tensor (BF16 as uint16 bits), zero-copy: an ndarray over the tensor's memory, the
+    tensor held as the memory's owner. (DLPack gives the same view at about 20 us a tensor on an H100 host, four
+    times this: benchmarks/gpu_bench.py's torch-op rows; it remains the path for an empty tensor or another
+    dtype.)"""
     if not t.is_cuda:
         raise ValueError(f"dflash ops take CUDA tensors, got one on {t.device}")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    dtype = _AS_NUMPY.get(t.dtype)
+    n = t.numel()
     c = _cupy()
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return c.from_dlpack(t.view(torch.int16)).view(c.uint16)
-    if t.dtype == torch.bool:
-        return c.from_dlpack(t.view(torch.uint8))
-    return c.from_dlpack(t)
+    if dtype is None or n == 0:
+        return c.from_dlpack(t)
+    mem = c.cuda.UnownedMemory(t.data_ptr(), n * t.element_size(), t, t.get_device())
+    return c.ndarray(tuple(t.shape), dtype, c.cuda.MemoryPointer(mem, 0))
 
 
 def _held(t: Optional[torch.Tensor]):
@@ -124,8 +137,26 @@ def _torch_malloc(size: int):
     pool for the engine, and under a ``torch.cuda.graph`` capture the graph's private pool, where a cudaMalloc of
     CuPy's own pool would invalidate the capture. The torch tensor owns the memory until CuPy drops it."""
     c = _cupy()
-    t = torch.empty((max(int(size), 1),), dtype=torch.uint8, device=torch.cuda.current_device())
-    return c.cuda.MemoryPointer(c.cuda.UnownedMemory(t.data_ptr(), int(size), t), 0)
+    dev = torch.cuda.current_device()
+    t = torch.empty((max(int(size), 1),), dtype=torch.uint8, device=dev)
+    return c.cuda.MemoryPointer(c.cuda.UnownedMemory(t.data_ptr(), int(size), t, dev), 0)
+
+
+_streams: dict = {}
+
+
+def _cupy_stream(device: int, handle: int):
+    """CuPy's view of torch's stream ``handle`` on ``device``, made once a stream (CuPy 14 deprecates
+    ExternalStream with a warning each time one is made; a view of a stream owns nothing)."""
+    key = (device, handle)
+    s = _streams.get(key)
+    if s is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = _streams[key] = _cupy().cuda.ExternalStream(handle, device)
+    return s
 
 
 class _on_stream:
@@ -137,9 +168,10 @@ class _on_stream:
 
     def __enter__(self):
         c = _cupy()
-        self._d = c.cuda.Device(self.dev.index if self.dev.index is not None else torch.cuda.current_device())
+        index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
+        self._d = c.cuda.Device(index)
         self._d.__enter__()
-        self._s = c.cuda.ExternalStream(torch.cuda.current_stream(self.dev).cuda_stream)
+        self._s = _cupy_stream(index, torch.cuda.current_stream(index).cuda_stream)
         self._s.__enter__()
         self._a = c.cuda.using_allocator(_torch_malloc)
         self._a.__enter__()

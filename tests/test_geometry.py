@@ -39,20 +39,23 @@ def _ids(results):
     return [r.case for r in results]
 
 
-@pytest.mark.parametrize("ops,batches,widths", [
-    (None, (1, 2), (4,)), (("context_kv",), (1,), (4,)), (("masked_block", "candidate_topk"), (2,), (3, 4))])
-def test_parts_run_exactly_the_single_runs_cases_in_order(ops, batches, widths):
+@pytest.mark.parametrize("ops,batches,widths,per_geometry", [
+    (None, (1, 2), (4,), False), (("context_kv",), (1,), (4,), False),
+    (("masked_block", "candidate_topk"), (2,), (3, 4), False), (None, (1, 2), (3, 4), True)])
+def test_parts_run_exactly_the_single_runs_cases_in_order(ops, batches, widths, per_geometry):
     """geometry.parts against geometry.run itself: the parts, each run on its own, give the single
-    run's case ids in its order (context_kv once per geometry, with the first part)."""
+    run's case ids in its order (context_kv once per geometry, with the first part); per geometry, one
+    part a geometry."""
     kw = {"reduce": True, "log": lambda line: None}
     whole = geometry.run(Float32Baseline(), batches=batches, widths=widths, ops=ops, **kw)
     split = []
-    for part in geometry.parts(batches=batches, widths=widths, ops=ops):
-        b = () if part["batch"] is None else (part["batch"],)
-        w = () if part["width"] is None else (part["width"],)
-        split += geometry.run(Float32Baseline(), names=(part["geometry"],), batches=b or batches, widths=w or widths,
-                              ops=part["ops"], **kw)
+    parts = geometry.parts(batches=batches, widths=widths, ops=ops, per_geometry=per_geometry)
+    for part in parts:
+        split += geometry.run(Float32Baseline(), names=(part["geometry"],), batches=part["batches"] or batches,
+                              widths=part["widths"] or widths, ops=part["ops"], **kw)
     assert _ids(split) == _ids(whole) and len(set(_ids(whole))) == len(whole)
+    if per_geometry:
+        assert [p["geometry"] for p in parts] == list(geometry.GEOMETRIES)
 
 
 def test_a_case_record_reads_back_as_the_same_result():

@@ -15,7 +15,7 @@
 #   geometry-27b the fast mode at the 27B geometry (DFlash2), likewise
 #   geometry     geometry-35b and geometry-27b
 #   geometry-gpu-ref both geometries in one timed run with the float64 reference on the GPU (--reference-backend
-#                cupy; GEOMETRY_JOBS processes, default 3)
+#                cupy; GEOMETRY_JOBS processes, default 2: one a geometry)
 #   bench        python -m benchmarks.gpu_bench: every Op and the rounds, PyTorch eager and graph, the floors
 #
 # The exit status is 0 when every step exited 0, 1 otherwise, 2 for a usage error.
@@ -104,7 +104,7 @@ for part in "${expanded[@]}"; do
     geometry-gpu-ref)
       # both official geometries with the float64 reference on the GPU (CuPy), timed as one run
       step geometry-gpu-ref 580 $PY -m conformance.cli geometry --impl kernels_cu.fast:FastCudaBackend \
-        --reference-backend cupy --jobs "${GEOMETRY_JOBS:-3}" --json "$OUT/geometry_fast_gpu_ref.json" ;;
+        --reference-backend cupy --jobs "${GEOMETRY_JOBS:-2}" --json "$OUT/geometry_fast_gpu_ref.json" ;;
     bench)
       step bench 570 $PY -m benchmarks.gpu_bench --json "$OUT/bench.json" ;;
   esac

@@ -255,3 +255,20 @@ def test_torch_ops_inside_a_torch_cuda_graph(cupy, pair, tops):
         want = plain.draft_attention(q=_c(cupy, targs[0]), k=att[1], v=att[2], k_cache=att[3], v_cache=att[4],
                                      frontier=att[5], live=att[6], window=0)["out"]
         assert _same(_c(cupy, out), want)
+
+
+def test_torch_views_share_the_tensors_memory(cupy, tops):
+    """_dl's view of a tensor is the tensor's own memory (an offset slice, a non-contiguous one made contiguous, BF16
+    as its bits, bool as uint8), equal to the DLPack view, and writing through it reaches the tensor."""
+    torch, to = tops
+    base = torch.arange(64, dtype=torch.float32, device="cuda").reshape(8, 8)
+    for t in (base[2:5], base.to(torch.bfloat16)[1:3], base.to(torch.float16), base.to(torch.int64)[3],
+              (base > 20)[2:4], base.to(torch.int32).t()):
+        v = to._dl(t)
+        want = _c(cupy, t.contiguous()) if t.dtype != torch.bool else cupy.from_dlpack(t.contiguous().view(torch.uint8))
+        assert v.shape == tuple(t.shape) and v.dtype == want.dtype
+        assert np.array_equal(v.get(), want.get())
+    t = base[3:5]
+    to._dl(t)[1, 2] = -1.0
+    assert float(base[4, 2]) == -1.0
+    assert to._dl(base[:0]).shape == (0, 8)  # empty: the DLPack path
