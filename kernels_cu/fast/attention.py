@@ -216,28 +216,6 @@ def _aligned(x, n: int = 16):
     return x if x.data.ptr % n == 0 else x.copy()
 
 
-_WORKSPACES_KEEP = 32
-_workspaces: dict = {}  # (device, stream, floats) -> the split partials' scratch, LRU
-
-
-def _workspace(c, floats: int):
-    """The key splits' FP32 partials: for an eager call, one buffer per (device, stream, size), made once and reused
-    by every call on that stream (calls on one stream run in order), so a call allocates only its output; under a
-    stream capture a fresh buffer, as the capture's other allocations (kernels_cu/fast/block.py CAPTURE_NOTES: the
-    graph keeps the address, which no cache may hand out again)."""
-    stream = c.cuda.get_current_stream()
-    if stream.is_capturing():
-        return c.empty(floats, dtype=np.float32)
-    key = (c.cuda.runtime.getDevice(), stream.ptr, floats)
-    ws = _workspaces.pop(key, None)
-    if ws is None:
-        ws = c.empty(floats, dtype=np.float32)
-        while len(_workspaces) >= _WORKSPACES_KEEP:
-            _workspaces.pop(next(iter(_workspaces)))
-    _workspaces[key] = ws
-    return ws
-
-
 def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out=True, bf16_out=False,
                    pdl=False, options: FastOptions = DEFAULT_OPTIONS):
     """ops_attention.attention's contract on the fast kernel: q [B,W,Hq,D], k/v [B,W,Hk,D] FP32 (or BF16
@@ -292,9 +270,8 @@ def attention_fast(q, k, v, kc_bits, vc_bits, frontier, live, window, *, f32_out
     ns = splits_for(b, hk, chunks, cap, window, resident_blocks(dp, mt, not bits, stages, wg), options)
     part_o = part_ml = None
     if ns > 1:
-        n_o = ns * b * hk * m_rows * dp
-        ws = _workspace(c, n_o + ns * b * hk * m_rows * 2)
-        part_o, part_ml = ws[:n_o], ws[n_o:]
+        part_o = c.empty(ns * b * hk * m_rows * dp, dtype=np.float32)
+        part_ml = c.empty(ns * b * hk * m_rows * 2, dtype=np.float32)
     sl2 = np.float32(_LOG2E / math.sqrt(d))
     launch(main, (ns, b * hk, chunks), (32 * _WARPS,),
            (q, k, v, kc, vc, frontier, live, np.int32(b), np.int32(w), np.int32(hq), np.int32(hk), np.int32(d),
