@@ -155,7 +155,7 @@ def _cupy_stream(device: int, handle: int):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            s = _streams[key] = _cupy().cuda.ExternalStream(handle, device)
+            s = _streams[key] = _cupy().cuda.ExternalStream(handle)
     return s
 
 
