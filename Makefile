@@ -10,10 +10,11 @@ install:
 # byte for byte (a reference change that moves a vector fails here unless the vectors
 # were regenerated with it, CONTRACTS C8), then runs every test that needs no GPU
 # (GPU tests skip with a reason; the nvcc compile test runs where nvcc exists), spread
-# over the cores by pytest-xdist (at most 8 workers: each imports NumPy, torch and the suite).
+# over the cores by pytest-xdist (at most 8 workers: each imports NumPy, torch and the suite), a test file
+# to a worker (so that one worker builds the nvcc compile test's kernels, once).
 test: install
 	$(PYTHON) -m conformance.cli verify --strict --vectors vectors
-	$(PYTHON) -m pytest -q -n auto --maxprocesses 8
+	$(PYTHON) -m pytest -q -n auto --maxprocesses 8 --dist loadfile
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu

@@ -21,6 +21,9 @@ from conformance.runner import run_suite
 from reference import numerics
 
 VECTORS = Path(__file__).parents[2] / "vectors"
+# the engine and rule tests below diagnose the first FAILs of a run only (the diagnosis's cost, not its verdict:
+# a run is in case order, so these are the same cases every time; docs/reports/diagnosis.md measures every FAIL)
+DIAGNOSED = 12
 
 
 # --- the rules, on hand-made signatures ------------------------------------------------------------
@@ -395,9 +398,9 @@ def test_a_family_bug_is_named_with_the_whole_family_removed(impl, op, fam):
     reading names it on most FAILs (the rest: a case too small for the signature to single the mechanism
     out)."""
     catalog = [m for m in mutants.MUTANTS if family(m) != fam]
-    results = run_suite(impl, VECTORS, ops_pattern=op, diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
+    results = run_suite(impl, VECTORS, ops_pattern=op, diagnose=Diagnoser(max_cases=DIAGNOSED, catalog=catalog))
     summary(results)
-    failing = [r for r in results if r.result == Result.FAIL]
+    failing = [r for r in results if r.result == Result.FAIL][:DIAGNOSED]
     assert failing
     for r in failing:
         assert _first_or_read_alike(r, fam), (r.case, [h.get("family") for h in hypotheses(r)])
@@ -514,10 +517,10 @@ def test_a_scan_rule_written_another_way_is_read_with_its_family_removed(key, fa
     sa = importlib.import_module(f"reference.{m.op}")
     plain = getattr(sa, rule)
     catalog = [x for x in mutants.MUTANTS if family(x) != fam]
-    results = run_suite(m, VECTORS, ops_pattern=m.op, diagnose=Diagnoser(max_cases=10**9, catalog=catalog))
+    results = run_suite(m, VECTORS, ops_pattern=m.op, diagnose=Diagnoser(max_cases=DIAGNOSED, catalog=catalog))
     summary(results)
-    failing = [r for r in results if r.result == Result.FAIL]
-    assert all(_first_or_read_alike(r, fam, matches=True) for r in failing), \
+    failing = [r for r in results if r.result == Result.FAIL][:DIAGNOSED]
+    assert failing and all(_first_or_read_alike(r, fam, matches=True) for r in failing), \
         [[h.get("family") for h in hypotheses(r)][:3] for r in failing]
     firsts = [hypotheses(r)[0] for r in failing if hypotheses(r)]
     assert sum(h.get("reading") == "rule changed" for h in firsts) * 2 > len(failing)
