@@ -426,10 +426,9 @@ def _bf16_ranked(z, output_multiplier, softcap):
 
 # candidate_topk ranks the raw logits (C4); commonly the scores as the model dtype holds them
 TOPK_RULES = (("_ranked", "the selection ranking the transformed scores rounded to BF16", _bf16_ranked),)
-# tree_verify's recursive rejection without the residual update between siblings (C6)
+# tree_verify's recursive rejection without the residual update between siblings (C6); its magnitudes follow
 TREE_RULES = (("_after_rejection", "each sibling tested against the same target (no residual update between "
-                                   "siblings)", lambda r, g: r),)
-TREE_SCALES = {"_after_rejection": ("_after_rejection_scale", lambda r, sr, g, sg: sr)}
+                                   "siblings)", lambda r, g: r, {"_after_rejection_scale": lambda r, sr, g, sg: sr}),)
 # top-p's boundary as it is commonly written another way (cum > top_p; the crossing token dropped)
 TOP_P_RULES = (
     ("_top_p_count", "top-p keeping the prefix whose mass exceeds top_p (a token reaching it exactly kept going)",
@@ -463,11 +462,8 @@ def _accept_rule_signatures(vec, spec, impl: Mapping) -> list[dict]:
 
     module = importlib.import_module(module_name)
     found = []
-    for name, what, f in rules:
-        swaps = {name: f}
-        if name in TREE_SCALES:  # the rule's magnitudes follow it
-            swaps[TREE_SCALES[name][0]] = TREE_SCALES[name][1]
-        result = _patched(vec, spec, impl, module, swaps)
+    for name, what, f, *companions in rules:  # a companion: another function the rule swaps with it
+        result = _patched(vec, spec, impl, module, {name: f, **(companions[0] if companions else {})})
         if result in (Result.PASS, Result.ACCEPTABLE):
             found.append({"signature": "rule changed", "rule": name, "text": f"the reference's output with {what}",
                           "evidence": f"the implementation is {result.name} against the reference rerun with {what}",
